@@ -1,0 +1,1 @@
+"""The durable shard: consensus log, blob store, state diffs, rollups, reads, GC."""
