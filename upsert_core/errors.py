@@ -119,3 +119,11 @@ class IngestError(UpsertPlatformError):
 
 class ConfigError(UpsertPlatformError):
     """Bad configuration: a URL, an option, a conflicting ingest option."""
+
+
+# --- persist: location usage ----------------------------------------------------------
+
+
+class InvalidSeqNo(InvalidUsage, ValueError):
+    """A consensus call with a bad sequence number (negative, too large, or not greater
+    than the expected head). Also a ``ValueError``, as the ``Consensus`` contract says."""
