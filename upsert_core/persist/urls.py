@@ -1,0 +1,107 @@
+"""Open a Consensus or Blob from a URL: the one place that maps schemes to classes.
+
+Consensus URLs:
+
+- ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db`` -> :class:`SqlConsensus`
+- ``postgresql+psycopg://user@host:port/db`` (``postgresql://`` and ``postgres://`` are
+  taken to mean psycopg 3) -> :class:`SqlConsensus`
+- ``mem://`` -> a fresh :class:`MemoryConsensus`; ``mem://NAME`` -> the one shared in
+  this process under ``NAME`` (so separately opened handles see the same data).
+
+Blob URLs:
+
+- ``file:///absolute/path`` or ``file://relative/path`` -> :class:`LocalBlob`
+- ``s3://bucket/optional/prefix`` -> :class:`S3Blob`; the endpoint comes from the
+  ``endpoint_url`` query parameter or ``AWS_ENDPOINT_URL`` (``AWS_ENDPOINT_URL_S3``), the
+  region from ``region`` or boto3's usual chain.
+- ``mem://`` / ``mem://NAME`` -> :class:`MemoryBlob` (fresh / shared by name).
+
+Anything else is a :class:`ConfigError` naming the accepted forms.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from upsert_core.errors import ConfigError
+from upsert_core.persist.blob_local import LocalBlob
+from upsert_core.persist.blob_memory import MemoryBlob
+from upsert_core.persist.blob_s3 import S3Blob
+from upsert_core.persist.consensus_memory import MemoryConsensus
+from upsert_core.persist.consensus_sql import SqlConsensus
+from upsert_core.persist.location import Blob, Consensus
+
+CONSENSUS_FORMS = "sqlite:///path.db, postgresql+psycopg://user@host/db, mem://[name]"
+BLOB_FORMS = "file:///abs/path, file://rel/path, s3://bucket/prefix, mem://[name]"
+
+_registry_lock = threading.Lock()
+_memory_consensus: dict[str, MemoryConsensus] = {}
+_memory_blobs: dict[str, MemoryBlob] = {}
+
+
+def _scheme(url: str) -> str:
+    if not isinstance(url, str) or "://" not in url:
+        raise ConfigError(f"not a URL: {url!r}")
+    return url.split("://", 1)[0].lower()
+
+
+def _mem_name(url: str) -> str:
+    return url.split("://", 1)[1].strip("/")
+
+
+def open_consensus(url: str) -> Consensus:
+    """The :class:`Consensus` that ``url`` names (see the module docstring)."""
+    scheme = _scheme(url)
+    if scheme == "mem":
+        name = _mem_name(url)
+        if not name:
+            return MemoryConsensus()
+        with _registry_lock:
+            return _memory_consensus.setdefault(name, MemoryConsensus())
+    if scheme.startswith("sqlite"):
+        return SqlConsensus(url)
+    if scheme in ("postgresql", "postgres", "postgresql+psycopg"):
+        return SqlConsensus("postgresql+psycopg://" + url.split("://", 1)[1])
+    raise ConfigError(f"unsupported consensus URL {url!r}; use one of: {CONSENSUS_FORMS}")
+
+
+def open_blob(url: str) -> Blob:
+    """The :class:`Blob` that ``url`` names (see the module docstring)."""
+    scheme = _scheme(url)
+    if scheme == "mem":
+        name = _mem_name(url)
+        if not name:
+            return MemoryBlob()
+        with _registry_lock:
+            return _memory_blobs.setdefault(name, MemoryBlob())
+    if scheme == "file":
+        rest = unquote(url.split("://", 1)[1])
+        if "?" in rest or "#" in rest:
+            raise ConfigError(f"file blob URL {url!r} must not have a query or fragment")
+        if not rest:
+            raise ConfigError(f"file blob URL {url!r} has no path; use {BLOB_FORMS}")
+        # file:///abs -> "/abs" (absolute); file://rel/dir -> "rel/dir" (relative to cwd).
+        return LocalBlob(rest)
+    if scheme == "s3":
+        parts = urlsplit(url)
+        if not parts.netloc:
+            raise ConfigError(f"s3 blob URL {url!r} has no bucket; use s3://bucket/prefix")
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        unknown = set(query) - {"endpoint_url", "region"}
+        if unknown:
+            raise ConfigError(f"unknown s3 URL parameters {sorted(unknown)} in {url!r}")
+        endpoint = (
+            query.get("endpoint_url")
+            or os.environ.get("AWS_ENDPOINT_URL_S3")
+            or os.environ.get("AWS_ENDPOINT_URL")
+            or None
+        )
+        return S3Blob(
+            parts.netloc,
+            unquote(parts.path).strip("/"),
+            endpoint,
+            region_name=query.get("region"),
+        )
+    raise ConfigError(f"unsupported blob URL {url!r}; use one of: {BLOB_FORMS}")
