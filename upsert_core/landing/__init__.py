@@ -1,0 +1,56 @@
+"""Landing files: listing, reading, validation and row encoding (one file at a time).
+
+The first stage of an ingest. Pure Python + pyarrow, so it runs inside Spark tasks:
+``list_landing`` -> ``pending`` -> ``validate_file`` (per file, in name order, each
+against the schema the previous file left) -> ``ValidatedBatch`` for the upsert
+operator and ``RowError``\\ s for the error collection.
+"""
+
+from upsert_core.landing.batch import RawBatch, RowError, SourceKind
+from upsert_core.landing.listing import (
+    SUFFIXES,
+    LandingFile,
+    check_name,
+    landing_file,
+    list_landing,
+    normalise_root,
+    pending,
+)
+from upsert_core.landing.readers import read_batch, read_csv, read_jsonl, read_parquet
+from upsert_core.landing.rows import decode_row, encode_key, encode_row
+from upsert_core.landing.schema import ARROW_TYPES, LogicalType, SourceSchema
+from upsert_core.landing.validate import (
+    ARROW_SCHEMA,
+    ERRORS_ARROW_SCHEMA,
+    ValidatedBatch,
+    validate_batch,
+    validate_file,
+)
+
+__all__ = [
+    "ARROW_SCHEMA",
+    "ARROW_TYPES",
+    "ERRORS_ARROW_SCHEMA",
+    "SUFFIXES",
+    "LandingFile",
+    "LogicalType",
+    "RawBatch",
+    "RowError",
+    "SourceKind",
+    "SourceSchema",
+    "ValidatedBatch",
+    "check_name",
+    "decode_row",
+    "encode_key",
+    "encode_row",
+    "landing_file",
+    "list_landing",
+    "normalise_root",
+    "pending",
+    "read_batch",
+    "read_csv",
+    "read_jsonl",
+    "read_parquet",
+    "validate_batch",
+    "validate_file",
+]

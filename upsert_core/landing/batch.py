@@ -1,0 +1,64 @@
+"""What a reader hands to validation: one file's columns before typing, and row errors.
+
+Invariants:
+
+- Every column of a :class:`RawBatch` has exactly ``num_rows`` entries, and
+  ``positions[i]`` is the 1-based row number in the file of entry ``i``; positions are
+  strictly increasing.
+- A row that could not be parsed at all (a malformed JSON line, a CSV row with the
+  wrong number of fields) is not in the columns; it is in ``errors`` with its row
+  number, so every row of the file is accounted for exactly once.
+- ``kind`` says how to interpret the values: ``typed`` columns are Arrow arrays whose
+  Arrow type is the file's column type (Parquet); ``text`` columns are Arrow string
+  arrays whose values still have to be parsed (CSV); ``json`` columns are lists of the
+  Python values ``json.loads`` produced (JSON Lines).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+Column: TypeAlias = pa.Array | list[object]
+
+
+class SourceKind(StrEnum):
+    TYPED = "typed"
+    TEXT = "text"
+    JSON = "json"
+
+
+@dataclass(frozen=True)
+class RowError:
+    """A row of a batch file that is not applied, and why."""
+
+    file: str
+    row: int
+    reason: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {"file": self.file, "row": self.row, "reason": self.reason}
+
+
+@dataclass
+class RawBatch:
+    """One file's rows, columns in order of first appearance, before typing."""
+
+    file: str
+    kind: SourceKind
+    columns: dict[str, Column]
+    positions: npt.NDArray[np.int64]
+    errors: list[RowError] = field(default_factory=list)
+
+    @property
+    def num_rows(self) -> int:
+        return int(len(self.positions))
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.columns)

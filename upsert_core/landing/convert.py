@@ -1,0 +1,341 @@
+"""Typing one column: infer a new column's type, convert values to a column's type.
+
+Invariants:
+
+- :func:`convert` returns an Arrow array of exactly ``ARROW_TYPES[target]`` with one
+  entry per input entry, and a boolean mask ``bad`` of the entries that were non-null
+  but could not be converted (those entries are null in the array). A null input is
+  never bad. Nothing is dropped or reordered.
+- Fast paths are vectorised (Arrow casts); whenever a whole-array cast fails, a
+  per-value path decides each value, so the result never depends on which path ran.
+- JSON values convert by their JSON type: an integer (not a boolean) fits ``int64`` if
+  it is in range and fits ``float64``; a number fits ``float64``; strings fit
+  ``string``, and ``timestamp``/``date`` when they are ISO-8601; booleans fit ``bool``.
+- Text (CSV) values are parsed: decimal integers, floats, ``true``/``false`` in any
+  case, ISO dates and timestamps; any text fits ``string`` and ``binary`` (UTF-8).
+- Timestamps are microseconds in UTC; a timestamp without an offset is taken as UTC.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Callable, Sequence
+from typing import cast
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from upsert_core.errors import IngestError
+from upsert_core.landing.batch import Column, SourceKind
+from upsert_core.landing.schema import ARROW_TYPES, LogicalType, logical_type_of
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+_INT_TEXT = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_TRUE_FALSE = {"true": True, "false": False}
+
+BoolMask = npt.NDArray[np.bool_]
+
+
+def file_type(
+    column: Column, kind: SourceKind, name: str, file: str, current: LogicalType | None, role: str
+) -> LogicalType | None:
+    """The type this file gives the column (None: all null, no type information).
+
+    For JSON and text, a column the schema already types keeps that type as long as at
+    least one of its values converts (the others are row errors); when none does, the
+    file's own inferred type is returned so schema evolution reports the change.
+    """
+    if kind is SourceKind.TYPED:
+        try:
+            return logical_type_of(cast(pa.Array, column).type)
+        except TypeError as exc:
+            raise IngestError(f"{file}: column {name!r}: {exc}") from exc
+    values = _values(column)
+    if all(v is None for v in values):
+        return current
+    if current is not None:
+        _, bad = convert(column, kind, current)
+        if (_non_null(values) & ~bad).any():
+            return current
+        # No value converts: name the type the file has instead. If that type happens to
+        # be compatible, the values are merely out of range and become row errors.
+    return _infer(column, values, kind, name, file, role)
+
+
+def convert(column: Column, kind: SourceKind, target: LogicalType) -> tuple[pa.Array, BoolMask]:
+    """Convert ``column`` to ``target``; see the module docstring."""
+    if kind is SourceKind.TYPED:
+        return _convert_typed(cast(pa.Array, column), target)
+    if kind is SourceKind.TEXT:
+        return _convert_text(cast(pa.Array, column), target)
+    return _convert_json(cast(list[object], column), target)
+
+
+def describe(column: Column, index: int) -> str:
+    """A short rendering of one input value, for row-error reasons."""
+    value = column[index] if isinstance(column, list) else column[index].as_py()
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# --- inference ----------------------------------------------------------------------
+
+
+def _infer(
+    column: Column, values: list[object], kind: SourceKind, name: str, file: str, role: str
+) -> LogicalType:
+    if kind is SourceKind.TEXT:
+        text = cast(pa.Array, column)
+        candidates = [LogicalType.INT64, LogicalType.FLOAT64, LogicalType.BOOL]
+        candidates += [LogicalType.DATE, LogicalType.TIMESTAMP]
+        for candidate in candidates:
+            if not _convert_text(text, candidate)[1].any():
+                return candidate
+        return LogicalType.STRING
+    scalars = [v for v in values if v is not None and not isinstance(v, dict | list)]
+    if not scalars:
+        raise IngestError(f"{file}: column {name!r} holds JSON objects or arrays (unsupported)")
+    numbers = [v for v in scalars if type(v) in (int, float)]
+    if len(numbers) == len(scalars):
+        if all(type(v) is int for v in numbers):
+            return LogicalType.INT64
+        return LogicalType.FLOAT64
+    first = scalars[0]
+    if type(first) is bool:
+        return LogicalType.BOOL
+    if type(first) is str:
+        if role == "order" and _parse_timestamp(first) is not None:
+            return LogicalType.TIMESTAMP
+        return LogicalType.STRING
+    # A number first, then other kinds: the numbers set the type, the rest are row errors.
+    return LogicalType.FLOAT64 if any(type(v) is float for v in numbers) else LogicalType.INT64
+
+
+# --- typed (Parquet) ----------------------------------------------------------------
+
+
+def _convert_typed(column: pa.Array, target: LogicalType) -> tuple[pa.Array, BoolMask]:
+    arr = column
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    bad = np.zeros(len(arr), dtype=np.bool_)
+    if pa.types.is_null(arr.type):
+        return pa.nulls(len(arr), type=ARROW_TYPES[target]), bad
+    if pa.types.is_unsigned_integer(arr.type) and arr.type.bit_width == 64:
+        too_big = pc.greater(arr, pa.scalar(INT64_MAX, type=pa.uint64()))
+        bad = np.asarray(too_big.fill_null(False).to_numpy(zero_copy_only=False), dtype=np.bool_)
+        if bad.any():
+            arr = pc.if_else(too_big, pa.scalar(None, type=arr.type), arr)
+    try:
+        return pc.cast(arr, ARROW_TYPES[target], safe=False), bad
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise IngestError(f"cannot convert {arr.type} to {target}: {exc}") from exc
+
+
+# --- text (CSV) ---------------------------------------------------------------------
+
+
+def _convert_text(column: pa.Array, target: LogicalType) -> tuple[pa.Array, BoolMask]:
+    arrow_type = ARROW_TYPES[target]
+    if target is LogicalType.STRING:
+        return pc.cast(column, pa.string()), np.zeros(len(column), dtype=np.bool_)
+    if target is LogicalType.BINARY:
+        return pc.cast(column, pa.binary()), np.zeros(len(column), dtype=np.bool_)
+    if target is LogicalType.BOOL:
+        lowered = pc.utf8_lower(pc.utf8_trim_whitespace(column))
+        is_true = pc.equal(lowered, "true")
+        known = pc.or_(is_true, pc.equal(lowered, "false"))
+        result = pc.if_else(known, is_true, pa.scalar(None, type=pa.bool_()))
+        return result, _bad_mask(column, result)
+    fast: pa.Array | None = None
+    try:
+        if target is LogicalType.TIMESTAMP:
+            fast = _timestamp_text_fast(column)
+        else:
+            fast = pc.cast(column, arrow_type)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        fast = None
+    if fast is not None:
+        return fast, np.zeros(len(column), dtype=np.bool_)
+    parse = _TEXT_PARSERS[target]
+    return _per_value(column.to_pylist(), parse, arrow_type)
+
+
+def _timestamp_text_fast(column: pa.Array) -> pa.Array:
+    try:
+        naive = pc.cast(column, pa.timestamp("us"))
+        return pc.cast(naive, ARROW_TYPES[LogicalType.TIMESTAMP])
+    except pa.ArrowInvalid:
+        return pc.cast(column, ARROW_TYPES[LogicalType.TIMESTAMP])
+
+
+def _parse_int_text(value: object) -> object:
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    if not _INT_TEXT.fullmatch(text):
+        return None
+    return _int64(int(text))
+
+
+def _parse_float_text(value: object) -> object:
+    if not isinstance(value, str):
+        return None
+    try:
+        return float(value.strip())
+    except ValueError:
+        return None
+
+
+def _parse_date(value: object) -> object:
+    if not isinstance(value, str):
+        return None
+    try:
+        return dt.date.fromisoformat(value.strip())
+    except ValueError:
+        return None
+
+
+def _parse_timestamp(value: object) -> dt.datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(value.strip())
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        return parsed.replace(tzinfo=dt.UTC)
+    return parsed.astimezone(dt.UTC)
+
+
+_TEXT_PARSERS: dict[LogicalType, Callable[[object], object]] = {
+    LogicalType.INT64: _parse_int_text,
+    LogicalType.FLOAT64: _parse_float_text,
+    LogicalType.DATE: _parse_date,
+    LogicalType.TIMESTAMP: _parse_timestamp,
+}
+
+
+# --- JSON ---------------------------------------------------------------------------
+
+
+def _int64(value: int) -> int | None:
+    return value if INT64_MIN <= value <= INT64_MAX else None
+
+
+def _json_int(value: object) -> object:
+    return _int64(value) if type(value) is int else None
+
+
+def _json_float(value: object) -> object:
+    if type(value) is float:
+        return value
+    if type(value) is int:
+        try:
+            return float(value)
+        except OverflowError:
+            return None
+    return None
+
+
+def _json_str(value: object) -> object:
+    return value if type(value) is str else None
+
+
+def _json_bool(value: object) -> object:
+    return value if type(value) is bool else None
+
+
+def _json_never(value: object) -> object:
+    return None
+
+
+_JSON_PARSERS: dict[LogicalType, Callable[[object], object]] = {
+    LogicalType.INT64: _json_int,
+    LogicalType.FLOAT64: _json_float,
+    LogicalType.STRING: _json_str,
+    LogicalType.BOOL: _json_bool,
+    LogicalType.TIMESTAMP: _parse_timestamp,
+    LogicalType.DATE: _parse_date,
+    LogicalType.BINARY: _json_never,  # JSON has no bytes; guessing an encoding would lie
+}
+
+
+def _convert_json(values: list[object], target: LogicalType) -> tuple[pa.Array, BoolMask]:
+    return _per_value(values, _JSON_PARSERS[target], ARROW_TYPES[target])
+
+
+# --- shared -------------------------------------------------------------------------
+
+
+def _per_value(
+    values: Sequence[object], parse: Callable[[object], object], arrow_type: pa.DataType
+) -> tuple[pa.Array, BoolMask]:
+    converted = [None if v is None else parse(v) for v in values]
+    bad = np.fromiter(
+        (v is not None and c is None for v, c in zip(values, converted, strict=True)),
+        dtype=np.bool_,
+        count=len(values),
+    )
+    return pa.array(converted, type=arrow_type), bad
+
+
+def _bad_mask(source: pa.Array, result: pa.Array) -> BoolMask:
+    mask = pc.and_(pc.is_valid(source), pc.is_null(result))
+    return np.asarray(mask.to_numpy(zero_copy_only=False), dtype=np.bool_)
+
+
+def _values(column: Column) -> list[object]:
+    return column if isinstance(column, list) else column.to_pylist()
+
+
+def _non_null(values: list[object]) -> BoolMask:
+    return np.fromiter((v is not None for v in values), dtype=np.bool_, count=len(values))
+
+
+# --- the delete marker --------------------------------------------------------------
+
+
+def convert_deleted(column: Column, kind: SourceKind) -> tuple[BoolMask, BoolMask]:
+    """``(deletes, bad)``: a boolean, or "true"/"false" in any case; null means false."""
+    if kind is SourceKind.JSON:
+        values = cast(list[object], column)
+        parsed = [_json_deleted(v) for v in values]
+        deletes = np.fromiter((p is True for p in parsed), dtype=np.bool_, count=len(values))
+        bad = np.fromiter((p is None for p in parsed), dtype=np.bool_, count=len(values))
+        return deletes, bad
+    arr = cast(pa.Array, column)
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    n = len(arr)
+    if pa.types.is_null(arr.type):
+        return np.zeros(n, dtype=np.bool_), np.zeros(n, dtype=np.bool_)
+    if pa.types.is_boolean(arr.type):
+        filled = arr.fill_null(False).to_numpy(zero_copy_only=False)
+        return np.asarray(filled, dtype=np.bool_), np.zeros(n, dtype=np.bool_)
+    if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
+        lowered = pc.utf8_lower(arr)
+        is_true = pc.equal(lowered, "true").fill_null(False)
+        known = pc.or_(is_true, pc.equal(lowered, "false").fill_null(False))
+        bad = pc.and_(pc.is_valid(arr), pc.invert(known))
+        return (
+            np.asarray(is_true.to_numpy(zero_copy_only=False), dtype=np.bool_),
+            np.asarray(bad.to_numpy(zero_copy_only=False), dtype=np.bool_),
+        )
+    bad_any = np.asarray(pc.is_valid(arr).to_numpy(zero_copy_only=False), dtype=np.bool_)
+    return np.zeros(n, dtype=np.bool_), bad_any
+
+
+def _json_deleted(value: object) -> bool | None:
+    """True/False for a valid marker (null is False), None for an invalid one."""
+    if value is None:
+        return False
+    if type(value) is bool:
+        return value
+    if type(value) is str:
+        return _TRUE_FALSE.get(value.lower())
+    return None

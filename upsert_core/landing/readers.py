@@ -1,0 +1,158 @@
+"""Readers: one batch file's bytes -> a :class:`RawBatch`, per format.
+
+Invariants:
+
+- A file that cannot be read as its format (truncated or corrupt Parquet, a CSV with
+  a broken header or encoding, duplicate column names) raises one
+  ``IngestError("<file>: <problem>")``; nothing of it is returned.
+- Row-level damage is not a file error: a JSON line that does not parse (or is not an
+  object) and a CSV row with the wrong number of fields become :class:`RowError`\\ s
+  with their row number, and the other rows are kept.
+- Row numbers count from 1 in file order: data rows for Parquet and CSV (the header
+  is not a row), lines for JSON Lines (a blank line is skipped but still counted, so
+  a reported row is the line an editor shows).
+- A 0-byte file, or one with no rows, is an empty batch (for JSON Lines and CSV it then
+  has no columns at all).
+- Memory is bounded by one file: the file's bytes plus its columns.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from upsert_core.errors import IngestError
+from upsert_core.landing.batch import Column, RawBatch, RowError, SourceKind
+from upsert_core.landing.listing import LandingFile
+
+_BOM = b"\xef\xbb\xbf"
+
+
+def read_batch(file: LandingFile) -> RawBatch:
+    """Read one landing file by its suffix."""
+    reader = _READERS.get(file.suffix)
+    if reader is None:
+        raise IngestError(f"{file.name}: not a batch file (.parquet, .jsonl or .csv)")
+    return reader(file.name, file.read_bytes())
+
+
+def read_parquet(name: str, data: bytes) -> RawBatch:
+    try:
+        table = pq.read_table(pa.BufferReader(data))
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for bad files
+        raise IngestError(f"{name}: unreadable or truncated Parquet file: {exc}") from exc
+    _check_unique(name, table.column_names)
+    columns: dict[str, Column] = {
+        col: table.column(col).combine_chunks() for col in table.column_names
+    }
+    positions = np.arange(1, table.num_rows + 1, dtype=np.int64)
+    return RawBatch(name, SourceKind.TYPED, columns, positions)
+
+
+def read_jsonl(name: str, data: bytes) -> RawBatch:
+    """JSON Lines, parsed line by line so one bad line costs one row, not the file."""
+    if data.startswith(_BOM):
+        data = data[len(_BOM) :]
+    objects: list[dict[str, object]] = []
+    positions: list[int] = []
+    errors: list[RowError] = []
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()  # the newline that ends the last line does not start another
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8
+            errors.append(RowError(name, number, f"malformed JSON line: {_short(str(exc))}"))
+            continue
+        if not isinstance(obj, dict):
+            kind = type(obj).__name__
+            errors.append(RowError(name, number, f"JSON line is not an object (got {kind})"))
+            continue
+        objects.append(obj)
+        positions.append(number)
+    names: dict[str, None] = {}
+    for obj in objects:
+        for key in obj:
+            if key not in names:
+                names[key] = None
+    columns: dict[str, Column] = {col: [obj.get(col) for obj in objects] for col in names}
+    return RawBatch(name, SourceKind.JSON, columns, np.array(positions, dtype=np.int64), errors)
+
+
+def read_csv(name: str, data: bytes) -> RawBatch:
+    """CSV with a header row; every value is read as text and typed by validation."""
+    if data.startswith(_BOM):
+        data = data[len(_BOM) :]
+    if not data.strip():
+        return RawBatch(name, SourceKind.TEXT, {}, np.zeros(0, dtype=np.int64))
+    try:
+        header = next(csv.reader(io.StringIO(data.decode("utf-8"))))
+    except (UnicodeDecodeError, csv.Error, StopIteration) as exc:
+        raise IngestError(f"{name}: unreadable CSV file: {exc}") from exc
+    _check_unique(name, header)
+    bad_rows: list[tuple[int, str]] = []
+
+    def on_invalid(row: pacsv.InvalidRow) -> str:
+        if row.number is None:
+            return "error"
+        # ``number`` counts the header as row 1; data rows count from 1.
+        bad_rows.append(
+            (
+                row.number - 1,
+                f"CSV row has {row.actual_columns} fields, expected {row.expected_columns}",
+            )
+        )
+        return "skip"
+
+    try:
+        table = pacsv.read_csv(
+            pa.BufferReader(data),
+            read_options=pacsv.ReadOptions(use_threads=False),
+            parse_options=pacsv.ParseOptions(
+                newlines_in_values=True, invalid_row_handler=on_invalid
+            ),
+            convert_options=pacsv.ConvertOptions(
+                column_types={col: pa.string() for col in header},
+                strings_can_be_null=True,
+                null_values=[""],
+            ),
+        )
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for bad files
+        raise IngestError(f"{name}: unreadable CSV file: {exc}") from exc
+    total = table.num_rows + len(bad_rows)
+    skipped = {row for row, _ in bad_rows}
+    positions = np.array([row for row in range(1, total + 1) if row not in skipped], dtype=np.int64)
+    columns: dict[str, Column] = {
+        col: table.column(col).combine_chunks() for col in table.column_names
+    }
+    errors = [RowError(name, row, reason) for row, reason in bad_rows]
+    return RawBatch(name, SourceKind.TEXT, columns, positions, errors)
+
+
+def _check_unique(name: str, columns: list[str]) -> None:
+    seen: set[str] = set()
+    for col in columns:
+        if col in seen:
+            raise IngestError(f"{name}: duplicate column {col!r}")
+        seen.add(col)
+
+
+def _short(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_READERS: dict[str, Callable[[str, bytes], RawBatch]] = {
+    ".parquet": read_parquet,
+    ".jsonl": read_jsonl,
+    ".csv": read_csv,
+}
