@@ -25,3 +25,5 @@ settings.register_profile(
     print_blob=True,
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+from tests.services import *  # noqa: E402,F403  (service fixtures: PostgreSQL, moto S3)
