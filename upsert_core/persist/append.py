@@ -1,0 +1,159 @@
+"""Compare-and-append: commit a written batch iff the shard's upper is the expected one.
+
+A writer first writes its batch's parts (``parts.write_batch``), then calls
+:func:`compare_and_append`, which in ONE state transition checks the shard and appends
+the batch together with the landing files it ingested, their error rows and any config
+updates. Either all of it is committed or none of it.
+
+Invariants:
+
+- A batch is appended only when the shard's upper equals ``expected_upper`` and the
+  batch starts there (``batch.lower == expected_upper < batch.upper``); batches keep
+  tiling ``[0, upper)``.
+- A landing file is recorded at most once: if any of ``ingested_files`` is already
+  recorded, nothing is appended (the result names the duplicates). A file's data and
+  its error rows are committed in the same transition as its name, so "recorded" means
+  "applied", exactly once.
+- A mismatch is an outcome, not an exception: the result says ``committed=False`` and
+  gives the actual upper. The CALLER then owns the batch's parts and deletes them
+  (:func:`~upsert_core.persist.parts.delete_parts`, :func:`delete_uncommitted`).
+- An append that already committed (e.g. the caller retries after an indeterminate
+  failure) is recognised and reported as committed, never applied twice and never
+  reported as a mismatch, so its parts are never deleted by mistake.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from upsert_core.errors import InvalidUsage
+from upsert_core.persist.location import Blob
+from upsert_core.persist.machine import Machine
+from upsert_core.persist.parts import delete_parts
+from upsert_core.persist.state import ErrorBatch, HollowBatch, ShardState
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """The outcome of :func:`compare_and_append`.
+
+    ``committed``: the batch is part of ``state``. Otherwise ``actual_upper`` is the
+    shard's upper that did not match, or ``duplicate_files`` names landing files that
+    were already ingested (then nothing was appended). ``state`` is the current state.
+    """
+
+    committed: bool
+    actual_upper: int
+    state: ShardState
+    duplicate_files: tuple[str, ...] = ()
+
+    @property
+    def upper_mismatch(self) -> bool:
+        return not self.committed and not self.duplicate_files
+
+
+@dataclass(slots=True)
+class _Verdict:
+    committed: bool = False
+    duplicates: tuple[str, ...] = ()
+
+
+def _check_request(
+    batch: HollowBatch,
+    expected_upper: int,
+    ingested_files: Mapping[str, int],
+    errors: Sequence[ErrorBatch],
+) -> None:
+    if batch.lower != expected_upper or batch.upper <= batch.lower:
+        raise InvalidUsage(
+            f"cannot append batch [{batch.lower}, {batch.upper}) at expected upper"
+            f" {expected_upper}: a batch must start at the expected upper and be non-empty"
+        )
+    if batch.since != 0:
+        raise InvalidUsage(f"a freshly written batch has since 0, got {batch.since}")
+    for name, ts in ingested_files.items():
+        if not batch.lower <= ts < batch.upper:
+            raise InvalidUsage(
+                f"ingested file {name!r} at ts {ts} outside the batch"
+                f" [{batch.lower}, {batch.upper})"
+            )
+    for err in errors:
+        if not batch.lower <= err.ts < batch.upper:
+            raise InvalidUsage(
+                f"error batch at ts {err.ts} outside the batch [{batch.lower}, {batch.upper})"
+            )
+
+
+def _already_applied(
+    state: ShardState,
+    batch: HollowBatch,
+    ingested_files: Mapping[str, int],
+    errors: Sequence[ErrorBatch],
+) -> bool:
+    """Whether ``state`` already holds exactly this append (our batch, files, errors)."""
+    return (
+        batch in state.batches
+        and all(state.ingested_files.get(n) == ts for n, ts in ingested_files.items())
+        and all(e in state.errors for e in errors)
+    )
+
+
+def compare_and_append(
+    machine: Machine,
+    batch: HollowBatch,
+    expected_upper: int,
+    *,
+    ingested_files: Mapping[str, int] | None = None,
+    errors: Sequence[ErrorBatch] = (),
+    config_updates: Mapping[str, str] | None = None,
+    max_retries: int | None = None,
+) -> AppendResult:
+    """Append ``batch`` (and record files, errors, config) iff upper == expected_upper.
+
+    Raises :class:`InvalidUsage` for a malformed request (a batch that does not start
+    at ``expected_upper``, files or errors outside the batch). Races with other writers
+    are retried by the machine; a real mismatch is returned, not raised.
+    """
+    files = dict(ingested_files or {})
+    config = dict(config_updates or {})
+    _check_request(batch, expected_upper, files, errors)
+    # SUBTLE: the transition may run several times (once per lost race, or again on a
+    # fresh state); ``verdict`` is overwritten each time, so after ``apply`` returns it
+    # holds the verdict on the state that ended up current.
+    verdict = _Verdict()
+
+    def append(state: ShardState) -> ShardState | None:
+        verdict.committed, verdict.duplicates = False, ()
+        if _already_applied(state, batch, files, errors):
+            verdict.committed = True
+            return None
+        if state.upper != expected_upper:
+            return None
+        verdict.duplicates = tuple(sorted(n for n in files if n in state.ingested_files))
+        if verdict.duplicates:
+            return None
+        verdict.committed = True
+        return state.evolve(
+            upper=batch.upper,
+            batches=(*state.batches, batch),
+            ingested_files={**state.ingested_files, **files},
+            errors=(*state.errors, *errors),
+            config={**state.config, **config},
+        )
+
+    state = machine.apply(append, max_retries=max_retries)
+    return AppendResult(
+        committed=verdict.committed,
+        actual_upper=state.upper,
+        state=state,
+        duplicate_files=verdict.duplicates,
+    )
+
+
+def delete_uncommitted(blob: Blob, batch: HollowBatch, errors: Sequence[ErrorBatch] = ()) -> int:
+    """Delete the blob parts of a batch and its error batches after a failed append.
+
+    Only call this when :func:`compare_and_append` returned ``committed=False``.
+    """
+    return delete_parts(blob, batch.parts) + delete_parts(blob, (e.part for e in errors))
