@@ -19,10 +19,13 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sqlalchemy.exc import OperationalError
 
 from tests.services import AWS_TEST_CREDENTIALS, PG_ADMIN_DSN
@@ -594,3 +597,68 @@ def test_s3_error_classification() -> None:
     assert type(classify_s3_error(denied, wrote=True, what="set")) is DeterminateError
     refused = EndpointConnectionError(endpoint_url="http://x")
     assert type(classify_s3_error(refused, wrote=True, what="set")) is DeterminateError
+
+
+# --- consensus: model-based sequences ----------------------------------------------------
+
+
+class _ConsensusModel:
+    """The obviously correct consensus: a dict of seqno-ordered version lists."""
+
+    def __init__(self) -> None:
+        self.logs: dict[str, list[VersionedData]] = {}
+
+    def head(self, key: str) -> VersionedData | None:
+        log = self.logs.get(key)
+        return log[-1] if log else None
+
+
+_KEYS = st.sampled_from(["a", "b"])
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+@settings(max_examples=25)
+@given(data=st.data())
+def test_consensus_matches_model(kind: str, data: st.DataObject, tmp_path_factory: Any) -> None:
+    store: Consensus = (
+        MemoryConsensus()
+        if kind == "memory"
+        else SqlConsensus(f"sqlite:///{tmp_path_factory.mktemp('model')}/c.db")
+    )
+    model = _ConsensusModel()
+    for _ in range(data.draw(st.integers(1, 25), label="steps")):
+        op = data.draw(st.sampled_from(["cas", "cas_head", "scan", "truncate"]), label="op")
+        key = data.draw(_KEYS, label="key")
+        head = model.head(key)
+        if op in ("cas", "cas_head"):
+            if op == "cas_head":
+                expected = head.seqno if head else None
+            else:
+                expected = data.draw(st.none() | st.integers(0, 8), label="expected")
+            new = VersionedData(
+                (expected or 0) + data.draw(st.integers(1, 3), label="step"),
+                data.draw(st.binary(max_size=8), label="bytes"),
+            )
+            result = store.compare_and_set(key, expected, new)
+            if (head.seqno if head else None) == expected:
+                assert result == CasCommitted()
+                model.logs.setdefault(key, []).append(new)
+            else:
+                assert result == CasMismatch(current=head)
+        elif op == "scan":
+            lo = data.draw(st.integers(0, 12), label="from")
+            limit = data.draw(st.integers(0, 4), label="limit")
+            want = [x for x in model.logs.get(key, []) if x.seqno >= lo][:limit]
+            assert store.scan(key, lo, limit) == want
+        else:
+            bound = data.draw(st.integers(0, 12), label="bound")
+            if head is None or head.seqno < bound:
+                with pytest.raises(InvalidUsage):
+                    store.truncate(key, bound)
+            else:
+                log = model.logs[key]
+                kept = [x for x in log if x.seqno >= bound]
+                assert store.truncate(key, bound) == len(log) - len(kept)
+                model.logs[key] = kept
+        assert store.head(key) == model.head(key)
+    assert sorted(store.list_keys()) == sorted(k for k, log in model.logs.items() if log)
