@@ -1,0 +1,310 @@
+"""Canonical, versioned binary encoding of keys and rows, and their xxhash digests.
+
+A key or a row is a sequence of datums. ``encode_datums`` turns it into bytes and
+``decode_datums`` turns the bytes back; ``key_digest`` hashes an encoded key into the
+16-byte upsert key and ``value_checksum`` hashes an encoded row into the 64-bit checksum
+the snapshot accumulator sums.
+
+Invariants:
+
+- Canonical: equal datum sequences always encode to the same bytes, on every process
+  and machine (no hash seeds, no platform byte order, no pickle). ``-0.0`` is stored
+  as ``0.0`` and every NaN as the one quiet NaN ``0x7ff8000000000000``; a naive
+  datetime is taken as UTC.
+- Bijective on its image: ``decode_datums`` accepts exactly the bytes ``encode_datums``
+  can produce, so ``encode_datums(decode_datums(b)) == b`` whenever decoding succeeds.
+  Anything else (wrong version, unknown tag, truncation, a non-canonical float, bad
+  UTF-8, a datetime out of range) raises :class:`~upsert_core.errors.CodecError`;
+  no ``IndexError`` or ``struct.error`` escapes.
+- Versioned: every encoding starts with the byte ``CODEC_VERSION``. A change of layout
+  must bump it (the fixed vectors in ``tests/core/test_codec.py`` catch accidental
+  changes).
+
+Layout (version 1): the version byte, then per datum a one-byte tag and its payload,
+all integers little-endian:
+
+==========  ===  ==========================================================
+datum       tag  payload
+==========  ===  ==========================================================
+None        0    (none)
+False       1    (none)
+True        2    (none)
+int         3    int64
+float       4    IEEE-754 binary64 (canonical, see above)
+str         5    uint32 byte length, UTF-8 bytes
+bytes       6    uint32 length, the bytes
+datetime    7    int64 microseconds since 1970-01-01T00:00:00Z
+date        8    int32 days since 1970-01-01
+==========  ===  ==========================================================
+
+Decoded datetimes are timezone-aware (UTC).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import struct
+from collections.abc import Callable, Sequence
+from numbers import Integral, Real
+from typing import TypeAlias
+
+import xxhash
+
+from upsert_core.errors import CodecError
+
+CODEC_VERSION = 1
+
+Datum: TypeAlias = None | bool | int | float | str | bytes | _dt.datetime | _dt.date
+UpsertKey: TypeAlias = bytes
+"""The 16-byte xxh3-128 digest of an encoded key."""
+
+UPSERT_KEY_LEN = 16
+
+TAG_NULL = 0
+TAG_FALSE = 1
+TAG_TRUE = 2
+TAG_INT = 3
+TAG_FLOAT = 4
+TAG_STR = 5
+TAG_BYTES = 6
+TAG_DATETIME = 7
+TAG_DATE = 8
+
+_VERSION_BYTE = bytes([CODEC_VERSION])
+_NULL = bytes([TAG_NULL])
+_FALSE = bytes([TAG_FALSE])
+_TRUE = bytes([TAG_TRUE])
+_CANONICAL_NAN = struct.pack("<Bd", TAG_FLOAT, math.nan)
+_POS_ZERO = struct.pack("<Bd", TAG_FLOAT, 0.0)
+_CANONICAL_NAN_BITS = 0x7FF8000000000000
+
+_TAGGED_I64 = struct.Struct("<Bq")
+_TAGGED_F64 = struct.Struct("<Bd")
+_TAGGED_U32 = struct.Struct("<BI")
+_TAGGED_I32 = struct.Struct("<Bi")
+_I64 = struct.Struct("<q")
+_U64 = struct.Struct("<Q")
+_F64 = struct.Struct("<d")
+_U32 = struct.Struct("<I")
+_I32 = struct.Struct("<i")
+
+_I64_MIN = -(1 << 63)
+_I64_MAX = (1 << 63) - 1
+_U32_MAX = (1 << 32) - 1
+
+_EPOCH_ORDINAL = _dt.date(1970, 1, 1).toordinal()
+_US_PER_DAY = 86_400_000_000
+_UTC = _dt.UTC
+_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_UTC)
+_MIN_DATE_DAYS = _dt.date.min.toordinal() - _EPOCH_ORDINAL
+_MAX_DATE_DAYS = _dt.date.max.toordinal() - _EPOCH_ORDINAL
+_MIN_MICROS = _MIN_DATE_DAYS * _US_PER_DAY
+_MAX_MICROS = (_MAX_DATE_DAYS + 1) * _US_PER_DAY - 1
+
+
+# --- encoding -----------------------------------------------------------------------
+
+
+def _enc_int(v: int) -> bytes:
+    if not _I64_MIN <= v <= _I64_MAX:
+        raise CodecError(f"integer {v} is outside the int64 range")
+    return _TAGGED_I64.pack(TAG_INT, v)
+
+
+def _enc_float(v: float) -> bytes:
+    if v != v:
+        return _CANONICAL_NAN
+    if v == 0.0:
+        return _POS_ZERO
+    return _TAGGED_F64.pack(TAG_FLOAT, v)
+
+
+def _enc_str(v: str) -> bytes:
+    try:
+        raw = v.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise CodecError(f"string is not encodable as UTF-8: {e}") from None
+    if len(raw) > _U32_MAX:
+        raise CodecError("string longer than 4 GiB")
+    return _TAGGED_U32.pack(TAG_STR, len(raw)) + raw
+
+
+def _enc_bytes(v: bytes) -> bytes:
+    raw = bytes(v)
+    if len(raw) > _U32_MAX:
+        raise CodecError("bytes longer than 4 GiB")
+    return _TAGGED_U32.pack(TAG_BYTES, len(raw)) + raw
+
+
+def _enc_datetime(v: _dt.datetime) -> bytes:
+    micros = (
+        (v.toordinal() - _EPOCH_ORDINAL) * _US_PER_DAY
+        + ((v.hour * 60 + v.minute) * 60 + v.second) * 1_000_000
+        + v.microsecond
+    )
+    offset = v.utcoffset()
+    if offset is not None:
+        micros -= (offset.days * 86_400 + offset.seconds) * 1_000_000 + offset.microseconds
+        if not _MIN_MICROS <= micros <= _MAX_MICROS:
+            raise CodecError(f"datetime {v!r} is outside the representable UTC range")
+    return _TAGGED_I64.pack(TAG_DATETIME, micros)
+
+
+def _enc_date(v: _dt.date) -> bytes:
+    return _TAGGED_I32.pack(TAG_DATE, v.toordinal() - _EPOCH_ORDINAL)
+
+
+def _enc_bool(v: bool) -> bytes:
+    return _TRUE if v else _FALSE
+
+
+def _enc_none(v: None) -> bytes:
+    return _NULL
+
+
+# Exact-type dispatch keeps the common path to one dict lookup; subclasses (numpy
+# scalars, pandas Timestamps) go through ``_encode_slow``.
+_ENCODERS: dict[type, Callable[[object], bytes]] = {
+    type(None): _enc_none,  # type: ignore[dict-item]
+    bool: _enc_bool,  # type: ignore[dict-item]
+    int: _enc_int,  # type: ignore[dict-item]
+    float: _enc_float,  # type: ignore[dict-item]
+    str: _enc_str,  # type: ignore[dict-item]
+    bytes: _enc_bytes,  # type: ignore[dict-item]
+    _dt.datetime: _enc_datetime,  # type: ignore[dict-item]
+    _dt.date: _enc_date,  # type: ignore[dict-item]
+}
+
+
+def _encode_slow(v: object) -> bytes:
+    # Order matters: bool is an int, datetime is a date.
+    if isinstance(v, bool):
+        return _enc_bool(v)
+    if isinstance(v, _dt.datetime):
+        return _enc_datetime(v)
+    if isinstance(v, _dt.date):
+        return _enc_date(v)
+    if isinstance(v, str):
+        return _enc_str(v)
+    if isinstance(v, bytes | bytearray | memoryview):
+        return _enc_bytes(bytes(v))
+    if type(v).__name__ == "bool_":  # numpy.bool_ is neither bool nor Integral
+        return _enc_bool(bool(v))
+    if isinstance(v, Integral):
+        return _enc_int(int(v))
+    if isinstance(v, Real):
+        return _enc_float(float(v))
+    raise CodecError(f"cannot encode a value of type {type(v).__name__}")
+
+
+def encode_datums(values: Sequence[Datum]) -> bytes:
+    """Encode a key or a row canonically; raises CodecError for unencodable values."""
+    encoders = _ENCODERS
+    parts = [_VERSION_BYTE]
+    append = parts.append
+    for v in values:
+        enc = encoders.get(type(v))
+        append(enc(v) if enc is not None else _encode_slow(v))
+    return b"".join(parts)
+
+
+# --- decoding -----------------------------------------------------------------------
+
+
+def _truncated(what: str, pos: int) -> CodecError:
+    return CodecError(f"truncated encoding: {what} at offset {pos} runs past the end")
+
+
+def decode_datums(data: bytes) -> tuple[Datum, ...]:
+    """Decode bytes made by ``encode_datums``; raises CodecError on anything else."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise CodecError(f"expected bytes, got {type(data).__name__}")
+    data = bytes(data)
+    n = len(data)
+    if n == 0:
+        raise CodecError("empty encoding (no version byte)")
+    if data[0] != CODEC_VERSION:
+        raise CodecError(f"unsupported codec version {data[0]} (expected {CODEC_VERSION})")
+    out: list[Datum] = []
+    append = out.append
+    pos = 1
+    while pos < n:
+        tag = data[pos]
+        start = pos
+        pos += 1
+        if tag == TAG_NULL:
+            append(None)
+        elif tag == TAG_FALSE:
+            append(False)
+        elif tag == TAG_TRUE:
+            append(True)
+        elif tag in (TAG_INT, TAG_DATETIME):
+            if pos + 8 > n:
+                raise _truncated("int64", start)
+            (iv,) = _I64.unpack_from(data, pos)
+            pos += 8
+            if tag == TAG_INT:
+                append(iv)
+            else:
+                append(_decode_datetime(iv, start))
+        elif tag == TAG_FLOAT:
+            if pos + 8 > n:
+                raise _truncated("float64", start)
+            (bits,) = _U64.unpack_from(data, pos)
+            (fv,) = _F64.unpack_from(data, pos)
+            if bits == 0x8000000000000000 or (fv != fv and bits != _CANONICAL_NAN_BITS):
+                raise CodecError(f"non-canonical float at offset {start}")
+            pos += 8
+            append(fv)
+        elif tag in (TAG_STR, TAG_BYTES):
+            if pos + 4 > n:
+                raise _truncated("length", start)
+            (length,) = _U32.unpack_from(data, pos)
+            pos += 4
+            end = pos + length
+            if end > n:
+                raise _truncated("string or bytes", start)
+            chunk = data[pos:end]
+            pos = end
+            if tag == TAG_BYTES:
+                append(chunk)
+            else:
+                try:
+                    append(chunk.decode("utf-8"))
+                except UnicodeDecodeError as e:
+                    raise CodecError(f"invalid UTF-8 at offset {start}: {e}") from None
+        elif tag == TAG_DATE:
+            if pos + 4 > n:
+                raise _truncated("date", start)
+            (days,) = _I32.unpack_from(data, pos)
+            pos += 4
+            if not _MIN_DATE_DAYS <= days <= _MAX_DATE_DAYS:
+                raise CodecError(f"date out of range ({days} days) at offset {start}")
+            append(_dt.date.fromordinal(days + _EPOCH_ORDINAL))
+        else:
+            raise CodecError(f"unknown datum tag {tag} at offset {start}")
+    return tuple(out)
+
+
+def _decode_datetime(micros: int, pos: int) -> _dt.datetime:
+    if not _MIN_MICROS <= micros <= _MAX_MICROS:
+        raise CodecError(f"datetime out of range ({micros} us) at offset {pos}")
+    return _EPOCH + _dt.timedelta(microseconds=micros)
+
+
+# --- digests ------------------------------------------------------------------------
+
+
+def key_digest(encoded_key: bytes) -> UpsertKey:
+    """The upsert key: xxh3-128 of the encoded key, 16 bytes, big-endian."""
+    return _xxh3_128_digest(encoded_key)
+
+
+def value_checksum(encoded_value: bytes) -> int:
+    """The value checksum: xxh3-64 of the encoded value as an unsigned 64-bit int."""
+    return _xxh3_64_intdigest(encoded_value)
+
+
+_xxh3_128_digest = xxhash.xxh3_128_digest
+_xxh3_64_intdigest = xxhash.xxh3_64_intdigest

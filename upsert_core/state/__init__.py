@@ -1,0 +1,38 @@
+"""Upsert state: ``StateValue``, ``UpsertState``, statistics and the backend protocol.
+
+The modules: ``value`` (the per-key state and its snapshot accumulator), ``stats`` (put,
+get and merge statistics and the records passed to backends), ``backend`` (the
+``StateBackend`` protocol) and ``upsert_state`` (the wrapper that consolidates snapshot
+and feedback chunks). Implementations of the protocol live in ``upsert_core.backends``.
+"""
+
+from upsert_core.codec import UpsertKey
+from upsert_core.state.backend import StateBackend
+from upsert_core.state.stats import (
+    ABSENT,
+    GetStats,
+    MergeStats,
+    PutStats,
+    PutValue,
+    ValueAndSize,
+    ValueMetadata,
+)
+from upsert_core.state.upsert_state import UpsertState
+from upsert_core.state.value import STATE_FORMAT_VERSION, OrderKey, StateValue, order_ge
+
+__all__ = [
+    "ABSENT",
+    "STATE_FORMAT_VERSION",
+    "GetStats",
+    "MergeStats",
+    "OrderKey",
+    "PutStats",
+    "PutValue",
+    "StateBackend",
+    "StateValue",
+    "UpsertKey",
+    "UpsertState",
+    "ValueAndSize",
+    "ValueMetadata",
+    "order_ge",
+]
