@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 from upsert_core.errors import ConcurrentModification, InvalidUsage, UpsertPlatformError
 from upsert_core.persist.location import CasCommitted
-from upsert_core.persist.state import RollupRef, ShardState
+from upsert_core.persist.state import ShardState
 from upsert_core.persist.state_versions import StateVersions
 
 log = logging.getLogger(__name__)
@@ -146,10 +146,20 @@ class Machine:
                 time.sleep(random.uniform(0, min(0.02, 0.0005 * 2**lost)))
 
     def _maybe_rollup(self, state: ShardState, retries: int) -> None:
+        """Roll up ``state`` if it is ``rollup_every`` seqnos past the newest rollup.
+
+        Never raises a platform error: the caller's transition has already committed,
+        and failing now would make the caller retry (and apply it twice). A failed
+        rollup is simply attempted again after the next commit.
+        """
         latest = state.latest_rollup()
         if state.seqno - (0 if latest is None else latest.seqno) < self.rollup_every:
             return
-        ref = self.versions.write_rollup(state)
+        try:
+            ref = self.versions.write_rollup(state)
+        except UpsertPlatformError as exc:
+            log.warning("shard %s: rollup of seqno %d failed: %s", self.shard_id, state.seqno, exc)
+            return
 
         def record(current: ShardState) -> ShardState | None:
             newest = current.latest_rollup()
@@ -157,16 +167,20 @@ class Machine:
                 return None  # someone recorded this or a newer rollup already
             return current.evolve(rollups={**current.rollups, ref.seqno: ref})
 
-        recorded: ShardState | None = None
         try:
             recorded = self._apply(record, retries)
         except ConcurrentModification:
-            log.warning("shard %s: could not record rollup %s; deleting it", self.shard_id,
-                        ref.key)
+            recorded = None
+        except UpsertPlatformError as exc:
+            # SUBTLE: we cannot tell whether the rollup was recorded; leave the blob (an
+            # unrecorded rollup is a leak that GC's leaked-blob detection removes).
+            log.warning("shard %s: recording rollup %s failed: %s", self.shard_id, ref.key, exc)
+            return
         if recorded is None or recorded.rollups.get(ref.seqno) != ref:
-            self._delete_unrecorded(ref)
-
-    def _delete_unrecorded(self, ref: RollupRef) -> None:
-        # SUBTLE: the record transition either committed our ref (then we never get
-        # here) or definitely did not; an unrecorded rollup is referenced by no state.
-        self.versions.delete_rollup(ref.key)
+            # The record transition definitely did not commit our ref: no state
+            # references this blob, so delete it.
+            try:
+                self.versions.delete_rollup(ref.key)
+            except UpsertPlatformError as exc:
+                log.warning("shard %s: deleting unrecorded rollup %s failed: %s",
+                            self.shard_id, ref.key, exc)
