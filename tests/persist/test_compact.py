@@ -1,0 +1,195 @@
+"""Compaction: same logical content at and after since, fewer batches, safe commits."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from upsert_core.errors import InvalidUsage
+from upsert_core.persist.append import compare_and_append
+from upsert_core.persist.blob_memory import MemoryBlob
+from upsert_core.persist.compact import (
+    batch_weight,
+    commit_merge,
+    compact,
+    merge_batches,
+    plan_merge,
+)
+from upsert_core.persist.consensus_memory import MemoryConsensus
+from upsert_core.persist.consolidate import is_sorted
+from upsert_core.persist.location import Blob
+from upsert_core.persist.machine import Machine
+from upsert_core.persist.parts import read_part_table, write_batch
+from upsert_core.persist.read import changes, read_all, snapshot
+from upsert_core.persist.state import BlobPart, HollowBatch, ReaderState, ShardState
+from upsert_core.persist.state_versions import StateVersions
+
+from .test_parts import Update, key, rows_of, updates_table
+from .test_read import model_changes, model_snapshot
+
+SHARD = "compacts"
+
+
+def new_machine(blob: Blob) -> Machine:
+    versions = StateVersions(MemoryConsensus(), blob, SHARD)
+    versions.maybe_init_shard()
+    return Machine(versions, rollup_every=8)
+
+
+def append(machine: Machine, blob: Blob, rows: list[Update], *, part_rows: int = 4) -> None:
+    upper = machine.state().upper
+    table = updates_table([(k, r, upper, d) for k, r, _, d in rows])
+    batch = write_batch(blob, SHARD, table, upper, upper + 1, part_rows=part_rows,
+                        inline_threshold=0)
+    assert compare_and_append(machine, batch, upper).committed
+
+
+def advance_since(machine: Machine, since: int) -> None:
+    machine.apply(lambda s: s.evolve(since=max(s.since, min(since, s.upper - 1))))
+
+
+def contents(blob: Blob, state: ShardState) -> tuple[list[list[Update]], list[Update]]:
+    snaps = [
+        rows_of(read_all(snapshot(blob, state, ts, positive_only=False)))
+        for ts in range(state.since, state.upper)
+    ]
+    return snaps, rows_of(read_all(changes(blob, state, state.since, state.upper)))
+
+
+batch_rows_strategy = st.lists(
+    st.tuples(
+        st.integers(0, 7).map(key),
+        st.sampled_from([b"x", b"y", b"z"]),
+        st.just(0),
+        st.sampled_from([1, 1, -1]),
+    ),
+    max_size=12,
+)
+
+
+@given(
+    st.lists(st.tuples(batch_rows_strategy, st.integers(0, 3), st.booleans()), min_size=1,
+             max_size=12),
+    st.sampled_from([2, 3, 8]),
+    st.sampled_from([1, 5, 1000]),
+)
+def test_compaction_keeps_content_from_since_and_reduces_batches(
+    steps: list[tuple[list[Update], int, bool]], per_merge: int, part_rows: int
+) -> None:
+    blob = MemoryBlob()
+    machine = new_machine(blob)
+    model: list[Update] = []
+    for rows, since_lag, compact_now in steps:
+        ts = machine.state().upper
+        append(machine, blob, rows)
+        model += [(k, r, ts, d) for k, r, _, d in rows]
+        advance_since(machine, ts - since_lag)
+        if compact_now:
+            compact(machine, blob, max_batches_per_merge=per_merge, part_rows=part_rows)
+    before = machine.state()
+    expected = contents(blob, before)
+    result = compact(machine, blob, max_batches_per_merge=per_merge, part_rows=part_rows)
+    after = machine.state()
+    assert result.state.batches == after.batches and result.batches_after == len(after.batches)
+    assert len(after.batches) <= len(before.batches)
+    assert contents(blob, after) == expected
+    # ... which is also the model's content.
+    snaps, changed = expected
+    for as_of, snap in zip(range(after.since, after.upper), snaps, strict=True):
+        assert snap == model_snapshot(model, as_of, positive_only=False)
+    assert changed == model_changes(model, after.since, after.since, after.upper)
+    # The tiers hold afterwards, so the batch count is logarithmic in the updates.
+    assert plan_merge(after.batches, max_batches_per_merge=per_merge) is None
+    total = sum(batch_weight(b) for b in after.batches)
+    assert len(after.batches) <= math.log2(total) + 1
+    for batch in after.batches:
+        for part in batch.parts:
+            assert is_sorted(read_part_table(blob, part))
+
+
+def test_plan_merge_follows_the_size_tiers() -> None:
+    def batches(*sizes: int) -> list[HollowBatch]:
+        return [
+            HollowBatch(lower=i, upper=i + 1, since=0,
+                        parts=() if not n else (write_batch(
+                            MemoryBlob(), SHARD,
+                            updates_table([(key(j), b"r", i, 1) for j in range(n)]),
+                            i, i + 1).parts))
+            for i, n in enumerate(sizes)
+        ]
+
+    assert plan_merge(batches(8, 4, 2, 1)) is None
+    assert plan_merge(batches(8, 4, 3)) == (1, 3)
+    assert plan_merge(batches(8, 1, 1, 3, 1)) == (1, 4)  # 1 < 2, 1+1 < 6, not 5 < 2
+    assert plan_merge(batches(8, 1, 1, 3, 4)) == (1, 5)  # ... and 5 < 8
+    assert plan_merge(batches(8, 1, 1, 3), max_batches_per_merge=2) == (1, 3)
+    assert plan_merge(batches(8, 1, 1, 1)) == (1, 3)  # 1+1 is not below 2 * 1
+    assert plan_merge(batches(0, 0)) == (0, 2)  # empty batches merge too
+    with pytest.raises(InvalidUsage):
+        plan_merge(batches(1, 1), max_batches_per_merge=1)
+
+
+def test_merged_batch_is_written_in_parts_and_keeps_old_parts() -> None:
+    blob = MemoryBlob()
+    machine = new_machine(blob)
+    for ts in range(4):
+        append(machine, blob, [(key(i), b"v%d" % ts, 0, 1) for i in range(30)], part_rows=7)
+        if ts:
+            append_retract = [(key(i), b"v%d" % (ts - 1), 0, -1) for i in range(30)]
+            append(machine, blob, append_retract, part_rows=7)
+    advance_since(machine, 6)
+    state = machine.state()
+    old_keys = set(state.referenced_blob_keys())
+    result = compact(machine, blob, merge_all=True, part_rows=10, batch_rows=4)
+    after = result.state
+    assert result.merges >= 1 and len(after.batches) == 1
+    merged = after.batches[0]
+    assert (merged.lower, merged.upper, merged.since) == (0, 7, 6)
+    # At since 6 everything but the latest value of each key consolidated away.
+    assert merged.num_updates == 30 and len(merged.parts) == 3
+    assert old_keys <= {m.key for m in blob.list_keys(f"{SHARD}/part/")}
+    assert rows_of(read_all(snapshot(blob, after, 6))) == [
+        (key(i), b"v3", 6, 1) for i in range(30)
+    ]
+
+
+def test_commit_is_refused_and_parts_deleted_when_batches_changed_meanwhile() -> None:
+    blob = MemoryBlob()
+    machine = new_machine(blob)
+    for ts in range(3):
+        append(machine, blob, [(key(ts), b"r", 0, 1)] * 40)
+    state = machine.state()
+    run = state.batches[0:2]
+    merged = merge_batches(blob, SHARD, run, state.since, inline_threshold=0)
+    new_keys = {p.key for p in merged.parts if isinstance(p, BlobPart)}
+    assert new_keys and all(blob.get(k) is not None for k in new_keys)
+    # Someone else compacts first: our run is no longer present.
+    other = Machine(machine.versions)
+    assert compact(other, blob, merge_all=True).merges == 1
+    committed, current = commit_merge(machine, blob, run, merged)
+    assert not committed and len(current.batches) == 1
+    assert all(blob.get(k) is None for k in new_keys)
+
+
+def test_compaction_respects_leased_readers_and_rejects_since_beyond_frontier() -> None:
+    blob = MemoryBlob()
+    machine = new_machine(blob)
+    for ts in range(4):
+        append(machine, blob, [(key(1), b"v%d" % ts, 0, 1)])
+    advance_since(machine, 3)
+    machine.apply(
+        lambda s: s.evolve(leased_readers={"r": ReaderState(since=1, seqno=s.seqno,
+                                                            last_heartbeat_ms=0,
+                                                            lease_duration_ms=1000)})
+    )
+    with pytest.raises(InvalidUsage, match="beyond the compaction frontier 1"):
+        compact(machine, blob, since=2)
+    result = compact(machine, blob, merge_all=True)
+    assert result.state.batches[0].since == 1
+    # The reader can still read at its since.
+    assert rows_of(read_all(snapshot(blob, result.state.evolve(since=1), 1))) == [
+        (key(1), b"v0", 1, 1), (key(1), b"v1", 1, 1)
+    ]

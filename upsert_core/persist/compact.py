@@ -1,0 +1,292 @@
+"""Size-tiered compaction: merge adjacent batches so their number stays logarithmic.
+
+Policy: walking from the oldest batch, a batch should hold at least twice the updates
+of the batch after it. Where it does not, that batch and its successor (and further
+successors while the merged size still would not be twice the next one) are merged
+into one batch. Once no such pair remains, sizes at least halve from batch to batch,
+so a shard with N updates has at most about log2(N) + 1 batches, and each update is
+rewritten O(log N) times over the shard's life (the binary-counter argument).
+
+Invariants:
+
+- A merged batch covers ``[first.lower, last.upper)``; its updates are those of the
+  merged batches with ``ts`` advanced to the compaction frontier (the shard's since,
+  lowered to any leased reader's since) and consolidated. Every read at a time at or
+  after the frontier therefore sees exactly the same contents.
+- The merge streams (``read.merge_sorted``) and writes parts as it goes, so memory is
+  bounded by about (number of input parts x batch size) plus one output part.
+- The new batch replaces exactly the merged batches in ONE transition, and only if
+  they are all still present unchanged; otherwise the transition changes nothing and
+  the new parts (referenced by no state) are deleted.
+- Old parts are never deleted here: older live states may still reference them; GC
+  deletes blobs once no live state does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from upsert_core.errors import InvalidUsage
+from upsert_core.persist.consolidate import UPDATE_SCHEMA, advance_ts
+from upsert_core.persist.keys import part_key
+from upsert_core.persist.location import Blob
+from upsert_core.persist.machine import Machine
+from upsert_core.persist.parts import (
+    DEFAULT_BATCH_ROWS,
+    DEFAULT_INLINE_THRESHOLD,
+    DEFAULT_PART_ROWS,
+    DEFAULT_ROW_GROUP_ROWS,
+    delete_parts,
+)
+from upsert_core.persist.read import Transform, consolidated, part_sources
+from upsert_core.persist.state import BlobPart, HollowBatch, InlinePart, Part, ShardState
+
+DEFAULT_MAX_BATCHES_PER_MERGE = 8
+MAX_FAILED_COMMITS = 3
+
+
+# --- policy -----------------------------------------------------------------------------
+
+
+def batch_weight(batch: HollowBatch) -> int:
+    """A batch's size for the policy; empty batches weigh 1 so they merge too."""
+    return max(batch.num_updates, 1)
+
+
+def plan_merge(
+    batches: Sequence[HollowBatch], *, max_batches_per_merge: int = DEFAULT_MAX_BATCHES_PER_MERGE
+) -> tuple[int, int] | None:
+    """The first run ``batches[start:end]`` to merge, or ``None`` when tiers hold."""
+    if max_batches_per_merge < 2:
+        raise InvalidUsage(f"max_batches_per_merge must be >= 2, got {max_batches_per_merge}")
+    for i in range(len(batches) - 1):
+        if batch_weight(batches[i]) >= 2 * batch_weight(batches[i + 1]):
+            continue
+        end = i + 2
+        total = batch_weight(batches[i]) + batch_weight(batches[i + 1])
+        while (
+            end < len(batches)
+            and end - i < max_batches_per_merge
+            and total < 2 * batch_weight(batches[end])
+        ):
+            total += batch_weight(batches[end])
+            end += 1
+        return i, end
+    return None
+
+
+def compaction_frontier(state: ShardState) -> int:
+    """The time updates may be advanced to: the since, lowered to any reader's since."""
+    return min([state.since, *(r.since for r in state.leased_readers.values())])
+
+
+# --- merging ----------------------------------------------------------------------------
+
+
+class _PartWriter:
+    """Writes a sorted stream of updates as parts of at most about ``part_rows`` rows."""
+
+    def __init__(self, blob: Blob, shard: str, part_rows: int, inline_threshold: int) -> None:
+        self._blob = blob
+        self._shard = shard
+        self._part_rows = max(1, part_rows)
+        self._inline_threshold = inline_threshold
+        self._pending: list[pa.Table] = []
+        self._pending_rows = 0
+        self._sink: pa.BufferOutputStream | None = None
+        self._writer: pq.ParquetWriter | None = None
+        self._part_rows_written = 0
+        self.parts: list[Part] = []
+
+    def add(self, table: pa.Table) -> None:
+        self._pending.append(table)
+        self._pending_rows += table.num_rows
+        if self._pending_rows >= min(DEFAULT_ROW_GROUP_ROWS, self._part_rows):
+            self._write_pending()
+
+    def _write_pending(self) -> None:
+        if not self._pending_rows:
+            return
+        table = pa.concat_tables(self._pending)
+        self._pending, self._pending_rows = [], 0
+        while table.num_rows:
+            if self._writer is None:
+                self._sink = pa.BufferOutputStream()
+                self._writer = pq.ParquetWriter(self._sink, UPDATE_SCHEMA)
+                self._part_rows_written = 0
+            room = self._part_rows - self._part_rows_written
+            piece, table = table.slice(0, room), table.slice(room)
+            self._writer.write_table(piece, row_group_size=DEFAULT_ROW_GROUP_ROWS)
+            self._part_rows_written += piece.num_rows
+            if self._part_rows_written >= self._part_rows:
+                self._close_part()
+
+    def _close_part(self) -> None:
+        if self._writer is None or self._sink is None:
+            return
+        self._writer.close()
+        data = self._sink.getvalue().to_pybytes()
+        rows = self._part_rows_written
+        self._writer, self._sink = None, None
+        if len(data) <= self._inline_threshold:
+            self.parts.append(InlinePart(data=data, num_updates=rows))
+        else:
+            key = part_key(self._shard)
+            self._blob.set(key, data)
+            self.parts.append(BlobPart(key=key, encoded_size_bytes=len(data), num_updates=rows))
+
+    def finish(self) -> tuple[Part, ...]:
+        self._write_pending()
+        self._close_part()
+        return tuple(self.parts)
+
+
+def merge_batches(
+    blob: Blob,
+    shard: str,
+    batches: Sequence[HollowBatch],
+    since: int,
+    *,
+    inline_threshold: int = DEFAULT_INLINE_THRESHOLD,
+    part_rows: int = DEFAULT_PART_ROWS,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+) -> HollowBatch:
+    """Write the consolidated union of adjacent ``batches``, ts advanced to ``since``.
+
+    Streams: parts are merged record batch by record batch and written as they fill.
+    The result is referenced by no state yet; commit it with :func:`commit_merge`.
+    """
+    if not batches:
+        raise InvalidUsage("merge_batches needs at least one batch")
+    for before, after in zip(batches, batches[1:], strict=False):
+        if before.upper != after.lower:
+            raise InvalidUsage(
+                f"batches [{before.lower}, {before.upper}) and [{after.lower}, {after.upper})"
+                " are not adjacent"
+            )
+
+    def transform_for(_: HollowBatch) -> Transform:
+        return lambda table: advance_ts(table, since)
+
+    sources = part_sources(blob, shard, batches, transform_for, batch_rows=batch_rows)
+    writer = _PartWriter(blob, shard, part_rows, inline_threshold)
+    try:
+        for table in consolidated(sources, batch_rows=batch_rows):
+            writer.add(table)
+        parts = writer.finish()
+    except BaseException:
+        delete_parts(blob, writer.parts)  # referenced by nothing yet
+        raise
+    return HollowBatch(lower=batches[0].lower, upper=batches[-1].upper, since=since, parts=parts)
+
+
+def commit_merge(
+    machine: Machine,
+    blob: Blob,
+    replaced: Sequence[HollowBatch],
+    merged: HollowBatch,
+) -> tuple[bool, ShardState]:
+    """Replace ``replaced`` by ``merged`` iff they are still present, unchanged.
+
+    Returns (committed, current state). When not committed, ``merged``'s parts are
+    deleted (no state references them).
+    """
+    run = tuple(replaced)
+    committed = False
+
+    def replace(state: ShardState) -> ShardState | None:
+        nonlocal committed
+        committed = False
+        for start, batch in enumerate(state.batches):
+            if batch == run[0]:
+                if state.batches[start : start + len(run)] != run:
+                    return None
+                committed = True
+                batches = (*state.batches[:start], merged, *state.batches[start + len(run) :])
+                return state.evolve(batches=batches)
+        return None
+
+    # SUBTLE: if apply raises (e.g. an indeterminate store error) the new parts may or
+    # may not be referenced now; they are left for GC, which only deletes unreferenced
+    # blobs. Only a definite "no change" lets us delete them here.
+    state = machine.apply(replace)
+    if not committed:
+        delete_parts(blob, merged.parts)
+    return committed, state
+
+
+# --- the driver -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionResult:
+    """What :func:`compact` did: merges committed and batch counts before and after."""
+
+    merges: int
+    failed_commits: int
+    batches_before: int
+    batches_after: int
+    state: ShardState
+
+
+def compact(
+    machine: Machine,
+    blob: Blob,
+    *,
+    since: int | None = None,
+    max_batches_per_merge: int = DEFAULT_MAX_BATCHES_PER_MERGE,
+    max_merges: int | None = None,
+    merge_all: bool = False,
+    inline_threshold: int = DEFAULT_INLINE_THRESHOLD,
+    part_rows: int = DEFAULT_PART_ROWS,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+) -> CompactionResult:
+    """Merge batches until the size tiers hold (or ``max_merges`` merges were done).
+
+    ``since``: advance updates to this time instead of the compaction frontier; it must
+    not exceed it. ``merge_all``: merge every batch into one (e.g. after ``gc --retain``
+    advanced the since), in one streaming pass, then continue by the tiers.
+    """
+    state = machine.state()
+    before = len(state.batches)
+    merges = failed = 0
+    while max_merges is None or merges < max_merges:
+        frontier = compaction_frontier(state)
+        if since is not None and since > frontier:
+            raise InvalidUsage(
+                f"shard {state.shard_id}: cannot compact to {since}: beyond the compaction"
+                f" frontier {frontier} (the since, lowered to leased readers' sinces)"
+            )
+        target = frontier if since is None else since
+        if merge_all:
+            batches = state.batches
+            rewrite = len(batches) > 1 or (len(batches) == 1 and batches[0].since < target)
+            plan = (0, len(batches)) if rewrite else None
+        else:
+            plan = plan_merge(state.batches, max_batches_per_merge=max_batches_per_merge)
+        if plan is None:
+            break
+        run = state.batches[plan[0] : plan[1]]
+        merged = merge_batches(
+            blob, state.shard_id, run, target, inline_threshold=inline_threshold,
+            part_rows=part_rows, batch_rows=batch_rows,
+        )
+        committed, state = commit_merge(machine, blob, run, merged)
+        if committed:
+            merges += 1
+            merge_all = False
+        else:
+            failed += 1
+            if failed >= MAX_FAILED_COMMITS:
+                break
+    return CompactionResult(
+        merges=merges,
+        failed_commits=failed,
+        batches_before=before,
+        batches_after=len(state.batches),
+        state=state,
+    )
