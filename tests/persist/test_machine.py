@@ -25,7 +25,7 @@ from upsert_core.persist.location import (
     VersionedData,
 )
 from upsert_core.persist.machine import Machine
-from upsert_core.persist.state import ShardState
+from upsert_core.persist.state import ErrorBatch, HollowBatch, InlinePart, ShardState
 from upsert_core.persist.state_versions import StateVersions, check_invariants
 from upsert_core.persist.unreliable import FaultRates, UnreliableBlob, UnreliableConsensus
 
@@ -205,6 +205,20 @@ def test_gives_up_after_max_retries_with_concurrent_modification(stores: Stores)
         machine.apply(always_loses, max_retries=3)
     assert len(calls) == 4 and calls == sorted(calls)
     assert "mine" not in machine.state().config
+
+
+def test_committed_states_are_canonical_so_readers_rebuild_them_equal(stores: Stores) -> None:
+    machine = new_machine(stores, "canon")
+    part = InlinePart(b"e", 1)
+
+    def append_out_of_order(s: ShardState) -> ShardState:
+        batch = HollowBatch(0, 3, 0, (part,))
+        errors = (ErrorBatch(2, part, 1), ErrorBatch(0, part, 2), ErrorBatch(2, part, 3))
+        return s.evolve(upper=3, batches=(batch,), errors=errors)
+
+    state = machine.apply(append_out_of_order)
+    assert [(e.ts, e.num_errors) for e in state.errors] == [(0, 2), (2, 1), (2, 3)]
+    assert machine.versions.fetch_current_state() == state
 
 
 # --- rollups ------------------------------------------------------------------------------

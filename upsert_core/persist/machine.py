@@ -21,6 +21,8 @@ Invariants:
 - Every ``rollup_every`` seqnos after the newest rollup, the machine writes a rollup of
   the state it just committed and records it by a follow-up transition; a rollup that
   ends up unrecorded (someone recorded a newer one) is deleted again.
+- Committed states are canonical: ``errors`` sorted by ts (stably), the order in
+  which ``state_diff`` rebuilds them, so a writer's state equals a reader's.
 - The cached state is only ever a state that was current at some point; it saves the
   fetch (head + rollup + diffs) when no one else wrote in between.
 """
@@ -101,6 +103,8 @@ class Machine:
         stamped = new.evolve(
             seqno=current.seqno + 1,
             walltime_ms=max(current.walltime_ms, self._clock_ms()),
+            # Canonical order (stable by ts): the order a reader rebuilds from diffs.
+            errors=tuple(sorted(new.errors, key=lambda e: e.ts)),
         )
         stamped.check_invariants()
         return stamped
