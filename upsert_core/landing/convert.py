@@ -77,8 +77,13 @@ def convert(column: Column, kind: SourceKind, target: LogicalType) -> tuple[pa.A
 
 def describe(column: Column, index: int) -> str:
     """A short rendering of one input value, for row-error reasons."""
-    value = column[index] if isinstance(column, list) else column[index].as_py()
-    text = repr(value)
+    if isinstance(column, list):
+        text = repr(column[index])
+    else:
+        try:
+            text = repr(column[index].as_py())
+        except (ValueError, OverflowError):  # e.g. a timestamp beyond Python's calendar
+            return f"an out-of-range {column.type} value"
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -131,9 +136,28 @@ def _convert_typed(column: pa.Array, target: LogicalType) -> tuple[pa.Array, Boo
         if bad.any():
             arr = pc.if_else(too_big, pa.scalar(None, type=arr.type), arr)
     try:
-        return pc.cast(arr, ARROW_TYPES[target], safe=False), bad
+        result = pc.cast(arr, ARROW_TYPES[target], safe=False)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise IngestError(f"cannot convert {arr.type} to {target}: {exc}") from exc
+    limits = _PYTHON_RANGE.get(target)
+    if limits is not None:
+        # Arrow's range is wider than Python's datetime/date (years 1..9999).
+        raw = result.view(pa.int32() if target is LogicalType.DATE else pa.int64())
+        out = pc.or_(pc.less(raw, limits[0]), pc.greater(raw, limits[1])).fill_null(False)
+        out_np = np.asarray(out.to_numpy(zero_copy_only=False), dtype=np.bool_)
+        if out_np.any():
+            bad = bad | out_np
+            result = pc.if_else(out, pa.scalar(None, type=result.type), result)
+    return result, bad
+
+
+_EPOCH_DAYS = dt.date(1970, 1, 1).toordinal()
+_MIN_DAYS = dt.date.min.toordinal() - _EPOCH_DAYS
+_MAX_DAYS = dt.date.max.toordinal() - _EPOCH_DAYS
+_PYTHON_RANGE: dict[LogicalType, tuple[int, int]] = {
+    LogicalType.DATE: (_MIN_DAYS, _MAX_DAYS),
+    LogicalType.TIMESTAMP: (_MIN_DAYS * 86_400_000_000, (_MAX_DAYS + 1) * 86_400_000_000 - 1),
+}
 
 
 # --- text (CSV) ---------------------------------------------------------------------
@@ -205,11 +229,11 @@ def _parse_timestamp(value: object) -> dt.datetime | None:
         return None
     try:
         parsed = dt.datetime.fromisoformat(value.strip())
-    except ValueError:
+        if parsed.tzinfo is None:
+            return parsed.replace(tzinfo=dt.UTC)
+        return parsed.astimezone(dt.UTC)
+    except (ValueError, OverflowError):  # not ISO-8601, or off the calendar in UTC
         return None
-    if parsed.tzinfo is None:
-        return parsed.replace(tzinfo=dt.UTC)
-    return parsed.astimezone(dt.UTC)
 
 
 _TEXT_PARSERS: dict[LogicalType, Callable[[object], object]] = {
@@ -276,12 +300,26 @@ def _per_value(
     values: Sequence[object], parse: Callable[[object], object], arrow_type: pa.DataType
 ) -> tuple[pa.Array, BoolMask]:
     converted = [None if v is None else parse(v) for v in values]
+    try:
+        array = pa.array(converted, type=arrow_type)
+    except UnicodeEncodeError:
+        # A JSON string with a lone surrogate ("\ud800") is not UTF-8: not convertible.
+        converted = [None if isinstance(c, str) and not _is_utf8(c) else c for c in converted]
+        array = pa.array(converted, type=arrow_type)
     bad = np.fromiter(
         (v is not None and c is None for v, c in zip(values, converted, strict=True)),
         dtype=np.bool_,
         count=len(values),
     )
-    return pa.array(converted, type=arrow_type), bad
+    return array, bad
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _bad_mask(source: pa.Array, result: pa.Array) -> BoolMask:

@@ -85,10 +85,13 @@ def check_name(name: str) -> str:
     return name
 
 
-def list_landing(url: str) -> list[LandingFile]:
-    """Every batch file under the landing location ``url``, sorted by name."""
+def list_landing(url: str, *, page_size: int | None = None) -> list[LandingFile]:
+    """Every batch file under the landing location ``url``, sorted by name.
+
+    ``page_size`` bounds the keys per S3 list request (tests use it to force paging).
+    """
     root = normalise_root(url)
-    files = list(_list_s3(root) if root.startswith("s3://") else _list_local(root))
+    files = list(_list_s3(root, page_size) if root.startswith("s3://") else _list_local(root))
     for f in files:
         check_name(f.name)
     files.sort(key=lambda f: f.name)
@@ -202,12 +205,13 @@ def _s3_client() -> Any:
     )
 
 
-def _list_s3(root: str) -> Iterable[LandingFile]:
+def _list_s3(root: str, page_size: int | None) -> Iterable[LandingFile]:
     bucket, prefix = _split_s3(root)
     list_prefix = f"{prefix}/" if prefix else ""
     try:
         paginator = _s3_client().get_paginator("list_objects_v2")
-        pages = paginator.paginate(Bucket=bucket, Prefix=list_prefix)
+        config = {"PageSize": page_size} if page_size else {}
+        pages = paginator.paginate(Bucket=bucket, Prefix=list_prefix, PaginationConfig=config)
         for page in pages:
             for obj in page.get("Contents", []):
                 key: str = obj["Key"]

@@ -169,13 +169,13 @@ class SourceSchema:
             role = self.role(name)
             if role == "deleted" or typ is None:
                 continue
-            if role == "order" and typ not in ORDER_TYPES:
-                raise IngestError(
-                    f"{file}: order column {name!r} has type {typ}; it must be an integer "
-                    "or a timestamp"
-                )
             have = known.get(name)
             if have is None:
+                if role == "order" and typ not in ORDER_TYPES:
+                    raise IngestError(
+                        f"{file}: order column {name!r} has type {typ}; it must be an integer "
+                        "or a timestamp"
+                    )
                 known[name] = typ
                 added.append((name, typ))
             elif not compatible(typ, have, role):

@@ -155,7 +155,8 @@ def validate_batch(raw: RawBatch, schema: SourceSchema) -> ValidatedBatch:
             flag(np.ones(n, dtype=np.bool_), f"null {role} column {name!r}")
         else:
             # Unconvertible values are null now too but were reported above.
-            flag(_null_mask(arr) & ~_valid_mask(raw.columns[name]), f"null {role} column {name!r}")
+            was_valid = _valid_mask(raw.columns.get(name, []))
+            flag(_null_mask(arr) & ~was_valid, f"null {role} column {name!r}")
 
     deletes = np.zeros(n, dtype=np.bool_)
     marker = raw.columns.get(schema.deleted)
