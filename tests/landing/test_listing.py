@@ -139,3 +139,13 @@ def test_reading_a_vanished_file_names_it(tmp_path: Path) -> None:
     (tmp_path / "gone.jsonl").unlink()
     with pytest.raises(IngestError, match="^gone.jsonl: cannot read"):
         f.read_bytes()
+
+
+def test_landing_files_pickle_for_spark_tasks(tmp_path: Path) -> None:
+    import pickle
+
+    (tmp_path / "a.jsonl").write_bytes(b'{"key": 1}\n')
+    [f] = list_landing(str(tmp_path))
+    clone = pickle.loads(pickle.dumps(f))
+    assert clone == f and clone.read_bytes() == b'{"key": 1}\n'
+    assert clone.url == f"{tmp_path}/a.jsonl" and clone.suffix == ".jsonl"

@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections.abc import Callable, Sequence
-from typing import cast
+from typing import TypeAlias, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -40,30 +40,35 @@ _TRUE_FALSE = {"true": True, "false": False}
 BoolMask = npt.NDArray[np.bool_]
 
 
+Conversion: TypeAlias = tuple[pa.Array, BoolMask]
+
+
 def file_type(
     column: Column, kind: SourceKind, name: str, file: str, current: LogicalType | None, role: str
-) -> LogicalType | None:
+) -> tuple[LogicalType | None, Conversion | None]:
     """The type this file gives the column (None: all null, no type information).
 
     For JSON and text, a column the schema already types keeps that type as long as at
-    least one of its values converts (the others are row errors); when none does, the
-    file's own inferred type is returned so schema evolution reports the change.
+    least one of its values converts (the others are row errors); the conversion is then
+    returned too, so it is not done twice. When no value converts, the file's own
+    inferred type is returned so schema evolution reports the change.
     """
     if kind is SourceKind.TYPED:
         try:
-            return logical_type_of(cast(pa.Array, column).type)
+            return logical_type_of(cast(pa.Array, column).type), None
         except TypeError as exc:
             raise IngestError(f"{file}: column {name!r}: {exc}") from exc
     values = _values(column)
-    if all(v is None for v in values):
-        return current
+    non_null = _non_null(values)
+    if not non_null.any():
+        return current, None
     if current is not None:
-        _, bad = convert(column, kind, current)
-        if (_non_null(values) & ~bad).any():
-            return current
+        converted = convert(column, kind, current)
+        if (non_null & ~converted[1]).any():
+            return current, converted
         # No value converts: name the type the file has instead. If that type happens to
         # be compatible, the values are merely out of range and become row errors.
-    return _infer(column, values, kind, name, file, role)
+    return _infer(column, values, kind, name, file, role), None
 
 
 def convert(column: Column, kind: SourceKind, target: LogicalType) -> tuple[pa.Array, BoolMask]:
@@ -97,8 +102,9 @@ def _infer(
         text = cast(pa.Array, column)
         candidates = [LogicalType.INT64, LogicalType.FLOAT64, LogicalType.BOOL]
         candidates += [LogicalType.DATE, LogicalType.TIMESTAMP]
+        present = [v for v in values if v is not None]
         for candidate in candidates:
-            if not _convert_text(text, candidate)[1].any():
+            if _all_text_converts(text, present, candidate):
                 return candidate
         return LogicalType.STRING
     scalars = [v for v in values if v is not None and not isinstance(v, dict | list)]
@@ -187,6 +193,23 @@ def _convert_text(column: pa.Array, target: LogicalType) -> tuple[pa.Array, Bool
         return fast, np.zeros(len(column), dtype=np.bool_)
     parse = _TEXT_PARSERS[target]
     return _per_value(column.to_pylist(), parse, arrow_type)
+
+
+def _all_text_converts(column: pa.Array, present: list[object], target: LogicalType) -> bool:
+    """Whether every non-null text value converts (stops at the first that does not)."""
+    if target is LogicalType.BOOL:
+        return not _convert_text(column, target)[1].any()
+    parse = _TEXT_PARSERS[target]
+    if parse(present[0]) is None:  # cheap rejection, the common case for other types
+        return False
+    try:
+        if target is LogicalType.TIMESTAMP:
+            _timestamp_text_fast(column)
+        else:
+            pc.cast(column, ARROW_TYPES[target])
+        return True
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return all(parse(v) is not None for v in present)
 
 
 def _timestamp_text_fast(column: pa.Array) -> pa.Array:
@@ -289,7 +312,27 @@ _JSON_PARSERS: dict[LogicalType, Callable[[object], object]] = {
 }
 
 
+# Arrow's own inference of a Python list, and what it proves: if Arrow infers one of
+# these types for the whole list, every non-null value is of the JSON kind the target
+# accepts (Arrow refuses to infer int64 from a list holding bools or floats).
+_JSON_EXACT: dict[LogicalType, tuple[pa.DataType, ...]] = {
+    LogicalType.INT64: (pa.int64(),),
+    LogicalType.FLOAT64: (pa.float64(), pa.int64()),
+    LogicalType.STRING: (pa.string(),),
+    LogicalType.BOOL: (pa.bool_(),),
+}
+
+
 def _convert_json(values: list[object], target: LogicalType) -> tuple[pa.Array, BoolMask]:
+    exact = _JSON_EXACT.get(target)
+    if exact is not None:
+        try:
+            inferred = pa.array(values)
+        except (pa.ArrowException, OverflowError, UnicodeEncodeError):
+            inferred = None
+        if inferred is not None and (inferred.type in exact or pa.types.is_null(inferred.type)):
+            result = pc.cast(inferred, ARROW_TYPES[target], safe=False)
+            return result, np.zeros(len(values), dtype=np.bool_)
     return _per_value(values, _JSON_PARSERS[target], ARROW_TYPES[target])
 
 

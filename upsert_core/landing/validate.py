@@ -42,7 +42,13 @@ import pyarrow.compute as pc
 from upsert_core.codec import UPSERT_KEY_LEN, Datum, encode_datums, key_digest
 from upsert_core.errors import CodecError, IngestError
 from upsert_core.landing.batch import Column, RawBatch, RowError
-from upsert_core.landing.convert import convert, convert_deleted, describe, file_type
+from upsert_core.landing.convert import (
+    Conversion,
+    convert,
+    convert_deleted,
+    describe,
+    file_type,
+)
 from upsert_core.landing.listing import LandingFile
 from upsert_core.landing.readers import read_batch
 from upsert_core.landing.rows import encode_row
@@ -122,11 +128,16 @@ def validate_batch(raw: RawBatch, schema: SourceSchema) -> ValidatedBatch:
                 what = "order" if needed == schema.order else "key"
                 raise IngestError(f"{file}: missing {what} column {needed!r}")
 
-    batch_types = [
-        (name, file_type(col, raw.kind, name, file, schema.type_of(name), schema.role(name)))
-        for name, col in raw.columns.items()
-        if name != schema.deleted
-    ]
+    batch_types: list[tuple[str, LogicalType | None]] = []
+    done: dict[str, tuple[LogicalType, Conversion]] = {}
+    for name, col in raw.columns.items():
+        if name == schema.deleted:
+            continue
+        current = schema.type_of(name)
+        typ, conversion = file_type(col, raw.kind, name, file, current, schema.role(name))
+        batch_types.append((name, typ))
+        if typ is not None and conversion is not None:
+            done[name] = (typ, conversion)
     schema = schema.evolve(batch_types, file)
 
     problems: dict[int, list[str]] = {}
@@ -141,7 +152,8 @@ def validate_batch(raw: RawBatch, schema: SourceSchema) -> ValidatedBatch:
         if col is None:
             arrays[name] = pa.nulls(n, type=ARROW_TYPES[typ])
             continue
-        arr, bad = convert(col, raw.kind, typ)
+        cached = done.get(name)
+        arr, bad = cached[1] if cached and cached[0] is typ else convert(col, raw.kind, typ)
         for i in np.flatnonzero(bad).tolist():
             problems.setdefault(i, []).append(
                 f"column {name!r}: cannot convert {describe(col, i)} to {typ}"
