@@ -20,6 +20,9 @@ Invariants of a well-formed state (checked by :func:`ShardState.check_invariants
   held seqno, and never deletes blobs a state at or above it references.
 - ``ingested_files`` maps each ingested landing file name to the ts it was applied at;
   a name is in it iff its data (and its error rows) were committed.
+- ``config`` entries whose name starts with :data:`BLOB_REF_PREFIX` hold blob keys
+  (e.g. upsert state checkpoints) that the state references: GC keeps them exactly like
+  batch parts.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from upsert_core.errors import ConfigError, InvariantViolation
+
+BLOB_REF_PREFIX = "blobref."
+"""Config entries named ``blobref.<anything>`` hold a blob key the state references."""
 
 SHARD_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -171,7 +177,8 @@ class ShardState:
     # --- derived facts ------------------------------------------------------------
 
     def referenced_blob_keys(self) -> Iterator[str]:
-        """Blob keys of batch parts and error parts this state references (not rollups)."""
+        """Blob keys of batch parts, error parts and ``blobref.`` config entries this
+        state references (not rollups)."""
         for batch in self.batches:
             for part in batch.parts:
                 if isinstance(part, BlobPart):
@@ -179,6 +186,9 @@ class ShardState:
         for err in self.errors:
             if isinstance(err.part, BlobPart):
                 yield err.part.key
+        for name, value in self.config.items():
+            if name.startswith(BLOB_REF_PREFIX) and value:
+                yield value
 
     def num_updates(self) -> int:
         return sum(b.num_updates for b in self.batches)
