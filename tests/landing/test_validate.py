@@ -174,6 +174,8 @@ def test_empty_files_are_empty_batches() -> None:
     empty = validate_parquet(pa.table({"key": pa.array([], pa.string()), "offset": []}))
     assert len(empty) == 0 and empty.errors == []
     assert empty.schema.type_of("key") is T.STRING  # typed even without rows
+    no_order = validate_parquet(pa.table({"key": pa.array([], pa.int64())}))
+    assert len(no_order) == 0  # nothing in it can lack an order value
 
 
 def test_jsonl_of_only_malformed_lines_is_all_row_errors_not_a_file_error() -> None:

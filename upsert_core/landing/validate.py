@@ -14,9 +14,10 @@ Invariants:
   false), a malformed JSON line, a value the codec cannot encode. A row with several
   problems yields one error whose reason lists them all.
 - File-level problems raise :class:`IngestError` naming the file and return nothing:
-  a missing key or order column in a file that has columns, an incompatible or
-  unsupported column type, an unreadable file. A file without columns (a 0-byte JSON
-  Lines or CSV file) is an empty batch.
+  a missing key or order column in a file that has rows, an incompatible or
+  unsupported column type, an unreadable file. A file without rows (a 0-byte JSON
+  Lines file, a Parquet file with no rows) is an empty batch; its column types still
+  count as the first appearance of its columns.
 - ``orders`` are int64: the order value itself, or microseconds since the epoch (UTC)
   for a timestamp order column.
 
@@ -122,7 +123,7 @@ def validate_file(file: LandingFile, schema: SourceSchema) -> ValidatedBatch:
 def validate_batch(raw: RawBatch, schema: SourceSchema) -> ValidatedBatch:
     """Validate a read batch against ``schema``; see the module docstring."""
     file, n = raw.file, raw.num_rows
-    if raw.columns:
+    if raw.columns and n:
         for needed in (*schema.key, schema.order):
             if needed not in raw.columns:
                 what = "order" if needed == schema.order else "key"
