@@ -189,8 +189,8 @@ def _encode_slow(v: object) -> bytes:
         return _enc_str(v)
     if isinstance(v, bytes | bytearray | memoryview):
         return _enc_bytes(bytes(v))
-    if type(v).__name__ == "bool_":  # numpy.bool_ is neither bool nor Integral
-        return _enc_bool(bool(v))
+    if type(v).__module__ == "numpy" and type(v).__name__ in ("bool", "bool_"):
+        return _enc_bool(bool(v))  # numpy.bool_ is neither a bool nor Integral
     if isinstance(v, Integral):
         return _enc_int(int(v))
     if isinstance(v, Real):
