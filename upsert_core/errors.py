@@ -127,3 +127,7 @@ class ConfigError(UpsertPlatformError):
 class InvalidSeqNo(InvalidUsage, ValueError):
     """A consensus call with a bad sequence number (negative, too large, or not greater
     than the expected head). Also a ``ValueError``, as the ``Consensus`` contract says."""
+
+
+class LeaseExpired(ShardError):
+    """A reader or writer lease is no longer in the shard state (expired or released)."""
