@@ -1,0 +1,372 @@
+"""Garbage collection of a shard: expire leases, retain history, compact, roll up,
+truncate old diffs, and delete the blobs that no live state references.
+
+One :func:`gc` run does, in this order (each step is safe to crash after):
+
+1. Expire stale writer and reader leases.
+2. With ``retain=N``: advance ``since`` to ``max(since, upper - N)``, but never past the
+   upper, never backwards and never past a leased reader's since.
+3. Compact (size tiers; everything into one batch when step 2 moved the since).
+4. Write a rollup of the current state and record it (skipped when the newest rollup is
+   already at the current seqno or the one before).
+5. Choose the truncation point ``T``: the newest recorded rollup at or below the smallest
+   seqno a leased reader holds (the current seqno when there are none).
+6. Drop the rollups below ``T`` from the state (one transition).
+7. Delete the blobs referenced by live states below ``T`` and by none at or above it
+   (parts replaced by compaction, error parts, superseded checkpoints).
+8. Truncate the diffs below ``T`` in Consensus.
+9. Delete rollup blobs whose seqno is below the earliest live seqno: no one can use them.
+10. Sweep leaked blobs (see below).
+
+Why rollups are deleted after truncation (step 9), not before as in the reference: the
+rollup at ``earliest`` is what rebuilds the oldest live state. Deleting it before the
+truncation leaves, if GC crashes in between, a log that ``fetch_all_live_states`` (and so
+the next GC) cannot read. Deleting after truncation loses nothing: a rollup below
+``earliest`` is recognisable from its key alone (``keys.parse_rollup_seqno``), so a crash
+leaves only blobs that the next run's step 9 removes.
+
+Leaked blobs. A crashed writer leaves parts (and checkpoints, rollups) that no state
+references; a live writer has the same kind of blobs between writing them and its
+compare-and-set. Both look alike, so age decides, measured by GC itself without relying
+on blob timestamps: each run lists the shard's part, error, rollup and checkpoint blobs
+FIRST, then reads every live state, and calls a listed blob *unreferenced* if no live
+state references it (rollups: if none lists it at a seqno at or above ``earliest``). The
+run records when it first saw each unreferenced blob in ``{shard}/gc/leak-candidates.json``
+and deletes a blob once it has been seen unreferenced for ``leak_grace_ms``
+(:data:`DEFAULT_LEAK_GRACE_MS`, one hour). Guarantees:
+
+- A blob referenced by a live state is never swept: the listing precedes the read of
+  the live states, so a blob committed in between is seen as referenced, and a blob
+  written after the listing is not considered at all.
+- A writer that commits within ``leak_grace_ms`` of writing a blob never loses it.
+  ``leak_grace_ms=0`` deletes unreferenced blobs at first sight: only for a shard with
+  no concurrent writers (tests, a quiesced shard).
+- Candidates that disappear are dropped from the record; racing GC runs at worst
+  forget a candidate (it is re-added later), which only delays its deletion.
+
+Invariants kept (with ``state_versions``):
+
+- GC never deletes a blob that a live state at or above ``T`` references, and ``T`` is
+  at most every leased reader's held seqno, so a leased reader's state stays readable.
+- After a run on a quiescent shard with ``leak_grace_ms=0``, the shard's blobs are
+  exactly those the live states reference.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from upsert_core.errors import CorruptData, InvalidUsage
+from upsert_core.persist.compact import compact
+from upsert_core.persist.keys import (
+    CHECKPOINT_DIR,
+    ERRORS_DIR,
+    PART_DIR,
+    ROLLUP_DIR,
+    parse_rollup_seqno,
+    rollup_prefix,
+    shard_prefix,
+)
+from upsert_core.persist.leases import expire_leases, min_held_seqno, min_reader_since
+from upsert_core.persist.location import Blob
+from upsert_core.persist.machine import Machine
+from upsert_core.persist.state import RollupRef, ShardState
+from upsert_core.persist.state_versions import StateVersions
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LEAK_GRACE_MS = 60 * 60 * 1000
+"""How long a blob must have been seen unreferenced before GC deletes it (one hour)."""
+
+GC_DIR = "gc"
+SWEPT_DIRS = (PART_DIR, ERRORS_DIR, ROLLUP_DIR, CHECKPOINT_DIR)
+CANDIDATES_FORMAT = 1
+
+
+def _wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def leak_candidates_key(shard: str) -> str:
+    """The blob holding when GC first saw each unreferenced blob of ``shard``."""
+    return f"{shard_prefix(shard)}{GC_DIR}/leak-candidates.json"
+
+
+@dataclass
+class GcReport:
+    """What one :func:`gc` run did. ``deleted_keys`` lists every blob it deleted."""
+
+    shard_id: str
+    leases_expired: int = 0
+    since_before: int = 0
+    since_after: int = 0
+    compaction_merges: int = 0
+    rollups_written: int = 0
+    rollups_deleted: int = 0
+    diffs_truncated: int = 0
+    parts_deleted: int = 0
+    leaked_blobs_deleted: int = 0
+    leak_candidates_pending: int = 0
+    truncated_below: int | None = None
+    bytes_freed: int = 0
+    seconds: float = 0.0
+    deleted_keys: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, object]:
+        """The counts as a JSON-ready dict (without the list of deleted keys)."""
+        return {
+            "shard": self.shard_id,
+            "leases_expired": self.leases_expired,
+            "since_before": self.since_before,
+            "since_after": self.since_after,
+            "compaction_merges": self.compaction_merges,
+            "rollups_written": self.rollups_written,
+            "rollups_deleted": self.rollups_deleted,
+            "diffs_truncated": self.diffs_truncated,
+            "parts_deleted": self.parts_deleted,
+            "leaked_blobs_deleted": self.leaked_blobs_deleted,
+            "leak_candidates_pending": self.leak_candidates_pending,
+            "truncated_below": self.truncated_below,
+            "bytes_freed": self.bytes_freed,
+            "seconds": round(self.seconds, 6),
+        }
+
+    def _delete(self, blob: Blob, key: str) -> bool:
+        size = blob.delete(key)
+        if size is None:
+            return False
+        self.deleted_keys.append(key)
+        self.bytes_freed += size
+        return True
+
+
+# --- transitions ------------------------------------------------------------------------
+
+
+def retained_since(state: ShardState, retain: int) -> int:
+    """The since ``gc --retain`` moves to: ``upper - retain`` within the bounds."""
+    if retain < 0:
+        raise InvalidUsage(f"retain must be >= 0 timestamps, got {retain}")
+    target = min(state.upper, max(state.since, state.upper - retain))
+    reader_since = min_reader_since(state)
+    if reader_since is not None:
+        target = min(target, reader_since)
+    return max(state.since, target)
+
+
+def advance_since(retain: int) -> Callable[[ShardState], ShardState | None]:
+    """A transition applying :func:`retained_since` (no change when it stays put)."""
+
+    def advance(state: ShardState) -> ShardState | None:
+        since = retained_since(state, retain)
+        return None if since == state.since else state.evolve(since=since)
+
+    return advance
+
+
+def truncation_point(state: ShardState) -> int | None:
+    """The newest recorded rollup at or below every held seqno (None: there is none)."""
+    held = min_held_seqno(state)
+    eligible = [seqno for seqno in state.rollups if seqno <= held]
+    return max(eligible) if eligible else None
+
+
+def drop_rollups_below(seqno: int) -> Callable[[ShardState], ShardState | None]:
+    """A transition removing the recorded rollups below ``seqno``."""
+
+    def drop(state: ShardState) -> ShardState | None:
+        kept = {s: r for s, r in state.rollups.items() if s >= seqno}
+        if len(kept) == len(state.rollups) or not kept:
+            return None
+        return state.evolve(rollups=kept)
+
+    return drop
+
+
+def rollup_current(machine: Machine) -> RollupRef | None:
+    """Write a rollup of the current state and record it; None when none was needed.
+
+    A rollup that ends up unrecorded (a newer one was recorded first) is deleted.
+    """
+    state = machine.state()
+    latest = state.latest_rollup()
+    if latest is not None and latest.seqno >= state.seqno - 1:
+        return None
+    ref = machine.versions.write_rollup(state)
+
+    def record(current: ShardState) -> ShardState | None:
+        newest = current.latest_rollup()
+        if newest is not None and newest.seqno >= ref.seqno:
+            return None
+        return current.evolve(rollups={**current.rollups, ref.seqno: ref})
+
+    recorded = machine.apply(record)
+    if recorded.rollups.get(ref.seqno) != ref:
+        machine.versions.delete_rollup(ref.key)
+        return None
+    return ref
+
+
+# --- blob deletion ----------------------------------------------------------------------
+
+
+def _delete_replaced(versions: StateVersions, blob: Blob, below: int, report: GcReport) -> None:
+    """Delete blobs referenced by live states below ``below`` and by none at or above."""
+    old: set[str] = set()
+    kept: set[str] = set()
+    for state in versions.fetch_all_live_states():
+        (kept if state.seqno >= below else old).update(state.referenced_blob_keys())
+    # SUBTLE: a state committed after this scan derives from a state at or above
+    # ``below`` (all of which were scanned), so it references blobs in ``kept`` or new
+    # ones, never one of ``old - kept``.
+    for key in sorted(old - kept):
+        if report._delete(blob, key):
+            report.parts_deleted += 1
+
+
+def _truncate(versions: StateVersions, seqno: int, report: GcReport) -> None:
+    earliest = versions.earliest_live_seqno()
+    if earliest is None or earliest >= seqno:
+        return
+    try:
+        report.diffs_truncated += versions.truncate(seqno)
+    except InvalidUsage:
+        # SUBTLE: a racing GC truncated further and dropped our rollup from the state;
+        # that is only fine if the log is already truncated at or past our point.
+        earliest = versions.earliest_live_seqno()
+        if earliest is None or earliest < seqno:
+            raise
+
+
+def _delete_obsolete_rollups(versions: StateVersions, blob: Blob, report: GcReport) -> None:
+    """Delete rollup blobs below the earliest live seqno (nothing can use them)."""
+    earliest = versions.earliest_live_seqno()
+    if earliest is None:
+        return
+    for meta in list(blob.list_keys(rollup_prefix(versions.shard_id))):
+        seqno = parse_rollup_seqno(meta.key)
+        if seqno is not None and seqno < earliest and report._delete(blob, meta.key):
+            report.rollups_deleted += 1
+
+
+def _swept(key: str, prefix: str) -> bool:
+    rest = key[len(prefix):]
+    return "/" in rest and rest.split("/", 1)[0] in SWEPT_DIRS
+
+
+def _load_candidates(blob: Blob, key: str) -> dict[str, int]:
+    data = blob.get(key)
+    if data is None:
+        return {}
+    try:
+        doc = json.loads(data)
+        seen = doc["first_seen_ms"]
+        return {str(k): int(v) for k, v in seen.items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        # The record only ever delays deletions; a damaged one is reset, not fatal.
+        log.warning("%s", CorruptData(f"GC leak-candidate record {key!r} is unreadable: {exc}"))
+        return {}
+
+
+def sweep_leaked(
+    versions: StateVersions,
+    blob: Blob,
+    *,
+    now_ms: int,
+    leak_grace_ms: int,
+    report: GcReport,
+) -> None:
+    """Delete blobs no live state references once seen so for ``leak_grace_ms``."""
+    if leak_grace_ms < 0:
+        raise InvalidUsage(f"leak_grace_ms must be >= 0, got {leak_grace_ms}")
+    shard = versions.shard_id
+    prefix = shard_prefix(shard)
+    # SUBTLE: list before reading the live states (see the module docstring): a blob
+    # committed after the listing is then seen as referenced.
+    listed = [m.key for m in blob.list_keys(prefix) if _swept(m.key, prefix)]
+    earliest = versions.earliest_live_seqno()
+    if earliest is None:
+        return
+    referenced: set[str] = set()
+    for state in versions.fetch_all_live_states():
+        referenced.update(state.referenced_blob_keys())
+        referenced.update(ref.key for seqno, ref in state.rollups.items() if seqno >= earliest)
+    record_key = leak_candidates_key(shard)
+    before = _load_candidates(blob, record_key)
+    pending: dict[str, int] = {}
+    for key in listed:
+        if key in referenced:
+            continue
+        seqno = parse_rollup_seqno(key)
+        first_seen = before.get(key, now_ms)
+        obsolete = seqno is not None and seqno < earliest
+        if obsolete or now_ms - first_seen >= leak_grace_ms:
+            if report._delete(blob, key):
+                if obsolete:
+                    report.rollups_deleted += 1
+                else:
+                    report.leaked_blobs_deleted += 1
+        else:
+            pending[key] = first_seen
+    report.leak_candidates_pending = len(pending)
+    if pending:
+        doc = {"format": CANDIDATES_FORMAT, "first_seen_ms": dict(sorted(pending.items()))}
+        blob.set(record_key, json.dumps(doc, separators=(",", ":")).encode())
+    elif before or blob.get(record_key) is not None:
+        blob.delete(record_key)
+
+
+# --- the driver ---------------------------------------------------------------------------
+
+
+def gc(
+    machine: Machine,
+    blob: Blob,
+    *,
+    retain: int | None = None,
+    leak_grace_ms: int = DEFAULT_LEAK_GRACE_MS,
+    run_compaction: bool = True,
+    clock_ms: Callable[[], int] = _wall_clock_ms,
+) -> GcReport:
+    """Run every GC step on the machine's shard (see the module docstring)."""
+    started = time.monotonic()
+    versions = machine.versions
+    report = GcReport(shard_id=versions.shard_id)
+    if retain is not None and retain < 0:
+        raise InvalidUsage(f"retain must be >= 0 timestamps, got {retain}")
+    if leak_grace_ms < 0:
+        raise InvalidUsage(f"leak_grace_ms must be >= 0, got {leak_grace_ms}")
+
+    state = machine.state()
+    report.since_before = state.since
+    leases_before = len(state.writers) + len(state.leased_readers)
+    state = machine.apply(lambda s: expire_leases(s, clock_ms()))
+    report.leases_expired = max(0, leases_before - len(state.writers) - len(state.leased_readers))
+
+    if retain is not None:
+        state = machine.apply(advance_since(retain))
+    report.since_after = state.since
+
+    if run_compaction:
+        moved = report.since_after > report.since_before
+        result = compact(machine, blob, merge_all=moved)
+        report.compaction_merges = result.merges
+
+    if rollup_current(machine) is not None:
+        report.rollups_written += 1
+
+    state = machine.state()
+    point = truncation_point(state)
+    if point is not None:
+        report.truncated_below = point
+        machine.apply(drop_rollups_below(point))
+        _delete_replaced(versions, blob, point, report)
+        _truncate(versions, point, report)
+    _delete_obsolete_rollups(versions, blob, report)
+    sweep_leaked(versions, blob, now_ms=clock_ms(), leak_grace_ms=leak_grace_ms, report=report)
+    report.seconds = time.monotonic() - started
+    return report

@@ -1,0 +1,388 @@
+"""The :class:`Shard` handle: the one API the CLI, the ingest pipeline and Spark use.
+
+A handle wraps the shard's :class:`StateVersions` and :class:`Machine` over a Consensus
+and a Blob, and delegates to the modules that do the work: ``parts`` and ``append``
+(writes), ``read`` (snapshot, changes), ``compact``, ``gc``, ``leases`` and ``check``.
+Handles are cheap; several handles (in one process or many) on the same stores are
+safe together, because every change is a compare-and-set on the shard's state.
+
+Invariants:
+
+- Every read starts from a state that was current when the read began, and raises
+  :class:`NotReadable` at the call (not later) when the requested times are outside
+  ``[since, upper)``.
+- Unleased reads survive a concurrent GC: a read fetches every part's bytes before it
+  yields its first batch (``read.merge_sorted`` fills every source first), so the only
+  window in which GC can delete a part under it is before the first batch. There, a
+  missing part on a state that is no longer current means GC removed it: the read
+  starts again on the fresh state (bounded). A part missing from the CURRENT state is
+  real corruption and is raised. Long-lived readers that re-read a state over time
+  take a lease (:meth:`Shard.register_reader`), which GC honours.
+- ``append`` deletes its parts when its compare-and-append did not commit, so a lost
+  race leaves no blobs behind.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from itertools import chain
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from upsert_core.errors import CorruptData, InvalidUsage
+from upsert_core.persist import leases
+from upsert_core.persist.append import AppendResult, delete_uncommitted
+from upsert_core.persist.append import compare_and_append as _compare_and_append
+from upsert_core.persist.compact import CompactionResult
+from upsert_core.persist.compact import compact as _compact
+from upsert_core.persist.gc import DEFAULT_LEAK_GRACE_MS, GcReport
+from upsert_core.persist.gc import gc as _gc
+from upsert_core.persist.keys import shard_prefix
+from upsert_core.persist.location import Blob, Consensus
+from upsert_core.persist.machine import DEFAULT_ROLLUP_EVERY, Machine
+from upsert_core.persist.parts import (
+    DEFAULT_INLINE_THRESHOLD,
+    read_error_part,
+    write_batch,
+    write_error_batch,
+)
+from upsert_core.persist.read import changes as _changes
+from upsert_core.persist.read import read_all
+from upsert_core.persist.read import snapshot as _snapshot
+from upsert_core.persist.state import ErrorBatch, HollowBatch, ShardState
+from upsert_core.persist.state_versions import StateVersions
+
+if TYPE_CHECKING:
+    from upsert_core.persist.check import CheckReport
+
+READ_ATTEMPTS = 5
+"""How often an unleased read starts again after GC removed parts under it."""
+
+Reader = Callable[[ShardState], Iterator[pa.RecordBatch]]
+
+
+def _wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Shard:
+    """A handle on one shard (see the module docstring)."""
+
+    def __init__(
+        self,
+        versions: StateVersions,
+        *,
+        rollup_every: int = DEFAULT_ROLLUP_EVERY,
+        inline_threshold: int = DEFAULT_INLINE_THRESHOLD,
+        clock_ms: Callable[[], int] = _wall_clock_ms,
+    ) -> None:
+        self.versions = versions
+        self.machine = Machine(versions, rollup_every=rollup_every, clock_ms=clock_ms)
+        self.inline_threshold = inline_threshold
+        self._clock_ms = clock_ms
+
+    @classmethod
+    def open(
+        cls,
+        consensus: Consensus,
+        blob: Blob,
+        shard_id: str,
+        *,
+        create: bool = True,
+        config: Mapping[str, str] | None = None,
+        rollup_every: int = DEFAULT_ROLLUP_EVERY,
+        inline_threshold: int = DEFAULT_INLINE_THRESHOLD,
+        clock_ms: Callable[[], int] = _wall_clock_ms,
+    ) -> Shard:
+        """Open ``shard_id``; create it (with ``config``) if missing and ``create``.
+
+        Raises :class:`ShardNotFound` for a missing shard when ``create`` is False.
+        """
+        versions = StateVersions(consensus, blob, shard_id)
+        shard = cls(
+            versions, rollup_every=rollup_every, inline_threshold=inline_threshold,
+            clock_ms=clock_ms,
+        )
+        if create:
+            versions.maybe_init_shard(config)
+        else:
+            shard.machine.state()  # raises ShardNotFound
+        return shard
+
+    # --- state ------------------------------------------------------------------------
+
+    @property
+    def shard_id(self) -> str:
+        return self.versions.shard_id
+
+    @property
+    def blob(self) -> Blob:
+        return self.versions.blob
+
+    @property
+    def consensus(self) -> Consensus:
+        return self.versions.consensus
+
+    def state(self) -> ShardState:
+        """The current state, freshly fetched."""
+        return self.machine.state()
+
+    @property
+    def upper(self) -> int:
+        return self.state().upper
+
+    @property
+    def since(self) -> int:
+        return self.state().since
+
+    @property
+    def seqno(self) -> int:
+        return self.state().seqno
+
+    # --- writes -----------------------------------------------------------------------
+
+    def write_batch(self, data: pa.Table | pa.RecordBatch, lower: int, upper: int) -> HollowBatch:
+        """Write updates with ``lower <= ts < upper`` as a batch (not yet appended)."""
+        return write_batch(
+            self.blob, self.shard_id, data, lower, upper, inline_threshold=self.inline_threshold
+        )
+
+    def write_errors(self, ts: int, data: pa.Table | pa.RecordBatch) -> ErrorBatch:
+        """Write error rows ``(file, row, reason)`` to be committed at ``ts``."""
+        return write_error_batch(
+            self.blob, self.shard_id, ts, data, inline_threshold=self.inline_threshold
+        )
+
+    def compare_and_append(
+        self,
+        batch: HollowBatch,
+        expected_upper: int,
+        *,
+        ingested_files: Mapping[str, int] | None = None,
+        errors: Sequence[ErrorBatch] = (),
+        config_updates: Mapping[str, str] | None = None,
+    ) -> AppendResult:
+        """Commit a written batch iff the upper is ``expected_upper`` (see ``append.py``).
+
+        On ``committed=False`` the caller owns the batch's parts (delete them).
+        """
+        return _compare_and_append(
+            self.machine, batch, expected_upper, ingested_files=ingested_files,
+            errors=errors, config_updates=config_updates,
+        )
+
+    def append(
+        self,
+        data: pa.Table | pa.RecordBatch,
+        expected_upper: int,
+        new_upper: int | None = None,
+        *,
+        ingested_files: Mapping[str, int] | None = None,
+        errors: pa.Table | None = None,
+        config_updates: Mapping[str, str] | None = None,
+    ) -> AppendResult:
+        """Write ``data`` as the batch ``[expected_upper, new_upper)`` and append it.
+
+        ``new_upper`` defaults to ``expected_upper + 1``; ``errors`` (file, row, reason)
+        are committed at ``expected_upper``. When the append does not commit, the
+        written parts are deleted before returning.
+        """
+        upper = expected_upper + 1 if new_upper is None else new_upper
+        batch = self.write_batch(data, expected_upper, upper)
+        error_batches = [] if errors is None else [self.write_errors(expected_upper, errors)]
+        # SUBTLE: if this raises, the outcome is unknown (the commit may have happened),
+        # so the parts are left to GC's leaked-blob sweep, which spares referenced blobs.
+        result = self.compare_and_append(
+            batch, expected_upper, ingested_files=ingested_files, errors=error_batches,
+            config_updates=config_updates,
+        )
+        if not result.committed:
+            delete_uncommitted(self.blob, batch, error_batches)
+        return result
+
+    def register_writer(
+        self, writer_id: str, lease_duration_ms: int = leases.DEFAULT_LEASE_DURATION_MS
+    ) -> ShardState:
+        """Register (or refresh) a writer lease; shown by :meth:`inspect`."""
+        return self.machine.apply(
+            lambda s: leases.register_writer(s, writer_id, self._clock_ms(), lease_duration_ms)
+        )
+
+    # --- reads ------------------------------------------------------------------------
+
+    def _read(self, start: Reader, state: ShardState | None = None) -> Iterator[pa.RecordBatch]:
+        """Start a read eagerly, restarting it if GC removed parts before it began."""
+        state = self.state() if state is None else state
+        for attempt in range(READ_ATTEMPTS):
+            batches = start(state)  # NotReadable here, at the call
+            try:
+                first = next(batches, None)
+            except CorruptData:
+                # SUBTLE: every part is fetched before the first batch, so this is the
+                # only point where GC can have deleted parts under us; if the state is
+                # no longer current, that is what happened: read the fresh state.
+                if attempt + 1 == READ_ATTEMPTS or self.versions.head_seqno() == state.seqno:
+                    raise
+                state = self.state()
+                continue
+            return iter(()) if first is None else chain([first], batches)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def snapshot(
+        self, as_of: int | None = None, *, positive_only: bool = True
+    ) -> Iterator[pa.RecordBatch]:
+        """The consolidated contents as of ``as_of`` (default: the newest readable ts)."""
+
+        def start(state: ShardState) -> Iterator[pa.RecordBatch]:
+            ts = state.upper - 1 if as_of is None else as_of
+            return _snapshot(self.blob, state, ts, positive_only=positive_only)
+
+        return self._read(start)
+
+    def snapshot_table(self, as_of: int | None = None) -> pa.Table:
+        """:meth:`snapshot` collected into one table (for small shards and tests)."""
+        return read_all(self.snapshot(as_of))
+
+    def changes(self, lower: int, upper: int | None = None) -> Iterator[pa.RecordBatch]:
+        """Consolidated updates with ``lower <= ts < upper`` (default: the shard's upper)."""
+
+        def start(state: ShardState) -> Iterator[pa.RecordBatch]:
+            until = state.upper if upper is None else upper
+            return _changes(self.blob, state, lower, until)
+
+        return self._read(start)
+
+    def errors(self) -> Iterator[dict[str, object]]:
+        """Every committed error row as ``{"file", "row", "reason"}``, in commit order."""
+        state = self.state()
+        for err in state.errors:
+            table = read_error_part(self.blob, err.part, shard=self.shard_id)
+            yield from table.to_pylist()
+
+    # --- maintenance ----------------------------------------------------------------------
+
+    def compact(self, **options: object) -> CompactionResult:
+        """Size-tiered compaction (options as ``compact.compact``)."""
+        return _compact(self.machine, self.blob, **options)  # type: ignore[arg-type]
+
+    def gc(
+        self,
+        retain: int | None = None,
+        *,
+        leak_grace_ms: int = DEFAULT_LEAK_GRACE_MS,
+        run_compaction: bool = True,
+    ) -> GcReport:
+        """Garbage-collect the shard (see ``gc.py``)."""
+        return _gc(
+            self.machine, self.blob, retain=retain, leak_grace_ms=leak_grace_ms,
+            run_compaction=run_compaction, clock_ms=self._clock_ms,
+        )
+
+    def check(self) -> CheckReport:
+        """Verify storage and consolidation invariants (see ``check.py``)."""
+        from upsert_core.persist.check import check_shard
+
+        return check_shard(self)
+
+    def inspect(self) -> dict[str, object]:
+        """A JSON-ready summary of the shard's state and storage."""
+        state = self.state()
+        entries = self.versions.live_diffs()
+        blob_bytes = blob_count = 0
+        for meta in self.blob.list_keys(shard_prefix(self.shard_id)):
+            blob_bytes += meta.size_in_bytes
+            blob_count += 1
+        return {
+            "shard": self.shard_id,
+            "seqno": state.seqno,
+            "since": state.since,
+            "upper": state.upper,
+            "batches": len(state.batches),
+            "parts": sum(len(b.parts) for b in state.batches),
+            "updates": state.num_updates(),
+            "rollups": len(state.rollups),
+            "live_diffs": len(entries),
+            "earliest_seqno": entries[0].seqno if entries else None,
+            "blob_bytes": blob_bytes,
+            "blob_count": blob_count,
+            "error_rows": state.num_errors(),
+            "writers": len(state.writers),
+            "leased_readers": len(state.leased_readers),
+            "ingested_files": dict(sorted(state.ingested_files.items())),
+            "walltime_ms": state.walltime_ms,
+        }
+
+    @contextmanager
+    def register_reader(
+        self,
+        reader_id: str | None = None,
+        *,
+        lease_duration_ms: int = leases.DEFAULT_LEASE_DURATION_MS,
+    ) -> Iterator[LeasedReader]:
+        """Lease a reader for the ``with`` block; released on exit."""
+        rid = reader_id or f"reader-{uuid.uuid4().hex[:12]}"
+        state = self.machine.apply(
+            lambda s: leases.register_reader(s, rid, self._clock_ms(), lease_duration_ms)
+        )
+        reader = LeasedReader(self, rid, state)
+        try:
+            yield reader
+        finally:
+            self.machine.apply(lambda s: leases.release_reader(s, rid))
+
+
+class LeasedReader:
+    """A reader whose lease keeps GC from removing what its state references.
+
+    ``state`` is the state it reads; it stays readable while the lease lives (call
+    :meth:`heartbeat` within the lease duration). :meth:`refresh` moves to the current
+    state and advances the hold with it.
+    """
+
+    def __init__(self, shard: Shard, reader_id: str, state: ShardState) -> None:
+        self.shard = shard
+        self.reader_id = reader_id
+        self.state = state
+
+    def _apply(self, fn: Callable[[ShardState], ShardState | None]) -> ShardState:
+        return self.shard.machine.apply(fn)
+
+    def heartbeat(self) -> None:
+        """Keep the lease alive (:class:`LeaseExpired` if it is already gone)."""
+        now = self.shard._clock_ms()
+        self._apply(lambda s: leases.heartbeat_reader(s, self.reader_id, now))
+
+    def refresh(self) -> ShardState:
+        """Read the current state from now on, moving the hold up to it."""
+        now = self.shard._clock_ms()
+        self.state = self._apply(
+            lambda s: leases.heartbeat_reader(s, self.reader_id, now, hold_seqno=s.seqno)
+        )
+        return self.state
+
+    def downgrade_since(self, since: int) -> None:
+        """Promise never to read before ``since`` again (lets compaction advance)."""
+        if since < self.held_since():
+            raise InvalidUsage(
+                f"reader {self.reader_id!r}: since {since} is before its since"
+                f" {self.held_since()}"
+            )
+        self._apply(lambda s: leases.downgrade_reader_since(s, self.reader_id, since))
+
+    def held_since(self) -> int:
+        reader = self.shard.state().leased_readers.get(self.reader_id)
+        return self.state.since if reader is None else reader.since
+
+    def snapshot(self, as_of: int | None = None) -> Iterator[pa.RecordBatch]:
+        """Snapshot of the reader's state as of ``as_of`` (default: its newest ts)."""
+        ts = self.state.upper - 1 if as_of is None else as_of
+        return _snapshot(self.shard.blob, self.state, ts)
+
+    def changes(self, lower: int, upper: int | None = None) -> Iterator[pa.RecordBatch]:
+        """Changes in ``[lower, upper)`` of the reader's state."""
+        until = self.state.upper if upper is None else upper
+        return _changes(self.shard.blob, self.state, lower, until)
