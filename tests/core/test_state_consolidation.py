@@ -176,9 +176,7 @@ def test_a_corrupted_history_is_never_decoded(
 
 @given(
     st.lists(histories(), min_size=1, max_size=10),
-    st.lists(
-        st.sampled_from(CORRUPTIONS).flatmap(lambda c: histories(c)), min_size=1, max_size=4
-    ),
+    st.lists(st.sampled_from(CORRUPTIONS).flatmap(lambda c: histories(c)), min_size=1, max_size=4),
     st.data(),
 )
 def test_many_keys_only_the_corrupted_ones_fail(
@@ -189,11 +187,7 @@ def test_many_keys_only_the_corrupted_ones_fail(
 ) -> None:
     keys = _keys(len(good) + len(bad))
     good_keys, bad_keys = keys[: len(good)], keys[len(good) :]
-    updates = [
-        (k, v, d)
-        for k, h in zip(keys, good + bad, strict=True)
-        for v, d in h.updates
-    ]
+    updates = [(k, v, d) for k, h in zip(keys, good + bad, strict=True) for v, d in h.updates]
     with closing(make_backend("memory")) as backend:
         state = UpsertState(backend)
         _feed(state, _chunks(data, updates), complete=False)
