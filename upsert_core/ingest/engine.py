@@ -1,0 +1,65 @@
+"""Engines: how the per-file and per-bucket steps of :mod:`~upsert_core.ingest.tasks` run.
+
+An :class:`Engine` turns one :class:`FileTask` into a :class:`FileOutcome`. The driver
+(:mod:`~upsert_core.ingest.pipeline`) owns everything else: planning, the one
+compare-and-append per file, retries and cleanup.
+
+Invariants every engine keeps:
+
+- It runs exactly :func:`read_file` once and :func:`run_bucket` once per bucket that has
+  rows or is forced (``FileTask.forced_buckets``), with the rows of that bucket in file
+  order, so all engines produce the same updates, checkpoints and counts.
+- It never raises for a bad file or a failed bucket: those are in the outcome, with the
+  blobs already written listed for cleanup.
+
+:class:`InProcessEngine` runs the steps sequentially in this process (tests, small
+landings, and the fallback when Spark is unavailable); the Spark engine lives in
+``resources/spark_ingest.py`` because ``upsert_core`` never imports pyspark.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from upsert_core.ingest.buckets import split_rows
+from upsert_core.ingest.outcome import FileOutcome
+from upsert_core.ingest.tasks import ROWS_SCHEMA, FileTask, read_file, run_bucket
+from upsert_core.persist.location import Blob
+
+
+class ShardHandle(Protocol):
+    """What the ingest needs of a shard handle (``persist.shard.Shard`` provides it)."""
+
+    @property
+    def shard_id(self) -> str: ...
+
+    @property
+    def blob(self) -> Blob: ...
+
+
+class Engine(Protocol):
+    """Runs the steps of one file; see the module docstring."""
+
+    def run_file(self, task: FileTask, shard: ShardHandle) -> FileOutcome: ...
+
+
+class InProcessEngine:
+    """Runs every step in this process, bucket after bucket."""
+
+    def run_file(self, task: FileTask, shard: ShardHandle) -> FileOutcome:
+        blob = shard.blob
+        read, rows = read_file(task, blob)
+        outcome = FileOutcome(read=read)
+        if read.file_error is not None:
+            return outcome
+        bucket_col = np.asarray(rows.column("bucket").to_numpy(), dtype=np.int64)
+        groups = split_rows(rows, bucket_col)
+        empty = ROWS_SCHEMA.empty_table()
+        for bucket in sorted(set(groups) | set(task.forced_buckets())):
+            result = run_bucket(task, bucket, groups.get(bucket, empty), blob)
+            outcome.buckets.append(result)
+            if result.failure is not None:
+                break
+        return outcome

@@ -1,0 +1,148 @@
+"""What the per-file and per-bucket steps hand back: metadata only, never row data.
+
+Both engines return the same :class:`BucketResult` and :class:`FileRead` values; the
+Spark engine ships them from tasks to the driver as JSON (``to_json``/``from_json``), so
+every field is plain data: part metadata (blob keys, counts, sizes; an inline part's
+bytes, which are at most the inline threshold), checkpoint keys, counts and messages.
+
+Invariants:
+
+- ``new_blobs`` lists every blob a step wrote, so a driver whose append did not commit
+  (or whose file failed) can delete exactly those and nothing else.
+- A step that failed reports ``failure`` (a one-line message) and still lists what it
+  wrote before failing; it never leaves the driver guessing.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from upsert_core.errors import CorruptData
+from upsert_core.persist.state import BlobPart, ErrorBatch, InlinePart, Part
+
+
+def part_to_json(part: Part) -> dict[str, Any]:
+    if isinstance(part, BlobPart):
+        return {"key": part.key, "size": part.encoded_size_bytes, "n": part.num_updates}
+    return {"inline": base64.b64encode(part.data).decode("ascii"), "n": part.num_updates}
+
+
+def part_from_json(obj: dict[str, Any]) -> Part:
+    try:
+        if "key" in obj:
+            return BlobPart(str(obj["key"]), int(obj["size"]), int(obj["n"]))
+        return InlinePart(base64.b64decode(obj["inline"]), int(obj["n"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptData(f"malformed part metadata from a task: {obj!r}") from exc
+
+
+@dataclass
+class BucketResult:
+    """One bucket's output for one file: parts, its new checkpoint, counts."""
+
+    bucket: int
+    parts: list[Part] = field(default_factory=list)
+    checkpoint: str | None = None  # config value for blobref.checkpoint.<bucket>; "" = empty
+    inserts: int = 0
+    retractions: int = 0
+    bytes_written: int = 0
+    rehydrated: str | None = None  # why the state was rebuilt, if it was
+    warnings: list[str] = field(default_factory=list)
+    new_blobs: list[str] = field(default_factory=list)
+    failure: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "bucket": self.bucket,
+                "parts": [part_to_json(p) for p in self.parts],
+                "checkpoint": self.checkpoint,
+                "inserts": self.inserts,
+                "retractions": self.retractions,
+                "bytes_written": self.bytes_written,
+                "rehydrated": self.rehydrated,
+                "warnings": self.warnings,
+                "new_blobs": self.new_blobs,
+                "failure": self.failure,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> BucketResult:
+        obj = json.loads(text)
+        return cls(
+            bucket=int(obj["bucket"]),
+            parts=[part_from_json(p) for p in obj["parts"]],
+            checkpoint=obj["checkpoint"],
+            inserts=int(obj["inserts"]),
+            retractions=int(obj["retractions"]),
+            bytes_written=int(obj["bytes_written"]),
+            rehydrated=obj["rehydrated"],
+            warnings=list(obj["warnings"]),
+            new_blobs=list(obj["new_blobs"]),
+            failure=obj["failure"],
+        )
+
+
+@dataclass
+class FileRead:
+    """What reading and validating one file produced, besides its rows."""
+
+    schema_json: str | None = None  # the evolved source schema
+    rows_read: int = 0
+    good_rows: int = 0
+    error_batch: ErrorBatch | None = None
+    bytes_written: int = 0
+    new_blobs: list[str] = field(default_factory=list)
+    file_error: str | None = None  # a file-level problem: "<file>: <problem>"
+
+    def to_json(self) -> str:
+        eb = self.error_batch
+        return json.dumps(
+            {
+                "schema": self.schema_json,
+                "rows_read": self.rows_read,
+                "good_rows": self.good_rows,
+                "errors": None
+                if eb is None
+                else {"ts": eb.ts, "n": eb.num_errors, "part": part_to_json(eb.part)},
+                "bytes_written": self.bytes_written,
+                "new_blobs": self.new_blobs,
+                "file_error": self.file_error,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> FileRead:
+        obj = json.loads(text)
+        errors = obj["errors"]
+        return cls(
+            schema_json=obj["schema"],
+            rows_read=int(obj["rows_read"]),
+            good_rows=int(obj["good_rows"]),
+            error_batch=None
+            if errors is None
+            else ErrorBatch(int(errors["ts"]), part_from_json(errors["part"]), int(errors["n"])),
+            bytes_written=int(obj["bytes_written"]),
+            new_blobs=list(obj["new_blobs"]),
+            file_error=obj["file_error"],
+        )
+
+
+@dataclass
+class FileOutcome:
+    """Everything an engine produced for one file, ready for the driver to commit."""
+
+    read: FileRead
+    buckets: list[BucketResult] = field(default_factory=list)
+
+    @property
+    def new_blobs(self) -> list[str]:
+        return [*self.read.new_blobs, *(k for b in self.buckets for k in b.new_blobs)]
+
+    @property
+    def failure(self) -> str | None:
+        return next((b.failure for b in self.buckets if b.failure), None)

@@ -1,0 +1,215 @@
+"""The ingest driver: every pending landing file, in name order, one timestamp each.
+
+For each pending file the driver plans a :class:`FileTask` against the shard's current
+state (ts = upper, the shard's options and schema, the bucket checkpoints), lets the
+engine run the read and bucket steps, and commits the result with ONE
+compare-and-append of the batch ``[ts, ts + 1)``: all parts, the file name, its error
+rows, the evolved schema, the options and the new checkpoint references together.
+
+Invariants:
+
+- A file is applied at most once: its name is committed in the same transition as its
+  data, errors and checkpoints (``append`` rejects a name already recorded).
+- A file-level problem raises :class:`IngestError` ``"<file>: <problem>"`` after
+  deleting what its steps wrote; files committed before it stay committed, later files
+  wait for the next run.
+- On an upper mismatch the driver deletes the blobs it wrote for the attempt, re-reads
+  the shard, skips the file if another writer committed it, and otherwise retries it
+  at the new upper (re-planned, so schema, options and checkpoints are the winner's),
+  at most ``IngestRequest.max_attempts`` times, then raises
+  :class:`ConcurrentModification` ("concurrently modified").
+- Nothing pending: nothing is written and the upper does not move.
+- Options are checked against the stored ones before any file is read, and again on
+  every attempt (a racing first ingest may have fixed them meanwhile).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
+
+from upsert_core.errors import ConcurrentModification, IngestError
+from upsert_core.ingest.checkpoint import CONFIG_CHECKPOINT_UPPER, checkpoint_ref_name
+from upsert_core.ingest.engine import Engine, InProcessEngine
+from upsert_core.ingest.options import CONFIG_SCHEMA, IngestRequest, ShardOptions, resolve_options
+from upsert_core.ingest.outcome import FileOutcome
+from upsert_core.ingest.report import FileReport, IngestReport, ProgressEvent
+from upsert_core.ingest.tasks import FileTask
+from upsert_core.landing import LandingFile, list_landing, pending
+from upsert_core.persist.append import AppendResult
+from upsert_core.persist.location import Blob
+from upsert_core.persist.state import ErrorBatch, HollowBatch, ShardState
+
+Progress = Callable[[ProgressEvent], None]
+
+
+class IngestShard(Protocol):
+    """The shard handle the driver needs (``persist.shard.Shard`` or ``ShardRef``)."""
+
+    @property
+    def shard_id(self) -> str: ...
+
+    @property
+    def blob(self) -> Blob: ...
+
+    def state(self) -> ShardState: ...
+
+    def compare_and_append(
+        self,
+        batch: HollowBatch,
+        expected_upper: int,
+        *,
+        ingested_files: Mapping[str, int] | None = None,
+        errors: Sequence[ErrorBatch] = (),
+        config_updates: Mapping[str, str] | None = None,
+    ) -> AppendResult: ...
+
+
+def checkpoints_current(state: ShardState) -> bool:
+    """Whether the checkpoint refs in ``state.config`` describe the state at its upper."""
+    return state.upper == 0 or state.config.get(CONFIG_CHECKPOINT_UPPER) == str(state.upper)
+
+
+def plan_file(
+    state: ShardState, options: ShardOptions, file: LandingFile, request: IngestRequest
+) -> FileTask:
+    """The task for ingesting ``file`` at the upper of ``state``."""
+    return FileTask(
+        shard_id=state.shard_id,
+        ts=state.upper,
+        file=file,
+        schema_json=options.schema.to_json(),
+        order_scope=options.order_scope.value,
+        buckets=options.buckets,
+        checkpoints={
+            b: state.config.get(checkpoint_ref_name(b), "") for b in range(options.buckets)
+        },
+        checkpoints_current=checkpoints_current(state),
+        inline_threshold=request.inline_threshold,
+        shard_state=state,
+    )
+
+
+def _delete_new_blobs(blob: Blob, outcome: FileOutcome) -> None:
+    for key in outcome.new_blobs:
+        blob.delete(key)
+
+
+def _commit_request(
+    task: FileTask, options: ShardOptions, outcome: FileOutcome
+) -> tuple[HollowBatch, list[ErrorBatch], dict[str, str]]:
+    parts = tuple(p for b in sorted(outcome.buckets, key=lambda r: r.bucket) for p in b.parts)
+    batch = HollowBatch(lower=task.ts, upper=task.ts + 1, since=0, parts=parts)
+    errors = [] if outcome.read.error_batch is None else [outcome.read.error_batch]
+    config = options.config()
+    if outcome.read.schema_json is not None:
+        config[CONFIG_SCHEMA] = outcome.read.schema_json
+    for result in outcome.buckets:
+        config[checkpoint_ref_name(result.bucket)] = result.checkpoint or ""
+    config[CONFIG_CHECKPOINT_UPPER] = str(task.ts + 1)
+    return batch, errors, config
+
+
+def _file_report(task: FileTask, outcome: FileOutcome, seconds: float, attempt: int) -> FileReport:
+    read = outcome.read
+    return FileReport(
+        name=task.file.name,
+        ts=task.ts,
+        rows_read=read.rows_read,
+        inserts=sum(b.inserts for b in outcome.buckets),
+        retractions=sum(b.retractions for b in outcome.buckets),
+        errors=0 if read.error_batch is None else read.error_batch.num_errors,
+        bytes_written=read.bytes_written + sum(b.bytes_written for b in outcome.buckets),
+        seconds=seconds,
+        rehydrated_buckets=tuple(b.bucket for b in outcome.buckets if b.rehydrated),
+        attempts=attempt,
+    )
+
+
+def _ingest_one(
+    shard: IngestShard,
+    state: ShardState,
+    file: LandingFile,
+    request: IngestRequest,
+    engine: Engine,
+    report: IngestReport,
+) -> tuple[ShardState, FileReport | None]:
+    """Commit ``file`` (or notice another writer did); returns the new state."""
+    attempts = max(1, request.max_attempts)
+    for attempt in range(1, attempts + 1):
+        options = resolve_options(state.config, request)
+        task = plan_file(state, options, file, request)
+        started = time.monotonic()
+        outcome = engine.run_file(task, shard)
+        if outcome.read.file_error is not None or outcome.failure is not None:
+            _delete_new_blobs(shard.blob, outcome)
+            message = outcome.read.file_error or f"{file.name}: {outcome.failure}"
+            raise IngestError(message)
+        batch, errors, config = _commit_request(task, options, outcome)
+        # SUBTLE: if the append fails indeterminately (an exception, e.g. a timeout), it
+        # may have committed: the blobs are left alone (GC's leak sweep removes them if
+        # not); they are deleted only on a definite "not committed".
+        result = shard.compare_and_append(
+            batch,
+            task.ts,
+            ingested_files={file.name: task.ts},
+            errors=errors,
+            config_updates=config,
+        )
+        if result.committed:
+            file_report = _file_report(task, outcome, time.monotonic() - started, attempt)
+            for b in outcome.buckets:
+                if b.rehydrated:
+                    report.rehydrations.append(
+                        f"{file.name}: bucket {b.bucket} rehydrated from the shard ({b.rehydrated})"
+                    )
+                report.warnings.extend(b.warnings)
+            return result.state, file_report
+        _delete_new_blobs(shard.blob, outcome)
+        state = result.state
+        if file.name in state.ingested_files:
+            return state, None
+    raise ConcurrentModification(
+        f"shard {shard.shard_id}: concurrently modified: {file.name} lost the race to "
+        f"another writer {attempts} times; re-run the ingest"
+    )
+
+
+def ingest(
+    shard: IngestShard,
+    landing_url: str,
+    options: IngestRequest,
+    *,
+    engine: Engine | None = None,
+    progress: Progress | None = None,
+) -> IngestReport:
+    """Ingest every pending file of ``landing_url`` into ``shard``; see the module docstring."""
+    engine = engine if engine is not None else InProcessEngine()
+    notify = progress if progress is not None else (lambda event: None)
+    state = shard.state()
+    resolve_options(state.config, options)
+    todo = pending(list_landing(landing_url), state.ingested_files.keys())
+    report = IngestReport(shard=shard.shard_id, start_upper=state.upper)
+    total = len(todo)
+    notify(ProgressEvent("start", 0, total))
+    for index, file in enumerate(todo, 1):
+        if file.name in state.ingested_files:
+            report.ingested_elsewhere.append(file.name)
+            notify(ProgressEvent("file_skipped", index, total, file.name))
+            continue
+        notify(ProgressEvent("file_started", index, total, file.name))
+        state, done = _ingest_one(shard, state, file, options, engine, report)
+        if done is None:
+            report.ingested_elsewhere.append(file.name)
+            notify(ProgressEvent("file_skipped", index, total, file.name))
+        else:
+            report.files.append(done)
+            notify(ProgressEvent("file_done", index, total, file.name, done))
+    report.upper = state.upper
+    report.seqno = state.seqno
+    notify(ProgressEvent("done", total, total))
+    return report
+
+
+__all__ = ["IngestShard", "checkpoints_current", "ingest", "plan_file"]

@@ -1,0 +1,91 @@
+"""What an ingest reports: per file, totals, the final upper and seqno, progress events.
+
+Invariants: ``files`` lists only files this run committed, in commit (= name = ts)
+order; files another writer committed meanwhile are in ``ingested_elsewhere``; totals
+are sums over ``files``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class FileReport:
+    """One committed file: where it landed and what it did."""
+
+    name: str
+    ts: int
+    rows_read: int
+    inserts: int
+    retractions: int
+    errors: int
+    bytes_written: int
+    seconds: float
+    rehydrated_buckets: tuple[int, ...] = ()
+    attempts: int = 1
+
+
+@dataclass
+class IngestReport:
+    """The outcome of one ingest run."""
+
+    shard: str
+    start_upper: int
+    upper: int = 0
+    seqno: int = 0
+    files: list[FileReport] = field(default_factory=list)
+    ingested_elsewhere: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    rehydrations: list[str] = field(default_factory=list)
+
+    @property
+    def rows_read(self) -> int:
+        return sum(f.rows_read for f in self.files)
+
+    @property
+    def inserts(self) -> int:
+        return sum(f.inserts for f in self.files)
+
+    @property
+    def retractions(self) -> int:
+        return sum(f.retractions for f in self.files)
+
+    @property
+    def errors(self) -> int:
+        return sum(f.errors for f in self.files)
+
+    @property
+    def bytes_written(self) -> int:
+        return sum(f.bytes_written for f in self.files)
+
+    @property
+    def seconds(self) -> float:
+        return sum(f.seconds for f in self.files)
+
+    def totals(self) -> dict[str, int | float]:
+        return {
+            "files": len(self.files),
+            "rows_read": self.rows_read,
+            "inserts": self.inserts,
+            "retractions": self.retractions,
+            "errors": self.errors,
+            "bytes_written": self.bytes_written,
+            "seconds": self.seconds,
+        }
+
+
+ProgressKind = Literal["start", "file_started", "file_done", "file_skipped", "done"]
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """A progress notification. ``index``/``total`` count pending files (1-based index);
+    ``file`` is set for per-file events and ``report`` for ``file_done``."""
+
+    kind: ProgressKind
+    index: int
+    total: int
+    file: str | None = None
+    report: FileReport | None = None

@@ -1,0 +1,272 @@
+"""The per-file and per-bucket steps of an ingest, shared by every engine.
+
+An engine runs, for one landing file at timestamp ``ts``:
+
+1. :func:`read_file` once: read and validate the file against the shard's schema,
+   write its row errors as an error part, and return the good rows tagged with their
+   bucket (``ROWS_SCHEMA``) plus a :class:`FileRead` (metadata only).
+2. :func:`run_bucket` once per bucket that has rows (or must be rebuilt): load the
+   bucket's state (checkpoint, else rehydration), stage and drain the rows ``ToUpper``
+   at ``ts``, apply the feedback the append will confirm, write the output updates as
+   batch parts and the new state as a checkpoint, and return a :class:`BucketResult`.
+
+Both functions take plain data (:class:`FileTask`) and a Blob, catch every platform
+error and report it as a message, so they run unchanged in the driver or in a Spark
+task. Nothing is committed here: the driver does one compare-and-append per file.
+
+Invariants:
+
+- ``read_file`` raises nothing for a bad file: a file-level problem comes back as
+  ``file_error`` (``"<file>: <problem>"``) with no rows and nothing written.
+- ``run_bucket`` writes the checkpoint for ``upper = ts + 1``, i.e. the state as it is
+  once the append commits; if the append does not commit, the driver deletes it.
+- A bucket whose drain decided nothing (every row skipped) and whose state came from a
+  current checkpoint keeps that checkpoint; nothing is rewritten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from upsert_core.drain import DrainOutput, OrderScope, Stash, ToUpper, apply_feedback
+from upsert_core.drain import drain_staged_input as drain
+from upsert_core.errors import IngestError, UpsertPlatformError
+from upsert_core.ingest.buckets import bucket_of_keys
+from upsert_core.ingest.checkpoint import (
+    CheckpointUnusable,
+    load_checkpoint,
+    new_state,
+    write_checkpoint,
+)
+from upsert_core.ingest.outcome import BucketResult, FileRead
+from upsert_core.ingest.rehydrate import GLOBAL_REHYDRATION_WARNING, rehydrate_bucket
+from upsert_core.landing import LandingFile, SourceSchema, validate_file
+from upsert_core.persist.codec_state import decode_state
+from upsert_core.persist.consolidate import UPDATE_SCHEMA
+from upsert_core.persist.location import Blob
+from upsert_core.persist.parts import delete_parts, write_error_batch, write_parts
+from upsert_core.persist.state import BlobPart, ShardState
+from upsert_core.state import UpsertState
+
+ROWS_SCHEMA = pa.schema(
+    [
+        ("bucket", pa.int32()),
+        ("key", pa.binary()),
+        ("row", pa.binary()),
+        ("deleted", pa.bool_()),
+        ("order", pa.int64()),
+        ("position", pa.int64()),
+    ]
+)
+"""Validated rows as exchanged between the read step and the bucket steps."""
+
+
+@dataclass
+class FileTask:
+    """Everything the steps need for one file, as plain (picklable) data.
+
+    ``checkpoints`` maps bucket -> config value of its checkpoint ref (absent or "" =
+    empty state); ``checkpoints_current`` says whether those refs are valid at ``ts``
+    (the shard's upper). The shard's state is needed only to rehydrate: in-process it
+    is passed as an object, to Spark tasks as bytes (``encode_state``).
+    """
+
+    shard_id: str
+    ts: int
+    file: LandingFile
+    schema_json: str
+    order_scope: str
+    buckets: int
+    checkpoints: dict[int, str] = field(default_factory=dict)
+    checkpoints_current: bool = True
+    inline_threshold: int = 4096
+    shard_state: ShardState | None = None
+    shard_state_bytes: bytes | None = None
+
+    @property
+    def scope(self) -> OrderScope:
+        return OrderScope(self.order_scope)
+
+    def forced_buckets(self) -> list[int]:
+        """Buckets to run even without rows: all of them when checkpoints are stale."""
+        return [] if self.checkpoints_current else list(range(self.buckets))
+
+    def load_shard_state(self) -> ShardState:
+        if self.shard_state is not None:
+            return self.shard_state
+        if self.shard_state_bytes is None:
+            raise IngestError(f"{self.file.name}: no shard state shipped for rehydration")
+        self.shard_state = decode_state(self.shard_state_bytes)
+        return self.shard_state
+
+
+# --- step 1: read and validate one file ---------------------------------------------------
+
+
+def read_file(task: FileTask, blob: Blob) -> tuple[FileRead, pa.Table]:
+    """Read, validate and bucket one file; write its error part. Never raises a
+    platform error: problems come back in ``FileRead.file_error``."""
+    name = task.file.name
+    try:
+        schema = SourceSchema.from_json(task.schema_json)
+        batch = validate_file(task.file, schema)
+    except UpsertPlatformError as exc:
+        message = str(exc)
+        if not message.startswith(f"{name}:"):
+            message = f"{name}: {message}"
+        return FileRead(file_error=message), ROWS_SCHEMA.empty_table()
+    read = FileRead(
+        schema_json=batch.schema.to_json(), rows_read=batch.total_rows, good_rows=len(batch)
+    )
+    try:
+        if batch.errors:
+            eb = write_error_batch(
+                blob, task.shard_id, task.ts, batch.errors_to_arrow(),
+                inline_threshold=task.inline_threshold,
+            )
+            read.error_batch = eb
+            read.bytes_written += eb.part.encoded_size_bytes
+            if isinstance(eb.part, BlobPart):
+                read.new_blobs.append(eb.part.key)
+    except UpsertPlatformError as exc:
+        read.file_error = f"{name}: cannot write its error rows: {exc}"
+        return read, ROWS_SCHEMA.empty_table()
+    good = batch.to_arrow()
+    buckets = bucket_of_keys(good.column("key"), task.buckets)
+    rows = pa.table(
+        [
+            pa.array(buckets, pa.int32()),
+            good.column("key").cast(pa.binary()),
+            good.column("row"),
+            good.column("deleted"),
+            good.column("order"),
+            good.column("position"),
+        ],
+        schema=ROWS_SCHEMA,
+    )
+    return read, rows
+
+
+# --- step 2: one bucket -------------------------------------------------------------------
+
+
+def _order_index(task: FileTask, shard_state: ShardState) -> int | None:
+    schema = SourceSchema.from_json(task.schema_json)
+    names = schema.names
+    return names.index(schema.order) if schema.order in names else None
+
+
+def _load_state(task: FileTask, bucket: int, blob: Blob, result: BucketResult) -> UpsertState:
+    ref = task.checkpoints.get(bucket) or ""
+    why: str
+    if task.ts == 0:
+        return new_state()
+    if task.checkpoints_current:
+        if not ref:
+            return new_state()
+        try:
+            return load_checkpoint(blob, ref, task.shard_id, bucket, task.buckets, task.scope)
+        except CheckpointUnusable as exc:
+            why = str(exc)
+    else:
+        why = f"no checkpoint is known to be current at upper {task.ts}"
+    shard_state = task.load_shard_state()
+    state = rehydrate_bucket(
+        blob, shard_state, bucket, task.buckets, task.scope, _order_index(task, shard_state)
+    )
+    result.rehydrated = why
+    if task.scope is OrderScope.GLOBAL:
+        result.warnings.append(GLOBAL_REHYDRATION_WARNING.format(bucket=bucket))
+    return state
+
+
+def _stage(stash: Stash, ts: int, rows: pa.Table) -> None:
+    if rows.num_rows == 0:
+        return
+    keys: list[bytes] = rows.column("key").to_pylist()
+    encoded: list[bytes] = rows.column("row").to_pylist()
+    deleted = rows.column("deleted").to_numpy(zero_copy_only=False)
+    values = [None if d else r for r, d in zip(encoded, deleted.tolist(), strict=True)]
+    stash.stage(
+        ts,
+        keys,
+        values,
+        np.asarray(rows.column("order").to_numpy(zero_copy_only=False), dtype=np.int64),
+        np.asarray(rows.column("position").to_numpy(zero_copy_only=False), dtype=np.int64),
+    )
+
+
+def _updates_table(out: DrainOutput) -> pa.Table:
+    updates = out.consolidated()
+    return pa.table(
+        [
+            pa.array([u[0] for u in updates], pa.binary()),
+            pa.array([u[1] for u in updates], pa.binary()),
+            pa.array([u[2] for u in updates], pa.int64()),
+            pa.array([u[3] for u in updates], pa.int64()),
+        ],
+        schema=UPDATE_SCHEMA,
+    )
+
+
+def run_bucket(task: FileTask, bucket: int, rows: pa.Table, blob: Blob) -> BucketResult:
+    """Drain one bucket's rows at ``task.ts``; see the module docstring. Never raises a
+    platform error: it comes back in ``BucketResult.failure``."""
+    result = BucketResult(bucket=bucket)
+    try:
+        _run_bucket(task, bucket, rows, blob, result)
+    except UpsertPlatformError as exc:
+        result.failure = f"{type(exc).__name__}: bucket {bucket}: {exc}"
+    return result
+
+
+def _run_bucket(
+    task: FileTask, bucket: int, rows: pa.Table, blob: Blob, result: BucketResult
+) -> None:
+    ts = task.ts
+    state = _load_state(task, bucket, blob, result)
+    stash = Stash(resume_upper=ts)
+    _stage(stash, ts, rows)
+    out = DrainOutput()
+    drain(stash, state, ToUpper(input_upper=ts + 1, persist_upper=ts), out)
+    # SUBTLE: feedback is applied before the append commits. That is safe because the
+    # state only leaves this step as a checkpoint, which is referenced (and so used)
+    # only by the very compare-and-append that commits this output.
+    apply_feedback(state, out, task.scope)
+    table = _updates_table(out)
+    diffs = table.column("diff").to_numpy()
+    result.inserts = int((diffs > 0).sum())
+    result.retractions = int((diffs < 0).sum())
+    try:
+        if table.num_rows:
+            result.parts = list(
+                write_parts(blob, task.shard_id, table, inline_threshold=task.inline_threshold)
+            )
+        for part in result.parts:
+            result.bytes_written += part.encoded_size_bytes
+            if isinstance(part, BlobPart):
+                result.new_blobs.append(part.key)
+        if not out.decisions and result.rehydrated is None:
+            result.checkpoint = task.checkpoints.get(bucket) or ""
+        elif len(state) == 0:
+            result.checkpoint = ""
+        else:
+            key, size = write_checkpoint(
+                blob, task.shard_id, bucket, task.buckets, task.scope, ts + 1, state
+            )
+            result.checkpoint = key
+            result.new_blobs.append(key)
+            result.bytes_written += size
+    except UpsertPlatformError:
+        delete_parts(blob, result.parts)
+        for key in result.new_blobs:
+            blob.delete(key)
+        result.new_blobs = []
+        raise
+
+
+RunBucket = Callable[[FileTask, int, pa.Table, Blob], BucketResult]
