@@ -1,0 +1,215 @@
+"""``upsertctl``: the command line of upsert-platform (see CONTRACT.md, "Command line").
+
+This module only parses arguments, dispatches to :mod:`orchestration.cli_commands` and
+turns failures into exit statuses. Invariants:
+
+- Global options (``--consensus``, ``--blob``, ``--debug``) are accepted before and
+  after the subcommand; a value after the subcommand wins.
+- Data goes to stdout (or ``--out``); progress, summaries, warnings and errors go to
+  stderr.
+- Exit 0 on success. Any failure exits non-zero with exactly one line
+  ``upsertctl: error: <message>`` on stderr: 1 for errors of the platform's hierarchy
+  (:class:`UpsertPlatformError`) and unexpected exceptions, 2 for bad usage, 130 for
+  Ctrl-C. A traceback is printed (before that line) only with ``--debug`` or
+  ``UPSERT_DEBUG=1``.
+- Heavy modules (pyarrow, the persist layer, Spark) are imported only by the command
+  that needs them, so ``--help`` and usage errors are fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import NoReturn
+
+PROG = "upsertctl"
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+MAX_MESSAGE_CHARS = 2000
+
+
+class UsageError(Exception):
+    """Bad command-line usage (exit status 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors raise instead of printing usage and exiting, so
+    every failure is reported as the one ``upsertctl: error:`` line."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def one_line(message: str) -> str:
+    """``message`` folded to one line (whitespace runs become one space), capped."""
+    text = " ".join(message.split())
+    if len(text) > MAX_MESSAGE_CHARS:
+        text = text[: MAX_MESSAGE_CHARS - 3] + "..."
+    return text
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative: {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0: {text}")
+    return value
+
+
+def _add_globals(parser: argparse.ArgumentParser, *, in_subcommand: bool) -> None:
+    # In subcommands the defaults are SUPPRESS, so an option not repeated there leaves
+    # the value parsed before the subcommand untouched.
+    unset = argparse.SUPPRESS if in_subcommand else None
+    group = parser.add_argument_group("global options")
+    group.add_argument(
+        "--consensus",
+        metavar="URL",
+        default=unset,
+        help="consensus URL [UPSERT_CONSENSUS_URL]; default sqlite:///$UPSERT_HOME/consensus.db",
+    )
+    group.add_argument(
+        "--blob",
+        metavar="URL",
+        default=unset,
+        help="blob store URL [UPSERT_BLOB_URL]; default file://$UPSERT_HOME/blob",
+    )
+    group.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS if in_subcommand else False,
+        help="print tracebacks of errors [UPSERT_DEBUG=1]",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        description="Ingest keyed change streams into versioned, consolidated shards.",
+        epilog="UPSERT_HOME (default ./.upsert) holds the embedded defaults.",
+    )
+    _add_globals(parser, in_subcommand=False)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def command(name: str, help_text: str, *, shard: bool = True) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if shard:
+            p.add_argument("--shard", required=True, metavar="NAME", help="the shard's name")
+        _add_globals(p, in_subcommand=True)
+        return p
+
+    p = command("ingest", "ingest every pending batch file, in name order, one timestamp each")
+    p.add_argument("landing", metavar="LANDING", help="a directory or s3://bucket/prefix")
+    p.add_argument("--key", metavar="K1,K2", help="key column(s), comma-separated (default key)")
+    p.add_argument("--order", metavar="COL", help="order column (default offset)")
+    p.add_argument("--deleted-col", metavar="COL", help="delete marker column (default __deleted)")
+    p.add_argument("--order-scope", choices=("batch", "global"), help="default batch")
+    p.add_argument(
+        "--engine",
+        choices=("spark", "local"),
+        default=os.environ.get("UPSERT_ENGINE", "spark"),
+        help="spark (default; SPARK_MASTER or local[*]) or local (in-process) [UPSERT_ENGINE]",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    p = command("snapshot", "the consolidated rows as of a time, one per live key")
+    p.add_argument("--as-of", type=_non_negative, metavar="TS", help="default: the latest")
+    p.add_argument("--format", choices=("jsonl", "parquet", "csv"), default="jsonl")
+    p.add_argument("--out", metavar="PATH", help="write to PATH instead of stdout")
+
+    p = command("changes", "consolidated updates with since <= ts < until")
+    p.add_argument("--since", type=_non_negative, metavar="TS", help="default: the shard's since")
+    p.add_argument("--until", type=_non_negative, metavar="TS", help="default: the shard's upper")
+    p.add_argument("--format", choices=("jsonl",), default="jsonl")
+    p.add_argument("--out", metavar="PATH", help="write to PATH instead of stdout")
+
+    p = command("errors", "the error collection as JSON Lines")
+    p.add_argument("--out", metavar="PATH", help="write to PATH instead of stdout")
+
+    command("inspect", "the shard's metadata as one JSON object")
+
+    p = command("gc", "rollup, compaction, truncation and deletion of unreferenced blobs")
+    p.add_argument("--retain", type=_non_negative, metavar="N", help="keep only N timestamps")
+    p.add_argument(
+        "--leak-grace",
+        type=_non_negative_float,
+        metavar="SECONDS",
+        help="delete unreferenced (leaked) blobs once GC has seen them unreferenced for this"
+        " long (default: one hour; 0 only when no ingest is running)",
+    )
+
+    command("check", "verify consolidation and storage invariants (exit 0 when all hold)")
+
+    p = command("demo", "generate a sample landing and ingest it into shard 'demo'", shard=False)
+    p.add_argument(
+        "--engine",
+        choices=("spark", "local"),
+        default=os.environ.get("UPSERT_ENGINE", "spark"),
+        help="default spark [UPSERT_ENGINE]",
+    )
+    p.add_argument("--rows", type=_non_negative, default=1000, metavar="N", help="rows to generate")
+    return parser
+
+
+def _report(message: str) -> None:
+    sys.stderr.write(f"{PROG}: error: {one_line(message)}\n")
+    sys.stderr.flush()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``upsertctl`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
+    from orchestration.cli_config import debug_enabled
+
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    debug = debug_enabled("--debug" in args_list)
+    try:
+        args = build_parser().parse_args(args_list)
+        debug = debug_enabled(bool(args.debug))
+        from orchestration.cli_commands import run
+
+        return run(args)
+    except UsageError as exc:
+        _report(f"{exc} (see {PROG} --help)")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        _report("interrupted")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader of stdout went away (e.g. `| head`): stop quietly, and keep Python
+        # from complaining again when it flushes stdout at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_ERROR
+    except Exception as exc:  # noqa: BLE001 - the one place every failure becomes one line
+        from upsert_core.errors import UpsertPlatformError
+
+        if debug:
+            traceback.print_exc()
+        if isinstance(exc, UpsertPlatformError):
+            _report(str(exc) or type(exc).__name__)
+        else:
+            _report(f"unexpected {type(exc).__name__}: {exc}")
+        return EXIT_ERROR
+
+
+def entry() -> NoReturn:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,194 @@
+"""What each ``upsertctl`` command does, given parsed arguments.
+
+Invariants:
+
+- Read commands (snapshot, changes, errors, inspect, check) never create a shard: a
+  missing one is :class:`ShardNotFound`. ``ingest`` creates it on first use.
+- Data (rows, changes, error rows, inspect/gc/check reports) goes to stdout or
+  ``--out``; progress and summaries go to stderr (:mod:`orchestration.cli_progress`).
+- Rows are decoded with a schema read AFTER the read started: schemas only append
+  columns, so that schema is at least as new as every row the read returns.
+- Every function returns the process exit status; failures raise (``cli.main`` turns
+  them into the one error line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from orchestration.cli_config import StoreConfig, open_stores, resolve
+from orchestration.cli_output import dumps, json_row, row_writer, write_jsonl
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from upsert_core.landing import SourceSchema
+    from upsert_core.persist.shard import Shard
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+
+
+def store_config(args: argparse.Namespace) -> StoreConfig:
+    return resolve(getattr(args, "consensus", None), getattr(args, "blob", None))
+
+
+def open_shard(args: argparse.Namespace, *, create: bool = False) -> Shard:
+    from upsert_core.persist.shard import Shard
+
+    consensus, blob = open_stores(store_config(args))
+    return Shard.open(consensus, blob, args.shard, create=create)
+
+
+def shard_schema(shard: Shard) -> SourceSchema | None:
+    """The shard's source schema (None before its first ingest committed one)."""
+    from upsert_core.ingest.options import CONFIG_SCHEMA
+    from upsert_core.landing import SourceSchema
+
+    text = shard.state().config.get(CONFIG_SCHEMA)
+    return None if text is None else SourceSchema.from_json(text)
+
+
+def _columns(schema: SourceSchema | None) -> list[tuple[str, object]]:
+    from upsert_core.landing import ARROW_TYPES
+
+    if schema is None:
+        return []
+    return [(name, ARROW_TYPES[typ]) for name, typ in schema.columns]
+
+
+def _decoded(
+    schema: SourceSchema | None, batches: Iterator[pa.RecordBatch]
+) -> Iterator[tuple[list[dict[str, object]], list[int], list[int]]]:
+    """Per batch: decoded rows, their ts and their diffs."""
+    from upsert_core.errors import CorruptData
+    from upsert_core.landing import decode_row
+
+    for batch in batches:
+        rows = batch.column("row").to_pylist()
+        if rows and schema is None:
+            raise CorruptData("the shard has rows but no stored source schema")
+        decoded = [] if schema is None else [decode_row(schema, r) for r in rows]
+        yield decoded, batch.column("ts").to_pylist(), batch.column("diff").to_pylist()
+
+
+# --- read commands ----------------------------------------------------------------------
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    shard = open_shard(args)
+    batches = shard.snapshot(args.as_of)  # raises NotReadable now, not mid-output
+    schema = shard_schema(shard)
+    with row_writer(args.format, _columns(schema), args.out) as writer:
+        for rows, _ts, diffs in _decoded(schema, batches):
+            # A live row has diff 1; a larger count (never seen in a consolidated
+            # shard) is written that many times rather than hidden.
+            writer.write([row for row, d in zip(rows, diffs, strict=True) for _ in range(d)])
+    return EXIT_OK
+
+
+def cmd_changes(args: argparse.Namespace) -> int:
+    shard = open_shard(args)
+    state = shard.state()
+    lower = state.since if args.since is None else args.since
+    batches = shard.changes(lower, args.until)
+    schema = shard_schema(shard)
+    names = [name for name, _ in _columns(schema)]
+
+    def lines() -> Iterator[dict[str, object]]:
+        for rows, times, diffs in _decoded(schema, batches):
+            for row, ts, diff in zip(rows, times, diffs, strict=True):
+                yield {"row": json_row(names, row), "ts": ts, "diff": diff}
+
+    write_jsonl(lines(), args.out)
+    return EXIT_OK
+
+
+def cmd_errors(args: argparse.Namespace) -> int:
+    shard = open_shard(args)
+    write_jsonl(
+        ({"file": e["file"], "row": e["row"], "reason": e["reason"]} for e in shard.errors()),
+        args.out,
+    )
+    return EXIT_OK
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    shard = open_shard(args)
+    info = shard.inspect()
+    schema = shard_schema(shard)
+    if schema is not None:
+        from upsert_core.ingest.options import CONFIG_ORDER_SCOPE
+
+        info["key"] = list(schema.key)
+        info["order"] = schema.order
+        info["deleted_col"] = schema.deleted
+        info["order_scope"] = shard.state().config.get(CONFIG_ORDER_SCOPE, "batch")
+        info["columns"] = {name: str(typ) for name, typ in schema.columns}
+    print(dumps(info))
+    return EXIT_OK
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from upsert_core.errors import InvariantViolation
+
+    shard = open_shard(args)
+    report = shard.check()
+    print(dumps(report.as_dict()))
+    errors = report.counts.get("error_rows", 0)
+    if not report.ok:
+        first = report.problems[0]
+        raise InvariantViolation(
+            f"check failed for shard {shard.shard_id!r}: {len(report.problems)} problem(s);"
+            f" first: {first}"
+        )
+    sys.stderr.write(
+        f"check: shard {shard.shard_id!r} ok: upper {report.counts.get('upper')},"
+        f" since {report.counts.get('since')}, {errors} error row(s) (data, not problems)\n"
+    )
+    return EXIT_OK
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    shard = open_shard(args)
+    if args.leak_grace is None:
+        report = shard.gc(args.retain)
+    else:
+        report = shard.gc(args.retain, leak_grace_ms=int(args.leak_grace * 1000))
+    print(dumps(report.as_dict()))
+    return EXIT_OK
+
+
+# --- ingest and demo ----------------------------------------------------------------------
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from orchestration.cli_ingest import run_ingest
+
+    return run_ingest(args)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from orchestration.demo import run_demo
+
+    return run_demo(args)
+
+
+COMMANDS = {
+    "ingest": cmd_ingest,
+    "snapshot": cmd_snapshot,
+    "changes": cmd_changes,
+    "errors": cmd_errors,
+    "inspect": cmd_inspect,
+    "gc": cmd_gc,
+    "check": cmd_check,
+    "demo": cmd_demo,
+}
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the parsed command; returns its exit status."""
+    return COMMANDS[args.command](args)

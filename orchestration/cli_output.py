@@ -1,0 +1,159 @@
+"""Writing shard rows as JSON Lines, CSV or Parquet, to stdout or a file.
+
+Invariants (CONTRACT.md, "Output"):
+
+- Every output row has every column of the shard's schema, in schema order, with
+  ``None`` (JSON ``null``, CSV empty) where the row has no value.
+- In JSON Lines and CSV, timestamps and dates are ISO-8601 strings; binary values are
+  base64; non-finite floats are the strings ``NaN``, ``Infinity``, ``-Infinity`` (JSON
+  has no literal for them). Parquet keeps the native column types.
+- CSV always starts with a header row, even when there are no rows.
+- Writers stream: rows are written as they come, never collected first (Parquet is
+  written one row group per call to :meth:`RowWriter.write`).
+- Only data goes to the output; nothing here writes to stderr.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import datetime as dt
+import json
+import math
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import IO, Any, Protocol
+
+from upsert_core.errors import ConfigError
+
+FORMATS = ("jsonl", "csv", "parquet")
+
+
+def json_value(value: object) -> object:
+    """A JSON-representable form of one decoded datum (see the module docstring)."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dt.datetime | dt.date):
+        return value.isoformat()
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    return str(value)
+
+
+def csv_value(value: object) -> str:
+    """The CSV text of one decoded datum: empty for null, ``true``/``false`` for bools."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and math.isfinite(value):
+        return repr(value)
+    return str(json_value(value))
+
+
+def json_row(columns: Sequence[str], row: dict[str, object]) -> dict[str, object]:
+    """``row`` with every column, in order, values made JSON-safe."""
+    return {name: json_value(row.get(name)) for name in columns}
+
+
+def dumps(obj: object) -> str:
+    """Compact JSON with non-ASCII kept readable; never emits NaN literals."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+class RowWriter(Protocol):
+    def write(self, rows: Sequence[dict[str, object]]) -> None: ...
+
+
+class _JsonlWriter:
+    def __init__(self, out: IO[str], columns: Sequence[str]) -> None:
+        self._out = out
+        self._columns = list(columns)
+
+    def write(self, rows: Sequence[dict[str, object]]) -> None:
+        self._out.write("".join(dumps(json_row(self._columns, r)) + "\n" for r in rows))
+
+
+class _CsvWriter:
+    def __init__(self, out: IO[str], columns: Sequence[str]) -> None:
+        self._columns = list(columns)
+        self._csv = csv.writer(out, lineterminator="\n")
+        self._csv.writerow(self._columns)
+
+    def write(self, rows: Sequence[dict[str, object]]) -> None:
+        self._csv.writerows([csv_value(r.get(c)) for c in self._columns] for r in rows)
+
+
+class _ParquetWriter:
+    def __init__(self, sink: Any, columns: Sequence[tuple[str, object]]) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self._pa = pa
+        self._schema = pa.schema([pa.field(name, typ) for name, typ in columns])
+        self._writer = pq.ParquetWriter(sink, self._schema)
+        self._wrote = False
+
+    def write(self, rows: Sequence[dict[str, object]]) -> None:
+        if not rows:
+            return
+        pa = self._pa
+        arrays = [
+            pa.array([r.get(f.name) for r in rows], type=f.type) for f in self._schema
+        ]
+        self._writer.write_table(pa.Table.from_arrays(arrays, schema=self._schema))
+        self._wrote = True
+
+    def close(self) -> None:
+        if not self._wrote:  # a valid file with the schema and no rows
+            self._writer.write_table(self._schema.empty_table())
+        self._writer.close()
+
+
+@contextmanager
+def _text_out(path: str | None) -> Iterator[IO[str]]:
+    if path is None:
+        yield sys.stdout
+        sys.stdout.flush()
+        return
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        yield f
+
+
+@contextmanager
+def row_writer(
+    fmt: str, columns: Sequence[tuple[str, object]], out: str | None
+) -> Iterator[RowWriter]:
+    """A writer of rows in ``fmt`` to file ``out`` (stdout when None).
+
+    ``columns`` are ``(name, arrow type)`` pairs in schema order.
+    """
+    names = [name for name, _ in columns]
+    if fmt == "jsonl":
+        with _text_out(out) as f:
+            yield _JsonlWriter(f, names)
+    elif fmt == "csv":
+        with _text_out(out) as f:
+            yield _CsvWriter(f, names)
+    elif fmt == "parquet":
+        sys.stdout.flush()
+        writer = _ParquetWriter(sys.stdout.buffer if out is None else out, columns)
+        yield writer
+        writer.close()
+    else:
+        raise ConfigError(f"unknown output format {fmt!r}; use one of: {', '.join(FORMATS)}")
+
+
+def write_jsonl(objects: Iterable[object], out: str | None) -> int:
+    """Write each object as one JSON line; returns how many were written."""
+    n = 0
+    with _text_out(out) as f:
+        for obj in objects:
+            f.write(dumps(obj) + "\n")
+            n += 1
+    return n
