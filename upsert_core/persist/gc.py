@@ -8,10 +8,11 @@ One :func:`gc` run does, in this order (each step is safe to crash after):
    upper, never backwards and never past a leased reader's since.
 3. Compact (size tiers; everything into one batch when step 2 moved the since).
 4. Write a rollup of the current state and record it (skipped when the newest rollup is
-   already at the current seqno or the one before).
+   already at the current seqno or the one before), dropping in the same transition the
+   rollups below the truncation point of step 5.
 5. Choose the truncation point ``T``: the newest recorded rollup at or below the smallest
    seqno a leased reader holds (the current seqno when there are none).
-6. Drop the rollups below ``T`` from the state (one transition).
+6. Drop the rollups below ``T`` from the state (if step 4 did not already).
 7. Delete the blobs referenced by live states below ``T`` and by none at or above it
    (parts replaced by compaction, error parts, superseded checkpoints).
 8. Truncate the diffs below ``T`` in Consensus.
@@ -190,6 +191,7 @@ def drop_rollups_below(seqno: int) -> Callable[[ShardState], ShardState | None]:
 def rollup_current(machine: Machine) -> RollupRef | None:
     """Write a rollup of the current state and record it; None when none was needed.
 
+    The recording transition also drops the rollups below the new truncation point.
     A rollup that ends up unrecorded (a newer one was recorded first) is deleted.
     """
     state = machine.state()
@@ -202,7 +204,11 @@ def rollup_current(machine: Machine) -> RollupRef | None:
         newest = current.latest_rollup()
         if newest is not None and newest.seqno >= ref.seqno:
             return None
-        return current.evolve(rollups={**current.rollups, ref.seqno: ref})
+        recorded = current.evolve(rollups={**current.rollups, ref.seqno: ref})
+        # Drop the rollups GC will truncate below in the same transition, so an idle
+        # shard's next GC finds its newest rollup one seqno back and has nothing to do.
+        point = truncation_point(recorded)
+        return recorded if point is None else drop_rollups_below(point)(recorded) or recorded
 
     recorded = machine.apply(record)
     if recorded.rollups.get(ref.seqno) != ref:
