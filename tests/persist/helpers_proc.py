@@ -31,8 +31,14 @@ from typing import Any
 import pyarrow as pa
 
 from upsert_core.persist.keys import shard_prefix
-from upsert_core.persist.location import Blob, BlobMetadata, Consensus, SeqNo, VersionedData
-from upsert_core.persist.location import CasResult
+from upsert_core.persist.location import (
+    Blob,
+    BlobMetadata,
+    CasResult,
+    Consensus,
+    SeqNo,
+    VersionedData,
+)
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.urls import open_blob, open_consensus
 
