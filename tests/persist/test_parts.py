@@ -231,3 +231,36 @@ def test_is_sorted_detects_disorder() -> None:
     assert not is_sorted(updates_table([(key(2), b"a", 0, 1), (key(1), b"a", 0, 1)]))
     assert not is_sorted(updates_table([(key(1), b"a", 1, 1), (key(1), b"a", 0, 1)]))
     assert is_sorted(updates_table([(key(1), b"a", 0, 1), (key(1), b"a", 0, 1)]))
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(st.binary(min_size=16, max_size=16), st.sampled_from([b"\xff" * 16])),
+            st.binary(max_size=3),
+            st.integers(-3, 3),
+            st.integers(-2, 2),
+        ),
+        max_size=30,
+    )
+)
+def test_numeric_key_sort_orders_like_bytes(updates: list[Update]) -> None:
+    result = consolidate(updates_table(updates))
+    assert rows_of(result) == model_consolidate(updates)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.binary(max_size=18),  # keys of any length take the binary-compare path
+            st.binary(max_size=2),
+            st.integers(0, 2),
+            st.integers(-2, 2),
+        ),
+        max_size=30,
+    )
+)
+def test_consolidate_handles_keys_of_any_length(updates: list[Update]) -> None:
+    table = updates_table(updates)
+    assert rows_of(consolidate(table)) == model_consolidate(updates)
+    assert rows_of(consolidate_sorted(sort_updates(table))) == model_consolidate(updates)

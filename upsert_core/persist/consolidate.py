@@ -6,14 +6,17 @@ Arrow columns (pyarrow compute and numpy), never row by row in Python.
 
 Invariants this module keeps:
 
-- :func:`consolidate_sorted` requires its input sorted by ``(key, row, ts)`` and returns
-  a table that is still sorted by ``(key, row, ts)``, holds each ``(key, row, ts)`` at
-  most once and has no zero diff. It is O(n): one pass that finds runs of equal
-  ``(key, row, ts)`` and sums each run with ``numpy.add.reduceat``.
+- :func:`consolidate_in_order` takes a table and the permutation that sorts it by
+  ``(key, row, ts)`` (or ``None`` when it is sorted) and returns a table sorted by
+  ``(key, row, ts)`` that holds each ``(key, row, ts)`` at most once and has no zero
+  diff. Past the sort it is O(n): one pass finds runs of equal ``(key, row, ts)``
+  (keys and times compared as numbers, rows only where key and time already match),
+  ``numpy.add.reduceat`` sums each run, and one ``take`` gathers only the survivors.
 - :func:`advance_ts` replaces every ``ts`` below a frontier by the frontier. The map
   ``ts -> max(ts, frontier)`` is monotone, so a table sorted by ``(key, row, ts)`` stays
   sorted after it, and consolidation may follow without a new sort.
-- :func:`sort_updates` is the only place that sorts, and it sorts with pyarrow.
+- :func:`sort_indices` is the only place that sorts, with pyarrow; 16-byte keys are
+  sorted as two big-endian uint64 words, which orders them exactly like their bytes.
 """
 
 from __future__ import annotations
@@ -45,9 +48,54 @@ def empty_updates() -> pa.Table:
 
 
 def as_table(data: TableLike) -> pa.Table:
-    """``data`` as a :class:`pyarrow.Table` with one chunk per column."""
-    table = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
-    return table.combine_chunks()
+    """``data`` as a :class:`pyarrow.Table` (columns may have several chunks)."""
+    return pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
+
+
+def _array_key_words(keys: pa.Array) -> tuple[np.ndarray, np.ndarray] | None:
+    n = len(keys)
+    if not pa.types.is_binary(keys.type) or keys.null_count:
+        return None
+    if n == 0:
+        return np.empty(0, np.uint64), np.empty(0, np.uint64)
+    offsets = np.frombuffer(keys.buffers()[1], dtype=np.int32)[keys.offset : keys.offset + n + 1]
+    if not (np.diff(offsets) == 16).all():
+        return None
+    words = np.frombuffer(keys.buffers()[2], dtype=">u8", count=2 * n, offset=int(offsets[0]))
+    return words[0::2].astype(np.uint64), words[1::2].astype(np.uint64)
+
+
+def key_words(keys: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray] | None:
+    """The 16-byte keys of ``keys`` as two big-endian uint64 words (high, low).
+
+    Comparing ``(high, low)`` numerically orders keys exactly as comparing their bytes,
+    and numbers sort and compare several times faster than binary values. Returns
+    ``None`` unless every key is exactly 16 bytes (and not null).
+    """
+    chunks = keys.chunks if isinstance(keys, pa.ChunkedArray) else [keys]
+    parts = [_array_key_words(chunk) for chunk in chunks]
+    if not parts:
+        return np.empty(0, np.uint64), np.empty(0, np.uint64)
+    if any(p is None for p in parts):
+        return None
+    his = [p[0] for p in parts if p is not None]
+    los = [p[1] for p in parts if p is not None]
+    if len(his) == 1:
+        return his[0], los[0]
+    return np.concatenate(his), np.concatenate(los)
+
+
+def sort_indices(data: TableLike) -> np.ndarray:
+    """The (stable) permutation that sorts ``data`` by ``(key, row, ts)``."""
+    table = as_table(data)
+    words = key_words(table.column("key"))
+    if words is None:
+        return pc.sort_indices(table, sort_keys=SORT_KEYS).to_numpy()
+    numeric = pa.table(
+        {"hi": words[0], "lo": words[1], "row": table.column("row"), "ts": table.column("ts")}
+    )
+    keys = [("hi", "ascending"), ("lo", "ascending"), ("row", "ascending"), ("ts", "ascending")]
+    return pc.sort_indices(numeric, sort_keys=keys).to_numpy()
 
 
 def sort_updates(data: TableLike) -> pa.Table:
@@ -55,7 +103,10 @@ def sort_updates(data: TableLike) -> pa.Table:
     table = as_table(data)
     if table.num_rows <= 1:
         return table
-    return table.sort_by(SORT_KEYS)
+    indices = sort_indices(table)
+    if (indices[1:] > indices[:-1]).all():
+        return table
+    return table.take(pa.array(indices))
 
 
 def advance_ts(data: TableLike, frontier: int) -> pa.Table:
@@ -75,51 +126,83 @@ def with_constant_ts(data: TableLike, ts: int) -> pa.Table:
     return table.set_column(table.schema.get_field_index("ts"), "ts", column)
 
 
-def run_starts(table: pa.Table) -> np.ndarray:
-    """Boolean mask: True where ``(key, row, ts)`` differs from the previous row.
+def _run_starts(table: pa.Table, order: np.ndarray | None) -> np.ndarray:
+    """True where ``(key, row, ts)`` differs from the previous row in ``order``.
 
-    ``table`` must have a single chunk per column (see :func:`as_table`).
+    Keys and times are compared as numbers; rows (binary) only where key and time are
+    equal to the previous row's, which is where a run can continue.
     """
     n = table.num_rows
     starts = np.ones(n, dtype=bool)
     if n <= 1:
         return starts
-    changed = np.zeros(n - 1, dtype=bool)
-    for name in ("key", "row"):
-        column = table.column(name).chunk(0)
-        differs = pc.not_equal(column.slice(1), column.slice(0, n - 1))
-        changed |= differs.to_numpy(zero_copy_only=False)
-    ts = table.column("ts").chunk(0).to_numpy()
-    changed |= ts[1:] != ts[:-1]
+    ts = table.column("ts").to_numpy()
+    ts = ts if order is None else ts[order]
+    changed = ts[1:] != ts[:-1]
+    words = key_words(table.column("key"))
+    if words is None:
+        column = table.column("key")
+        ordered = column if order is None else column.take(pa.array(order))
+        changed |= pc.not_equal(ordered.slice(1), ordered.slice(0, n - 1)).to_numpy(
+            zero_copy_only=False
+        )
+    else:
+        for word in words:
+            word = word if order is None else word[order]
+            changed |= word[1:] != word[:-1]
+    # Rows: compare only the candidates (same key and ts as the previous row).
+    candidates = np.flatnonzero(~changed) + 1
+    if len(candidates):
+        rows = table.column("row")
+        current = candidates if order is None else order[candidates]
+        previous = candidates - 1 if order is None else order[candidates - 1]
+        differs = pc.not_equal(rows.take(pa.array(current)), rows.take(pa.array(previous)))
+        changed[candidates - 1] = differs.to_numpy(zero_copy_only=False)
     starts[1:] = changed
     return starts
 
 
-def consolidate_sorted(data: TableLike) -> pa.Table:
-    """Consolidate updates already sorted by ``(key, row, ts)``; the result stays sorted."""
+def consolidate_in_order(data: TableLike, order: np.ndarray | None) -> pa.Table:
+    """Consolidate ``data`` read in ``order`` (a permutation sorting it by
+    ``(key, row, ts)``; ``None``: it is sorted already). The result is sorted.
+
+    Only the surviving rows are gathered (one ``take``), never the whole input.
+    """
     table = as_table(data)
     n = table.num_rows
     if n == 0:
         return table
-    diff = table.column("diff").chunk(0).to_numpy()
-    starts = run_starts(table)
+    diff = table.column("diff").to_numpy()
+    diff = diff if order is None else diff[order]
+    starts = _run_starts(table, order)
     if starts.all():
-        if diff.all():
+        if order is None and diff.all():
             return table
-        return table.filter(pa.array(diff != 0))
-    start_idx = np.flatnonzero(starts)
-    sums = np.add.reduceat(diff, start_idx)
-    keep = start_idx[sums != 0]
-    kept_sums = sums[sums != 0]
+        keep_pos = np.flatnonzero(diff != 0)
+        sums = diff[keep_pos]
+    else:
+        start_idx = np.flatnonzero(starts)
+        all_sums = np.add.reduceat(diff, start_idx)
+        nonzero = all_sums != 0
+        keep_pos, sums = start_idx[nonzero], all_sums[nonzero]
+    keep = keep_pos if order is None else order[keep_pos]
     result = table.take(pa.array(keep))
     return result.set_column(
-        result.schema.get_field_index("diff"), "diff", pa.array(kept_sums, pa.int64())
+        result.schema.get_field_index("diff"), "diff", pa.array(sums, pa.int64())
     )
+
+
+def consolidate_sorted(data: TableLike) -> pa.Table:
+    """Consolidate updates already sorted by ``(key, row, ts)``; the result stays sorted."""
+    return consolidate_in_order(data, None)
 
 
 def consolidate(data: TableLike) -> pa.Table:
     """Consolidate updates in any order; the result is sorted by ``(key, row, ts)``."""
-    return consolidate_sorted(sort_updates(data))
+    table = as_table(data)
+    if table.num_rows <= 1:
+        return consolidate_in_order(table, None)
+    return consolidate_in_order(table, sort_indices(table))
 
 
 def is_sorted(data: TableLike) -> bool:
@@ -127,6 +210,5 @@ def is_sorted(data: TableLike) -> bool:
     table = as_table(data)
     if table.num_rows <= 1:
         return True
-    # sort_indices is stable: the input is sorted iff the permutation is the identity.
-    indices = pc.sort_indices(table, sort_keys=SORT_KEYS).to_numpy()
-    return bool((indices == np.arange(table.num_rows)).all())
+    # The sort is stable: the input is sorted iff the permutation is the identity.
+    return bool((sort_indices(table) == np.arange(table.num_rows)).all())

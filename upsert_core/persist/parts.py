@@ -237,7 +237,7 @@ def _iter(
 ) -> Iterator[pa.RecordBatch]:
     where = _describe(part, shard)
     parquet = _open(_part_bytes(blob, part, where), schema, part, where)
-    batches = parquet.iter_batches(batch_size=max(1, batch_rows), use_threads=False)
+    batches = parquet.iter_batches(batch_size=max(1, batch_rows))
     while True:
         try:
             batch = next(batches)

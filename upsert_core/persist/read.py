@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -35,8 +36,8 @@ from upsert_core.persist.consolidate import (
     UPDATE_SCHEMA,
     advance_ts,
     as_table,
-    consolidate_sorted,
-    sort_updates,
+    consolidate_in_order,
+    sort_indices,
     with_constant_ts,
 )
 from upsert_core.persist.location import Blob
@@ -79,7 +80,7 @@ class _Cursor:
         """Append the next non-empty batch of the source to the buffer."""
         pulled = self._pull()
         if pulled is not None:
-            self.buf = pa.concat_tables([self.buf, pulled]).combine_chunks()
+            self.buf = pa.concat_tables([self.buf, pulled])
 
     def last_key(self) -> bytes:
         return self.buf.column("key")[self.buf.num_rows - 1].as_py()
@@ -107,49 +108,84 @@ def _count_below(table: pa.Table, cutoff: bytes) -> int:
     return lo
 
 
-def _merge_pieces(pieces: list[pa.Table]) -> pa.Table:
+def _merge_pieces(pieces: list[pa.Table]) -> tuple[pa.Table, np.ndarray | None]:
+    """Concatenate pieces covering the same key range, with the order that sorts them
+    (``None`` when the concatenation is sorted already)."""
     if len(pieces) == 1:
-        return pieces[0]
-    return sort_updates(pa.concat_tables(pieces))
+        return pieces[0], None
+    firsts = [p.column("key")[0].as_py() for p in pieces]
+    by_first = sorted(range(len(pieces)), key=firsts.__getitem__)
+    ordered = [pieces[i] for i in by_first]
+    # One copy into contiguous columns: sorting and gathering from chunked columns
+    # costs several times more.
+    table = pa.concat_tables(ordered).combine_chunks()
+    lasts = [p.column("key")[p.num_rows - 1].as_py() for p in ordered]
+    if all(lasts[i] < firsts[by_first[i + 1]] for i in range(len(ordered) - 1)):
+        return table, None  # disjoint key ranges: already sorted
+    return table, sort_indices(table)
 
 
-def merge_sorted(
-    sources: Sequence[Iterator[pa.Table | pa.RecordBatch]], *, target_rows: int = DEFAULT_BATCH_ROWS
-) -> Iterator[pa.Table]:
-    """Merge key-sorted sources into chunks sorted by ``(key, row, ts)``.
+def _chunks(
+    sources: Sequence[Iterable[pa.Table | pa.RecordBatch]],
+) -> Iterator[tuple[pa.Table, np.ndarray | None]]:
+    """The streaming merge: chunks holding every row of the keys they cover, in
+    increasing key ranges, each with the order that sorts it by ``(key, row, ts)``.
 
-    Every chunk holds *all* rows of the keys it covers (from every source) and chunks
-    cover increasing key ranges, so each chunk can be consolidated on its own. The
-    cutoff is the smallest last buffered key among sources that may still yield rows:
-    every row with a smaller key has already been buffered by every source.
-    Small chunks are coalesced up to about ``target_rows``.
+    The cutoff is the smallest last buffered key among sources that may still yield
+    rows; every row with a smaller key has then been buffered by every source.
     """
     cursors = [_Cursor(iter(s)) for s in sources]
-    pending: list[pa.Table] = []
-    pending_rows = 0
     while True:
         for cursor in cursors:
             cursor.fill()
         live = [c for c in cursors if not c.done]
         if not any(c.buf.num_rows for c in cursors):
-            break
+            return
         cutoff = min(c.last_key() for c in live) if live else None
         pieces = [p for c in cursors if (p := c.take_below(cutoff)) is not None]
-        if not pieces:
-            # Every buffered row has key >= cutoff: read further in the sources whose
-            # buffers end at the cutoff key so that key's rows can be completed.
-            for cursor in live:
-                if cursor.last_key() == cutoff:
-                    cursor.extend()
+        if pieces:
+            yield _merge_pieces(pieces)
             continue
-        chunk = _merge_pieces(pieces)
-        pending.append(chunk)
-        pending_rows += chunk.num_rows
+        # Every buffered row has key >= cutoff: read further in the sources whose
+        # buffers end at the cutoff key so that key's rows can be completed.
+        for cursor in live:
+            if cursor.last_key() == cutoff:
+                cursor.extend()
+
+
+def _coalesce(tables: Iterable[pa.Table], target_rows: int) -> Iterator[pa.Table]:
+    """Pass big tables (half the target or more) through; gather small consecutive ones
+    up to about ``target_rows``."""
+    pending: list[pa.Table] = []
+    pending_rows = 0
+    for table in tables:
+        if not table.num_rows:
+            continue
+        if not pending and 2 * table.num_rows >= target_rows:
+            yield table
+            continue
+        pending.append(table)
+        pending_rows += table.num_rows
         if pending_rows >= target_rows:
             yield pa.concat_tables(pending).combine_chunks()
             pending, pending_rows = [], 0
     if pending:
         yield pa.concat_tables(pending).combine_chunks()
+
+
+def merge_sorted(
+    sources: Sequence[Iterable[pa.Table | pa.RecordBatch]],
+    *,
+    target_rows: int = DEFAULT_BATCH_ROWS,
+) -> Iterator[pa.Table]:
+    """Merge key-sorted sources into tables sorted by ``(key, row, ts)``.
+
+    Every table holds *all* rows of the keys it covers (from every source) and tables
+    cover increasing key ranges, so each can be consolidated on its own. Small chunks
+    are coalesced up to about ``target_rows``.
+    """
+    chunks = (t if o is None else t.take(pa.array(o)) for t, o in _chunks(sources))
+    return _coalesce(chunks, target_rows)
 
 
 def _transformed(
@@ -184,10 +220,8 @@ def consolidated(
     sources: Sequence[Iterator[pa.Table]], *, batch_rows: int = DEFAULT_BATCH_ROWS
 ) -> Iterator[pa.Table]:
     """Merge ``sources`` and consolidate each chunk (non-empty tables only)."""
-    for chunk in merge_sorted(sources, target_rows=batch_rows):
-        result = consolidate_sorted(chunk)
-        if result.num_rows:
-            yield result
+    tables = (consolidate_in_order(t, o) for t, o in _chunks(sources))
+    return _coalesce(tables, batch_rows)
 
 
 def _emit(tables: Iterator[pa.Table]) -> Iterator[pa.RecordBatch]:
@@ -257,9 +291,12 @@ def snapshot(
 
     def positive(tables: Iterator[pa.Table]) -> Iterator[pa.Table]:
         for table in tables:
-            kept = table.filter(pc.greater(table.column("diff"), 0)) if positive_only else table
-            if kept.num_rows:
-                yield kept
+            if positive_only:
+                positive_rows = table.column("diff").to_numpy() > 0
+                if not positive_rows.all():
+                    table = table.filter(pa.array(positive_rows))
+            if table.num_rows:
+                yield table
 
     return _emit(positive(consolidated(sources, batch_rows=batch_rows)))
 
