@@ -1,0 +1,59 @@
+"""Feedback: the state learns the final value of each key from committed output.
+
+After the output of a timestamp has been committed to the shard, the caller passes the
+:class:`DrainOutput` that produced it to :func:`apply_feedback`. For every key decided
+there, the state gets its finalized value (or tombstone), replacing any provisional part
+a partial ``AtTime`` drain left.
+
+Invariants:
+
+- ``OrderScope.BATCH``: a finalized value carries order None (it sorts below every
+  order, so any later timestamp overrides it) and a delete removes the key. This is
+  exactly what rehydrating from the output collection (``consolidate_chunk``) yields.
+- ``OrderScope.GLOBAL``: a finalized value or tombstone carries ``(order value,
+  GLOBAL_POSITION)``. With the maximal position, any later update with the same order
+  value compares ``<=`` and is skipped: positions only break ties *within* a batch.
+  Tombstones stay, so a late update never resurrects a deleted key.
+- Per-record stats (values, tombstones, bytes) stay exact: feedback is written with
+  ``update_per_record_stats=True`` against the metadata the stats last counted, which
+  for a key written provisionally is its metadata from before that (uncounted) write.
+"""
+
+from __future__ import annotations
+
+from upsert_core.drain.output import DrainOutput
+from upsert_core.drain.styles import OrderScope
+from upsert_core.state import PutStats, PutValue, StateValue, UpsertState
+
+GLOBAL_POSITION = 2**63 - 1
+"""Position stored with finalized orders in the global scope (the maximal int64)."""
+
+
+def apply_feedback(state: UpsertState, output: DrainOutput, order_scope: OrderScope) -> PutStats:
+    """Write the finalized values decided in ``output`` into ``state``.
+
+    Call only after ``output`` (all drains of its timestamps) has been committed.
+    Returns the :class:`PutStats` of the write.
+    """
+    final = output.final_decisions()
+    if not final:
+        return PutStats()
+    keys = list(final)
+    got = state.multi_get(keys)
+    counted = output.counted_metadata
+    global_scope = order_scope is OrderScope.GLOBAL
+    puts: list[tuple[bytes, PutValue]] = []
+    for key, current in zip(keys, got, strict=True):
+        d = final[key]
+        new: StateValue | None
+        if global_scope:
+            order = (d.order[0], GLOBAL_POSITION)
+            if d.value is None:
+                new = StateValue.finalized_tombstone(order)
+            else:
+                new = StateValue.finalized_value(d.value, order)
+        else:
+            new = None if d.value is None else StateValue.finalized_value(d.value, None)
+        previous = counted.get(key, current.metadata)
+        puts.append((key, PutValue(new, previous)))
+    return state.multi_put(puts, update_per_record_stats=True)
