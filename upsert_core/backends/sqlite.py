@@ -114,15 +114,17 @@ class SqliteBackend:
     def multi_get(self, keys: Sequence[UpsertKey]) -> tuple[list[ValueAndSize], GetStats]:
         found: dict[bytes, bytes] = {}
         execute = self._conn.execute
+        # Sorted chunks each cover one key range, so they touch few B-tree pages.
+        ordered = sorted(set(keys)) if len(keys) > _GET_CHUNK else list(keys)
         try:
-            for start in range(0, len(keys), _GET_CHUNK):
-                chunk = keys[start : start + _GET_CHUNK]
+            for start in range(0, len(ordered), _GET_CHUNK):
+                chunk = ordered[start : start + _GET_CHUNK]
                 sql = (
                     "SELECT key, value FROM upsert_state WHERE key IN ("
                     + ",".join("?" * len(chunk))
                     + ")"
                 )
-                found.update(execute(sql, list(chunk)).fetchall())
+                found.update(execute(sql, chunk).fetchall())
         except sqlite3.Error as e:
             raise StateBackendError(f"upsert state {self.path}: read failed: {e}") from e
         results: list[ValueAndSize] = []
@@ -179,8 +181,9 @@ class SqliteBackend:
                 final[key] = blob
         if not final:
             return stats
-        writes = [(k, b) for k, b in final.items() if b is not None]
-        deletes = [(k,) for k, b in final.items() if b is None]
+        # Key order turns random B-tree inserts into mostly sequential page writes.
+        writes = sorted((k, b) for k, b in final.items() if b is not None)
+        deletes = sorted((k,) for k, b in final.items() if b is None)
         conn = self._conn
         try:
             conn.execute("BEGIN IMMEDIATE")

@@ -427,6 +427,15 @@ class StateValue:
     @classmethod
     def decode(cls, data: bytes) -> StateValue:
         """Inverse of ``encode``; raises CodecError on anything else."""
+        n = len(data)
+        if n >= _HEADER_SIZE and data[0] == STATE_FORMAT_VERSION and data[1] == _FINALIZED:
+            # Fast path for the common shape: a finalized value, with or without order.
+            flags = data[2]
+            if flags == _F_VALUE and n >= 7 and _LEN.unpack_from(data, 3)[0] == n - 7:
+                return cls.new_finalized_value(bytes(data[7:]), None)
+            if flags == _F_VALUE | _F_ORDER and n >= 23 and _LEN.unpack_from(data, 19)[0] == n - 23:
+                a, b = _ORDER.unpack_from(data, 3)
+                return cls.new_finalized_value(bytes(data[23:]), (a, b))
         try:
             return _Reader(bytes(data)).state_value()
         except struct.error as e:
