@@ -26,6 +26,7 @@ Invariants:
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
@@ -42,6 +43,9 @@ from upsert_core.persist.location import Blob
 from upsert_core.persist.state import ErrorBatch, HollowBatch, ShardState
 
 Progress = Callable[[ProgressEvent], None]
+
+CONFIG_COMMIT_NONCE = "ingest.commit"
+"""Config entry set to a fresh nonce by every ingest commit (see ``_ingest_one``)."""
 
 
 class IngestShard(Protocol):
@@ -91,9 +95,14 @@ def plan_file(
     )
 
 
-def _delete_new_blobs(blob: Blob, outcome: FileOutcome) -> None:
+def _delete_new_blobs(
+    blob: Blob, outcome: FileOutcome, current: ShardState | None = None
+) -> None:
+    """Delete the blobs the attempt wrote, sparing any that ``current`` references."""
+    keep = set() if current is None else set(current.referenced_blob_keys())
     for key in outcome.new_blobs:
-        blob.delete(key)
+        if key not in keep:
+            blob.delete(key)
 
 
 def _commit_request(
@@ -147,6 +156,12 @@ def _ingest_one(
             message = outcome.read.file_error or f"{file.name}: {outcome.failure}"
             raise IngestError(message)
         batch, errors, config = _commit_request(task, options, outcome)
+        # SUBTLE: two writers can build byte-identical batches (inline parts, same file
+        # at the same ts); ``append`` then reports the loser's request as "already
+        # applied". A per-attempt nonce in the config tells our commit from theirs, so
+        # the loser deletes its checkpoints and does not report the file as its own.
+        nonce = uuid.uuid4().hex
+        config[CONFIG_COMMIT_NONCE] = nonce
         # SUBTLE: if the append fails indeterminately (an exception, e.g. a timeout), it
         # may have committed: the blobs are left alone (GC's leak sweep removes them if
         # not); they are deleted only on a definite "not committed".
@@ -157,7 +172,7 @@ def _ingest_one(
             errors=errors,
             config_updates=config,
         )
-        if result.committed:
+        if result.committed and result.state.config.get(CONFIG_COMMIT_NONCE) == nonce:
             file_report = _file_report(task, outcome, time.monotonic() - started, attempt)
             for b in outcome.buckets:
                 if b.rehydrated:
@@ -166,7 +181,7 @@ def _ingest_one(
                     )
                 report.warnings.extend(b.warnings)
             return result.state, file_report
-        _delete_new_blobs(shard.blob, outcome)
+        _delete_new_blobs(shard.blob, outcome, result.state)
         state = result.state
         if file.name in state.ingested_files:
             return state, None
