@@ -117,7 +117,7 @@ def _feed(state: UpsertState, chunks: list[list[Update]], complete: bool = True)
 def _decoded(state: UpsertState) -> dict[bytes, bytes | None]:
     out = {}
     for key, sv in state.items():
-        sv.ensure_decoded()
+        assert not sv.is_consolidating  # completion decoded everything
         out[key] = sv.finalized_value
     return out
 
@@ -157,18 +157,16 @@ def test_a_corrupted_history_is_never_decoded(
         chunks = _chunks(data, [(key, v, d) for v, d in hist.updates])
         _feed(state, chunks[:-1], complete=False)
         before = _snapshot(state)
-        try:
+        with pytest.raises(InvalidUpsertState) as info:
             state.consolidate_chunk(chunks[-1], completes_snapshot=True)
-        except InvalidUpsertState as e:
-            # Failing in the completing chunk leaves the state exactly as it was.
-            assert isinstance(e.state, StateValue) and e.state.is_consolidating
-            assert _snapshot(state) == before
-            assert not state.snapshot_completed
-            return
-        # Otherwise the key was not in the completing chunk: it is still an accumulator
-        # and decoding it (as the drain does before using it) must fail.
+        # Completion decodes everything or nothing: the state is exactly as it was.
+        assert isinstance(info.value.state, StateValue) and info.value.state.is_consolidating
+        assert _snapshot(state) == before
+        assert not state.snapshot_completed
+        # Without completion the key stays an accumulator that refuses to decode (what
+        # the drain meets if it reads the key before the snapshot is complete).
+        state.consolidate_chunk(chunks[-1], completes_snapshot=False)
         stored = dict(state.items())
-        assert key in stored
         with pytest.raises(InvalidUpsertState):
             stored[key].ensure_decoded()
         assert stored[key].is_consolidating
@@ -191,7 +189,6 @@ def test_many_keys_only_the_corrupted_ones_fail(
     with closing(make_backend("memory")) as backend:
         state = UpsertState(backend)
         _feed(state, _chunks(data, updates), complete=False)
-        state.consolidate_chunk([], completes_snapshot=True)
         stored = dict(state.items())
         for k in bad_keys:
             with pytest.raises(InvalidUpsertState):
@@ -202,6 +199,11 @@ def test_many_keys_only_the_corrupted_ones_fail(
             else:
                 stored[k].ensure_decoded()
                 assert stored[k] == StateValue.finalized_value(h.current, None)
+        # Completing the snapshot refuses the whole state and writes nothing.
+        before = _snapshot(state)
+        with pytest.raises(InvalidUpsertState):
+            state.consolidate_chunk([], completes_snapshot=True)
+        assert _snapshot(state) == before and not state.snapshot_completed
 
 
 # --- deterministic behaviour, over every backend --------------------------------------
@@ -268,9 +270,13 @@ def test_consolidation_deletes_keys_that_return_to_zero_mid_snapshot(
     assert len(state) == 2
     stats = state.consolidate_chunk([(K1, b"a", -1)], completes_snapshot=False)
     assert len(state) == 1 and stats.values_diff == -1 and stats.size_diff < 0
-    # Before completion untouched keys stay accumulators.
+    # Before completion untouched keys stay accumulators ...
     (value,) = [v for _, v in state.items()]
     assert value.is_consolidating
+    # ... and completing (even with an empty chunk) decodes them all.
+    done = state.consolidate_chunk([], completes_snapshot=True)
+    assert dict(state.items()) == {K2: StateValue.finalized_value(b"b", None)}
+    assert done.values_diff == 0 and done.size_diff < 0  # decoded values are smaller
 
 
 def test_merge_stats_sizes_match_the_backend(backend: StateBackend) -> None:

@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 
-from hypothesis import settings
+import pytest
+from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from upsert_core.backends import InMemoryBackend, SqliteBackend
+from upsert_core.errors import InvalidUpsertState
 from upsert_core.state import (
     GetStats,
     PutValue,
@@ -107,17 +111,57 @@ class StatsMachine(RuleBasedStateMachine):
         )
     )
     def consolidate(self, updates: list[tuple[bytes, bytes, int]]) -> None:
-        # Never completes the snapshot, so no decoding (random updates are not
-        # well-formed histories); the model replays the same merges.
-        self.state.consolidate_chunk(updates, completes_snapshot=False)
+        # The model replays the same merges (decoding them once the snapshot is
+        # complete). Random updates are rarely well-formed histories, so after completion
+        # this mostly checks that an invalid chunk raises and changes nothing.
         accs: dict[bytes, StateValue | None] = {}
         for key, value, diff in updates:
             if key not in accs:
                 accs[key] = self.model[key][0].to_consolidating() if key in self.model else None
             acc = accs[key] or StateValue.consolidating()
             accs[key] = None if acc.merge_update(value, diff) else acc
+        if self.state.snapshot_completed and not self._decode_all(accs.values()):
+            event("feedback refused")
+            self._expect_refusal(lambda: self.state.consolidate_chunk(updates, False))
+            return
+        event("feedback after completion" if self.state.snapshot_completed else "snapshot chunk")
+        self.state.consolidate_chunk(updates, completes_snapshot=False)
         for key, acc in accs.items():
             self._model_put(key, acc)
+
+    @precondition(lambda self: not self.state.snapshot_completed)
+    @rule()
+    def complete_snapshot(self) -> None:
+        decoded = {
+            k: v.to_consolidating() for k, (v, _) in self.model.items() if v.is_consolidating
+        }
+        if not self._decode_all(decoded.values()):
+            event("completion refused")
+            self._expect_refusal(lambda: self.state.consolidate_chunk([], True))
+            return
+        event("completion accepted")
+        self.state.consolidate_chunk([], completes_snapshot=True)
+        for key, acc in decoded.items():
+            self._model_put(key, None if acc.is_tombstone else acc)
+        assert not any(v.is_consolidating for _, v in self.state.items())
+
+    def _decode_all(self, accs: Iterable[StateValue | None]) -> bool:
+        """Decode in place when the snapshot is (or is being) completed; False if invalid."""
+        try:
+            for acc in accs:
+                if acc is not None:
+                    acc.ensure_decoded()
+        except InvalidUpsertState:
+            return False
+        return True
+
+    def _expect_refusal(self, call: Callable[[], object]) -> None:
+        before = {k: v.encode() for k, v in self.state.items()}
+        stats = (replace(self.state.merge_stats), self.state.snapshot_completed)
+        with pytest.raises(InvalidUpsertState):
+            call()
+        assert {k: v.encode() for k, v in self.state.items()} == before
+        assert (self.state.merge_stats, self.state.snapshot_completed) == stats
 
     @precondition(lambda self: bool(self.model))
     @rule(data=st.data(), ts=st.integers(0, 3))

@@ -14,10 +14,14 @@ Invariants:
   takes previous metadata from the backend, so do not consolidate a key while an
   uncounted write of it is outstanding.
 - ``consolidate_chunk`` reads every touched key once, consolidates the chunk in copies
-  (never in the objects the backend holds), and writes each touched key once. Once the
-  snapshot is complete (including the completing chunk itself) every touched value is
-  ``ensure_decoded`` *before* anything is written: an invalid accumulator raises
-  ``InvalidUpsertState`` and the state is left exactly as it was.
+  (never in the objects the backend holds), and writes each touched key once, in one
+  ``multi_put``. After the snapshot is complete every touched value is
+  ``ensure_decoded`` before anything is written.
+- Completing the snapshot also decodes every accumulator the chunk did not touch (one
+  scan of the state), so once ``snapshot_completed`` is True the state holds no
+  accumulators and the drain never meets one. Any invalid accumulator raises
+  ``InvalidUpsertState`` before anything is written: the state is left exactly as it
+  was and the snapshot stays incomplete.
 - A key whose accumulator returns to all zero is deleted, during or after the snapshot.
 - Only one chunk may complete the snapshot; a second raises ``SnapshotAlreadyCompleted``.
 """
@@ -80,8 +84,8 @@ class UpsertState:
             )
         chunk = updates if isinstance(updates, list) else list(updates)
         stats = MergeStats()
-        if chunk:
-            self._consolidate(chunk, self.snapshot_completed or completes_snapshot, stats)
+        if chunk or completes_snapshot:
+            self._consolidate(chunk, completes_snapshot, stats)
         self.merge_stats += stats
         if completes_snapshot:
             self.snapshot_completed = True
@@ -90,7 +94,7 @@ class UpsertState:
     def _consolidate(
         self,
         chunk: list[tuple[UpsertKey, bytes, int]],
-        decode: bool,
+        completes_snapshot: bool,
         stats: MergeStats,
     ) -> None:
         keys = list(dict.fromkeys([u[0] for u in chunk]))
@@ -113,7 +117,7 @@ class UpsertState:
                 inserts += 1
             elif diff < 0:
                 deletes += 1
-        if decode:
+        if self.snapshot_completed or completes_snapshot:
             for acc in accs.values():
                 if acc is not None:
                     acc.ensure_decoded()
@@ -122,6 +126,8 @@ class UpsertState:
             for k, f in zip(keys, found, strict=True)
             if accs[k] is not None or f.metadata is not None
         ]
+        if completes_snapshot:
+            puts.extend(self._decode_untouched(set(keys)))
         p = self.backend.multi_put(puts)
         stats.updates = len(chunk)
         stats.inserts = inserts
@@ -129,6 +135,22 @@ class UpsertState:
         stats.values_diff = p.values_diff
         stats.tombstones_diff = p.tombstones_diff
         stats.size_diff = p.size_diff
+
+    def _decode_untouched(self, touched: set[UpsertKey]) -> list[tuple[UpsertKey, PutValue]]:
+        """Puts that replace every other stored accumulator by its decoded value."""
+        pending = [k for k, v in self.backend.items() if v.is_consolidating and k not in touched]
+        if not pending:
+            return []
+        found, _ = self.backend.multi_get(pending)
+        puts = []
+        for key, f in zip(pending, found, strict=True):
+            if f.value is None:  # cannot happen: the key was just listed
+                continue
+            decoded = f.value.to_consolidating()
+            decoded.ensure_decoded()
+            # An all-zero accumulator decodes to a tombstone; absent is the same, smaller.
+            puts.append((key, PutValue(None if decoded.is_tombstone else decoded, f.metadata)))
+        return puts
 
     def __len__(self) -> int:
         return len(self.backend)
