@@ -19,6 +19,7 @@ Commands:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -216,7 +217,7 @@ def cmd_append(args: dict[str, Any]) -> dict[str, Any]:
         name = f"{args['writer']}-{i}"
         while True:
             upper = shard.upper
-            rows = [(key(i % 7), f"{name}".encode(), upper, 1)]
+            rows = [(hashlib.md5(name.encode()).digest(), name.encode(), upper, 1)]
             result = shard.append(updates_table(rows), upper, ingested_files={name: upper})
             if result.committed:
                 committed[name] = upper
