@@ -250,7 +250,7 @@ def _run_bucket(
             result.bytes_written += part.encoded_size_bytes
             if isinstance(part, BlobPart):
                 result.new_blobs.append(part.key)
-        if not out.decisions and result.rehydrated is None:
+        if not out.times() and result.rehydrated is None:
             result.checkpoint = task.checkpoints.get(bucket) or ""
         elif len(state) == 0:
             result.checkpoint = ""

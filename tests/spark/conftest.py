@@ -1,0 +1,19 @@
+"""One SparkSession for the whole test session (starting one costs 6-15 s)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from pyspark.sql import SparkSession
+
+from resources.spark_session import get_spark
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    session = get_spark("local[2]", app_name="upsert-tests", shuffle_partitions=4)
+    try:
+        yield session
+    finally:
+        session.stop()
