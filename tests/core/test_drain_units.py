@@ -251,7 +251,7 @@ def test_global_scope_provisional_respects_finalized_order(state: UpsertState) -
     stash.stage_updates([up(K1, "v4", 4, ts=1)])
     out = DrainOutput()
     drain_staged_input(stash, state, AtTime(1, 1), out)
-    assert out.updates == [] and out.decisions == []
+    assert out.updates == [] and out.decisions() == []
     stash.stage_updates([up(K1, "v6", 6, ts=1)])
     drain_staged_input(stash, state, ToUpper(2, 1), out)
     apply_feedback(state, out, g)

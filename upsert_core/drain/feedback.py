@@ -21,9 +21,10 @@ Invariants:
 
 from __future__ import annotations
 
+from upsert_core.drain.gc_pause import gc_paused
 from upsert_core.drain.output import DrainOutput
 from upsert_core.drain.styles import OrderScope
-from upsert_core.state import PutStats, PutValue, StateValue, UpsertState
+from upsert_core.state import PutStats, PutValue, StateValue, UpsertState, ValueMetadata
 
 GLOBAL_POSITION = 2**63 - 1
 """Position stored with finalized orders in the global scope (the maximal int64)."""
@@ -35,25 +36,29 @@ def apply_feedback(state: UpsertState, output: DrainOutput, order_scope: OrderSc
     Call only after ``output`` (all drains of its timestamps) has been committed.
     Returns the :class:`PutStats` of the write.
     """
-    final = output.final_decisions()
-    if not final:
+    keys, values, order_values = output.final_columns()
+    if not keys:
         return PutStats()
-    keys = list(final)
-    got = state.multi_get(keys)
-    counted = output.counted_metadata
-    global_scope = order_scope is OrderScope.GLOBAL
-    puts: list[tuple[bytes, PutValue]] = []
-    for key, current in zip(keys, got, strict=True):
-        d = final[key]
-        new: StateValue | None
-        if global_scope:
-            order = (d.order[0], GLOBAL_POSITION)
-            if d.value is None:
-                new = StateValue.finalized_tombstone(order)
-            else:
-                new = StateValue.finalized_value(d.value, order)
+    with gc_paused():
+        got = state.multi_get(keys)
+        counted = output.counted_metadata
+        previous = [g.metadata for g in got]
+        if counted:
+            previous = [counted.get(k, p) for k, p in zip(keys, previous, strict=True)]
+        new_value = StateValue.new_finalized_value
+        news: list[StateValue | None]
+        if order_scope is OrderScope.GLOBAL:
+            tombstone = StateValue.finalized_tombstone
+            news = [
+                tombstone((o, GLOBAL_POSITION)) if v is None else new_value(v, (o, GLOBAL_POSITION))
+                for v, o in zip(values, order_values, strict=True)
+            ]
         else:
-            new = None if d.value is None else StateValue.finalized_value(d.value, None)
-        previous = counted.get(key, current.metadata)
-        puts.append((key, PutValue(new, previous)))
-    return state.multi_put(puts, update_per_record_stats=True)
+            # Batch scope: no order is remembered, and a delete removes the key.
+            news = [None if v is None else new_value(v, None) for v in values]
+        puts = zip(keys, map(_put_value, zip(news, previous, strict=True)), strict=True)
+        return state.multi_put(puts, update_per_record_stats=True)
+
+
+def _put_value(pair: tuple[StateValue | None, ValueMetadata | None]) -> PutValue:
+    return tuple.__new__(PutValue, pair)

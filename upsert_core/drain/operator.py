@@ -28,13 +28,18 @@ Invariants:
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 import numpy as np
 import numpy.typing as npt
 
-from upsert_core.drain.output import Decision, DrainOutput
+from upsert_core.drain.gc_pause import gc_paused
+from upsert_core.drain.output import DrainOutput
 from upsert_core.drain.stash import StagedColumns, Stash
 from upsert_core.drain.styles import DrainStyle
 from upsert_core.state import PutValue, StateValue, UpsertState
+
+_first = itemgetter(0)  # ValueAndSize.value, without the attribute lookup
 
 
 def winners(block: StagedColumns) -> StagedColumns:
@@ -42,8 +47,11 @@ def winners(block: StagedColumns) -> StagedColumns:
     n = len(block)
     if n <= 1:
         return block
-    # lexsort's LAST key is the primary one.
-    perm = np.lexsort((block.positions, block.orders, block.key_lo, block.key_hi, block.ts))
+    # lexsort's LAST key is the primary one; a single timestamp need not be sorted on.
+    sort_keys = [block.positions, block.orders, block.key_lo, block.key_hi]
+    if block.ts.min() != block.ts.max():
+        sort_keys.append(block.ts)
+    perm = np.lexsort(sort_keys)
     ts = block.ts[perm]
     hi = block.key_hi[perm]
     lo = block.key_lo[perm]
@@ -66,8 +74,13 @@ def drain_staged_input(
     Returns None when nothing is left in the stash.
     """
     taken, min_remaining = stash.take(style.eligible)
-    if not len(taken):
-        return min_remaining
+    if len(taken):
+        with gc_paused():
+            _drain(taken, state, style, out)
+    return min_remaining
+
+
+def _drain(taken: StagedColumns, state: UpsertState, style: DrainStyle, out: DrainOutput) -> None:
     win = winners(taken)
     ts_list: list[int] = win.ts.tolist()
     key_list: list[bytes] = win.keys.tolist()
@@ -75,33 +88,36 @@ def drain_staged_input(
     order_list: list[int] = win.orders.tolist()
     pos_list: list[int] = win.positions.tolist()
 
-    unique_keys = list(dict.fromkeys(key_list))
+    # Winners are sorted by (ts, key): with a single ts every key appears once.
+    single_ts = ts_list[0] == ts_list[-1]
+    unique_keys = key_list if single_ts else list(dict.fromkeys(key_list))
     got = state.multi_get(unique_keys)
-    cells: dict[bytes, StateValue | None] = {
-        k: g.value for k, g in zip(unique_keys, got, strict=True)
-    }
-    if not state.snapshot_completed:
-        for cell in cells.values():
-            if cell is not None:
-                cell.ensure_decoded()
+    cell_list: list[StateValue | None] = list(map(_first, got))
+    # With several timestamps a key may have several winners: look cells up by key so a
+    # provisional write at one ts is seen by the next (``cell_list`` is then unused).
+    cells = None if single_ts else dict(zip(unique_keys, cell_list, strict=True))
+    if cells is not None:
+        cell_list = [None] * len(key_list)
 
     provisional = style.writes_provisional
-    touched: set[bytes] = set()
+    skipped: list[int] = []
     emit = out.updates.append
-    decide = out.decisions.append
-    rows = zip(ts_list, key_list, value_list, order_list, pos_list, strict=True)
-    for ts, key, value, ov, pos in rows:
-        order = (ov, pos)
-        cell = cells[key]
+    rows = zip(range(len(ts_list)), ts_list, key_list, value_list, cell_list, strict=True)
+    for i, ts, key, value, cell in rows:
+        if cells is not None:
+            cell = cells[key]
         if cell is None:
             old = None
         else:
+            # A snapshot completed by a chunk that did not touch this key left its
+            # accumulator undecoded; decode it now (a no-op on decoded values).
+            cell.ensure_decoded()
             seen = cell.provisional_order(ts)
-            if seen is not None and seen >= order:
+            if seen is not None and seen >= (order_list[i], pos_list[i]):
                 # Something at least as new already defines the key at ts.
+                skipped.append(i)
                 continue
             old = cell.provisional_value_ref(ts)
-        decide(Decision(ts, key, value, order))
         if value is None:
             if old is not None:
                 emit((key, old, ts, -1))
@@ -111,20 +127,19 @@ def drain_staged_input(
             emit((key, old, ts, -1))
             emit((key, value, ts, 1))
         if provisional:
-            if value is None:
-                new = (
-                    StateValue.new_provisional_tombstone(ts, order)
-                    if cell is None
-                    else cell.into_provisional_tombstone(ts, order)
-                )
+            new = _provisional(cell, value, ts, (order_list[i], pos_list[i]))
+            if cells is not None:
+                cells[key] = new
             else:
-                new = (
-                    StateValue.new_provisional_value(value, ts, order)
-                    if cell is None
-                    else cell.into_provisional_value(value, ts, order)
-                )
-            cells[key] = new
-            touched.add(key)
+                cell_list[i] = new
+
+    applied = np.ones(len(key_list), dtype=bool)
+    applied[skipped] = False
+    out.add_decisions(win, applied)
+    touched: dict[bytes, StateValue | None] = {}
+    if provisional:
+        source = cells if cells is not None else dict(zip(key_list, cell_list, strict=True))
+        touched = {key_list[i]: source[key_list[i]] for i in np.flatnonzero(applied).tolist()}
 
     if touched:
         meta = {k: g.metadata for k, g in zip(unique_keys, got, strict=True)}
@@ -135,7 +150,19 @@ def drain_staged_input(
         # Provisional values are overwritten by feedback once ts is committed, so they
         # must not count as indexed records (see feedback for how stats stay exact).
         state.multi_put(
-            ((k, PutValue(cells[k], meta[k])) for k in touched),
+            ((k, PutValue(v, meta[k])) for k, v in touched.items()),
             update_per_record_stats=False,
         )
-    return min_remaining
+
+
+def _provisional(
+    cell: StateValue | None, value: bytes | None, ts: int, order: tuple[int, int]
+) -> StateValue:
+    """``cell`` with a provisional value (or tombstone, for None) at ``ts``."""
+    if value is None:
+        if cell is None:
+            return StateValue.new_provisional_tombstone(ts, order)
+        return cell.into_provisional_tombstone(ts, order)
+    if cell is None:
+        return StateValue.new_provisional_value(value, ts, order)
+    return cell.into_provisional_value(value, ts, order)
