@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from upsert_core.errors import InvalidUsage, NotReadable
+from upsert_core.errors import CorruptData, InvalidUsage, NotReadable
 from upsert_core.persist.blob_local import LocalBlob
 from upsert_core.persist.blob_memory import MemoryBlob
 from upsert_core.persist.consensus_memory import MemoryConsensus
@@ -222,3 +222,34 @@ def test_gc_racing_readers_fetching_state(stores: tuple[Consensus, Blob]) -> Non
             t.join()
     assert not failures, failures[0]
     assert reads[0] > 0
+
+
+class GcOnFirstPartGet(RecordingBlob):
+    """Runs compaction and GC (through another handle) when a part is first fetched."""
+
+    def __init__(self, inner: Blob) -> None:
+        super().__init__(inner)
+        self.other: Shard | None = None
+
+    def get(self, key: str) -> bytes | None:
+        if self.other is not None and "/part/" in key:
+            other, self.other = self.other, None
+            other.gc(leak_grace_ms=0)
+        return super().get(key)
+
+
+def test_an_unleased_read_restarts_when_gc_removed_its_parts() -> None:
+    consensus, inner = MemoryConsensus(), MemoryBlob()
+    shard, _, snapshots = filled(consensus, inner)
+    blob = GcOnFirstPartGet(inner)
+    reader = Shard.open(consensus, blob, SHARD, create=False)
+    blob.other = Shard.open(consensus, inner, SHARD, create=False)
+    seqno = reader.seqno
+    assert rows_of(read_all(reader.snapshot(11))) == snapshots[11]
+    assert blob.other is None and reader.seqno > seqno  # GC ran under the read
+    # A part missing from the CURRENT state is corruption, not a race: it is raised.
+    assert shard.append(updates_table([(key(7), b"new", 12, 1)]), 12).committed
+    (part,) = shard.state().batches[-1].parts
+    inner.delete(part.key)  # type: ignore[union-attr]
+    with pytest.raises(CorruptData, match="missing"):
+        reader.snapshot(12)
