@@ -44,6 +44,7 @@ def get_spark(
         SparkSession.builder.master(master or os.environ.get("SPARK_MASTER") or "local[*]")
         .appName(app_name)
         .config("spark.ui.enabled", "true" if ui else "false")
+        .config("spark.ui.showConsoleProgress", "true" if ui else "false")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
     )

@@ -90,11 +90,9 @@ def write_checkpoint(
     state: UpsertState,
 ) -> tuple[str, int]:
     """Write ``state`` as a new checkpoint blob; returns its key and size in bytes."""
-    keys: list[bytes] = []
-    values: list[bytes] = []
-    for k, value in sorted(state.items(), key=lambda kv: kv[0]):
-        keys.append(k)
-        values.append(value.encode())
+    items = list(state.items())
+    keys = [k for k, _ in items]
+    values = [v.encode() for _, v in items]
     table = pa.table(
         [pa.array(keys, pa.binary()), pa.array(values, pa.binary())], schema=CHECKPOINT_SCHEMA
     ).replace_schema_metadata({METADATA_KEY: _meta(shard, bucket, buckets, scope, upper)})

@@ -154,7 +154,7 @@ def read_file(task: FileTask, blob: Blob) -> tuple[FileRead, pa.Table]:
 # --- step 2: one bucket -------------------------------------------------------------------
 
 
-def _order_index(task: FileTask, shard_state: ShardState) -> int | None:
+def _order_index(task: FileTask) -> int | None:
     schema = SourceSchema.from_json(task.schema_json)
     names = schema.names
     return names.index(schema.order) if schema.order in names else None
@@ -176,7 +176,7 @@ def _load_state(task: FileTask, bucket: int, blob: Blob, result: BucketResult) -
         why = f"no checkpoint is known to be current at upper {task.ts}"
     shard_state = task.load_shard_state()
     state = rehydrate_bucket(
-        blob, shard_state, bucket, task.buckets, task.scope, _order_index(task, shard_state)
+        blob, shard_state, bucket, task.buckets, task.scope, _order_index(task)
     )
     result.rehydrated = why
     if task.scope is OrderScope.GLOBAL:
@@ -201,7 +201,9 @@ def _stage(stash: Stash, ts: int, rows: pa.Table) -> None:
 
 
 def _updates_table(out: DrainOutput) -> pa.Table:
-    updates = out.consolidated()
+    # One ToUpper drain's updates are already consolidated (one command per key, no
+    # change for an identical row), so they need no second pass; parts sort them.
+    updates = out.updates
     return pa.table(
         [
             pa.array([u[0] for u in updates], pa.binary()),
@@ -262,10 +264,11 @@ def _run_bucket(
             result.new_blobs.append(key)
             result.bytes_written += size
     except UpsertPlatformError:
+        # Nothing written by a failed step is referenced anywhere yet: remove it all.
         delete_parts(blob, result.parts)
         for key in result.new_blobs:
             blob.delete(key)
-        result.new_blobs = []
+        result.parts, result.new_blobs = [], []
         raise
 
 
