@@ -253,3 +253,33 @@ def test_an_unleased_read_restarts_when_gc_removed_its_parts() -> None:
     inner.delete(part.key)  # type: ignore[union-attr]
     with pytest.raises(CorruptData, match="missing"):
         reader.snapshot(12)
+
+
+# --- check and inspect ------------------------------------------------------------------
+
+
+def test_check_reports_broken_consolidation_and_missing_blobs() -> None:
+    shard = Shard.open(MemoryConsensus(), MemoryBlob(), "checked", inline_threshold=0)
+    errors = pa.table({"file": ["f"], "row": [3], "reason": ["null key"]})
+    assert shard.append(updates_table([(key(1), b"a", 0, 1)]), 0, errors=errors).committed
+    clean = shard.check()
+    assert clean.ok and clean.counts["error_rows"] == 1 and clean.counts["live_rows_at_upper"] == 1
+    # ts 1: a second live row for key 1; ts 2: the first row retracted twice.
+    assert shard.append(updates_table([(key(1), b"b", 1, 1)]), 1).committed
+    assert shard.append(updates_table([(key(1), b"a", 2, -2)]), 2).committed
+    problems = shard.check().problems
+    assert any("2 live rows at ts 1" in p for p in problems), problems
+    assert any("multiplicity -1 at ts 2" in p for p in problems), problems
+    (part,) = shard.state().batches[0].parts
+    shard.blob.delete(part.key)  # type: ignore[union-attr]
+    assert any("missing" in p for p in shard.check().problems)
+
+
+def test_inspect_reports_the_contract_fields() -> None:
+    shard, _, _ = filled(MemoryConsensus(), MemoryBlob(), n=3)
+    info = shard.inspect()
+    for name in ("seqno", "since", "upper", "batches", "rollups", "live_diffs", "blob_bytes"):
+        assert isinstance(info[name], int), name
+    assert info["upper"] == 3 and info["batches"] == 3 and info["ingested_files"] == {}
+    assert info["blob_bytes"] == sum(m.size_in_bytes for m in shard.blob.list_keys("gcs/"))
+    assert list(shard.errors()) == []
