@@ -165,7 +165,7 @@ def test_reads_outside_since_upper_say_what_is_readable(cli: Cli, landing: Path)
     r = cli.run("snapshot", "--shard", "s", rc=1)
     assert "nothing is readable" in r.error_line()
     for i in range(4):
-        write_jsonl(landing, f"{i}.jsonl", [{"key": i, "offset": i}])
+        write_jsonl(landing, f"{i}.jsonl", [{"key": i, "offset": i}, {"key": None, "offset": 0}])
     cli.ingest(landing)
     r = cli.run("snapshot", "--shard", "s", "--as-of", "4", rc=1)
     assert "[0, 4)" in r.error_line() and r.out == ""
@@ -181,4 +181,9 @@ def test_reads_outside_since_upper_say_what_is_readable(cli: Cli, landing: Path)
     assert sorted(r["key"] for r in cli.snapshot(as_of=2)) == [0, 1, 2]
     changes = cli.changes()
     assert sorted((c["row"]["key"], c["ts"]) for c in changes) == [(0, 2), (1, 2), (2, 2), (3, 3)]
+    # Ingest continues from the upper after GC; error rows survive it.
+    write_jsonl(landing, "9.jsonl", [{"key": 9, "offset": 9}])
+    cli.ingest(landing)
+    assert sorted(r["key"] for r in cli.snapshot()) == [0, 1, 2, 3, 9]
+    assert [e["file"] for e in cli.errors()] == ["0.jsonl", "1.jsonl", "2.jsonl", "3.jsonl"]
     assert cli.check().json()["ok"] is True
