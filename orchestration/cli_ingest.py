@@ -17,12 +17,19 @@ import argparse
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from orchestration.cli_progress import ProgressPrinter, summary_line
 
 if TYPE_CHECKING:
-    from upsert_core.ingest import Engine, IngestReport, IngestRequest
+    from upsert_core.ingest import (
+        Engine,
+        FileOutcome,
+        FileTask,
+        IngestReport,
+        IngestRequest,
+        ShardHandle,
+    )
     from upsert_core.persist.shard import Shard
 
 
@@ -49,20 +56,41 @@ def request_from_args(args: argparse.Namespace) -> IngestRequest:
     )
 
 
+class LazySparkEngine:
+    """The Spark engine, started on the first file: an ingest with nothing pending (or
+    one that fails on its options) never pays for a JVM."""
+
+    def __init__(self) -> None:
+        self.spark: Any = None
+        self._engine: Engine | None = None
+
+    def run_file(self, task: FileTask, shard: ShardHandle) -> FileOutcome:
+        if self._engine is None:
+            from resources.spark_ingest import SparkEngine
+            from resources.spark_session import get_spark
+
+            self.spark = get_spark()
+            self._engine = SparkEngine(self.spark)
+        return self._engine.run_file(task, shard)
+
+    def stop(self) -> None:
+        if self.spark is not None:
+            self.spark.stop()
+            self.spark = None
+            self._engine = None
+
+
 @contextmanager
 def engine_named(name: str) -> Iterator[Engine | None]:
     """The engine for ``--engine NAME`` (None = in-process), cleaned up afterwards."""
     if name == "local":
         yield None
         return
-    from resources.spark_ingest import SparkEngine
-    from resources.spark_session import get_spark
-
-    spark = get_spark()
+    engine = LazySparkEngine()
     try:
-        yield SparkEngine(spark)
+        yield engine
     finally:
-        spark.stop()
+        engine.stop()
 
 
 def ingest_landing(
