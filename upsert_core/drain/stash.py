@@ -24,6 +24,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from upsert_core.drain.gc_pause import gc_paused
 from upsert_core.errors import InvalidSourceUpdate
 
 KEY_LEN = 16
@@ -165,10 +166,17 @@ class Stash:
                     f"invalid upsert input: update {i} (ts {int(ts_col[i])}) has diff "
                     f"{int(diff_col[i])}; source updates must have a positive diff"
                 )
-        key_hi, key_lo = split_keys(keys)
-        block = StagedColumns(
-            ts_col, key_hi, key_lo, _object_array(keys), _object_array(values), order_col, pos_col
-        )
+        with gc_paused():
+            key_hi, key_lo = split_keys(keys)
+            block = StagedColumns(
+                ts_col,
+                key_hi,
+                key_lo,
+                _object_array(keys),
+                _object_array(values),
+                order_col,
+                pos_col,
+            )
         keep = ts_col >= self.resume_upper
         if not keep.all():
             block = block.select(keep)
