@@ -1,0 +1,72 @@
+"""Small measuring helpers for the benchmarks: peak RSS of processes, directory sizes.
+
+Peak memory comes from Linux's ``/proc/<pid>/status`` (``VmHWM``, the resident high-water
+mark); writing ``5`` to ``/proc/<pid>/clear_refs`` resets it, so a benchmark can measure
+one engine at a time in a shared process. Elsewhere the functions return None.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _status_kb(pid: int, field: str) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (from ``/proc``; [pid] if unreadable)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return [pid]
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def reset_peak(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            Path(f"/proc/{pid}/clear_refs").write_text("5")
+        except OSError:
+            pass
+
+
+def peak_mb(pids: list[int]) -> float | None:
+    """Sum of the peak RSS of ``pids`` in MiB (None if none could be read)."""
+    values = [_status_kb(pid, "VmHWM") for pid in pids]
+    known = [v for v in values if v is not None]
+    return round(sum(known) / 1024, 1) if known else None
+
+
+def dir_bytes(path: Path) -> int:
+    """Total size of the regular files under ``path``."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
