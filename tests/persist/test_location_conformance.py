@@ -47,7 +47,9 @@ from upsert_core.persist.location import (
     CasCommitted,
     CasMismatch,
     Consensus,
+    RangedBlob,
     VersionedData,
+    open_blob_reader,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -500,6 +502,135 @@ def test_blob_set_is_atomic_under_concurrent_readers(blob: Blob) -> None:
         stop.set()
         t.join()
     assert seen and all(s in values for s in seen)  # never a prefix or a mix
+
+
+# --- blob: ranged readers (the optional RangedBlob capability) --------------------------
+
+
+def test_every_blob_offers_ranged_readers(blob: Blob) -> None:
+    assert isinstance(blob, RangedBlob)
+    assert blob.open_reader("missing/key") is None  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("size", [0, 1, 1000, 64 * 1024, 200 * 1024 + 3])
+def test_blob_reader_reads_any_range(blob: Blob, size: int) -> None:
+    data = os.urandom(size)
+    blob.set("r/part", data)
+    reader = open_blob_reader(blob, "r/part")
+    assert reader is not None and reader.seekable() and reader.readable()
+    try:
+        assert reader.read() == data
+        assert reader.read(10) == b""  # at the end
+        assert reader.seek(0, os.SEEK_END) == size
+        for start, length in [(0, 7), (size // 2, 100), (max(0, size - 5), 50), (3, size)]:
+            assert reader.seek(start) == start
+            assert reader.read(length) == data[start : start + length]
+            assert reader.tell() == max(start, min(size, start + length))
+        if size >= 10:
+            reader.seek(size - 10)
+            assert reader.seek(-3, os.SEEK_CUR) == size - 13
+            assert reader.read(4) == data[size - 13 : size - 9]
+    finally:
+        reader.close()
+    assert reader.closed
+    with pytest.raises(ValueError):
+        reader.read(1)
+
+
+def test_blob_reader_never_mixes_versions(blob: Blob) -> None:
+    first, second = b"a" * (300 * 1024), b"b" * (300 * 1024)
+    blob.set("v", first)
+    reader = open_blob_reader(blob, "v")
+    assert reader is not None
+    try:
+        assert reader.read(10) == first[:10]
+        blob.set("v", second)
+        try:
+            rest = reader.read()
+        except FileNotFoundError:
+            pass  # a store that reads lazily notices the change
+        else:
+            assert rest == first[10:]  # a store that holds the opened version
+        reopened = open_blob_reader(blob, "v")
+        assert reopened is not None and reopened.read() == second
+        reopened.close()
+    finally:
+        reader.close()
+
+
+def test_blob_reader_after_delete_reads_the_opened_bytes_or_raises(blob: Blob) -> None:
+    data = os.urandom(300 * 1024)
+    blob.set("gone", data)
+    reader = open_blob_reader(blob, "gone")
+    assert reader is not None
+    try:
+        head = reader.read(100)
+        assert head == data[:100]
+        blob.delete("gone")
+        try:
+            rest = reader.read()
+        except FileNotFoundError:
+            pass
+        else:
+            assert head + rest == data
+    finally:
+        reader.close()
+    assert open_blob_reader(blob, "gone") is None
+
+
+def test_open_blob_reader_falls_back_to_get_without_the_capability() -> None:
+    class PlainBlob:
+        def __init__(self) -> None:
+            self.inner = MemoryBlob()
+
+        def get(self, key: str) -> bytes | None:
+            return self.inner.get(key)
+
+    plain = PlainBlob()
+    assert not isinstance(plain, RangedBlob)
+    assert open_blob_reader(plain, "k") is None  # type: ignore[arg-type]
+    plain.inner.set("k", b"0123456789")
+    reader = open_blob_reader(plain, "k")  # type: ignore[arg-type]
+    assert reader is not None
+    reader.seek(4)
+    assert reader.read(3) == b"456"
+
+
+@pytest.mark.s3
+def test_s3_reader_fetches_only_the_tail_then_the_ranges_asked(
+    s3_bucket: str, s3_endpoint: str
+) -> None:
+    blob = S3Blob(s3_bucket, "ranged", s3_endpoint, **AWS_TEST_CREDENTIALS)
+    data = os.urandom(1024 * 1024)
+    blob.set("big", data)
+    calls: list[dict[str, Any]] = []
+    real_get = blob._client.get_object
+
+    def spy(**kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return real_get(**kwargs)
+
+    blob._client.get_object = spy  # type: ignore[method-assign]
+    reader = blob.open_reader("big")
+    assert reader is not None
+    reader.seek(-100, os.SEEK_END)
+    assert reader.read() == data[-100:]  # served from the tail fetched at open
+    assert len(calls) == 1 and calls[0]["Range"].startswith("bytes=-")
+    reader.seek(1000)
+    assert reader.read(5000) == data[1000:6000]
+    assert calls[1]["Range"] == "bytes=1000-5999" and "IfMatch" in calls[1]
+    assert len(calls) == 2
+    # The reader is pinned to the version it opened: a replaced or deleted object fails
+    # the next fetch instead of mixing versions.
+    blob.set("big", os.urandom(len(data)))
+    with pytest.raises(FileNotFoundError, match="replaced"):
+        reader.read(10)
+    reader.close()
+    reader = blob.open_reader("big")
+    assert reader is not None
+    blob.delete("big")
+    with pytest.raises(FileNotFoundError, match="deleted"):
+        reader.read(10)
 
 
 # --- blob: implementation-specific ------------------------------------------------------

@@ -7,7 +7,14 @@ import pytest
 from upsert_core.errors import ConfigError, DeterminateError, IndeterminateError
 from upsert_core.persist.blob_memory import MemoryBlob
 from upsert_core.persist.consensus_memory import MemoryConsensus
-from upsert_core.persist.location import Blob, CasCommitted, CasMismatch, Consensus, VersionedData
+from upsert_core.persist.location import (
+    Blob,
+    CasCommitted,
+    CasMismatch,
+    Consensus,
+    RangedBlob,
+    VersionedData,
+)
 from upsert_core.persist.unreliable import FaultRates, UnreliableBlob, UnreliableConsensus
 
 ONLY_FAIL = FaultRates(fail=1.0, timeout=0.0, effect_then_timeout=0.0)
@@ -133,3 +140,20 @@ def test_rates_are_validated() -> None:
         FaultRates(0.5, 0.5, 0.5)
     with pytest.raises(ConfigError):
         FaultRates(-0.1, 0, 0)
+
+
+def test_open_reader_faults_at_open_and_reads_through_to_the_inner_store() -> None:
+    inner = MemoryBlob()
+    inner.set("k", b"0123456789")
+    assert isinstance(UnreliableBlob(inner, 1), RangedBlob)
+    with pytest.raises(DeterminateError):
+        UnreliableBlob(inner, seed=0, rates=ONLY_FAIL).open_reader("k")
+    with pytest.raises(IndeterminateError):
+        UnreliableBlob(inner, seed=0, rates=ONLY_TIMEOUT).open_reader("k")
+    # A read has no effect to report: the "after" fault never fires on it.
+    reliable = UnreliableBlob(inner, seed=0, rates=ONLY_AFTER)
+    reader = reliable.open_reader("k")
+    assert reader is not None
+    reader.seek(3)
+    assert reader.read(4) == b"3456"
+    assert reliable.open_reader("missing") is None

@@ -13,6 +13,10 @@ Invariants kept:
 - ``delete`` is idempotent; empty directories are left in place (removing them would
   race with a concurrent ``set`` creating a file in them).
 - A key cannot be both a file and a directory (``a`` and ``a/b``): that ``set`` fails.
+- ``open_reader`` (ranged reads) opens the file: reads fetch only the ranges asked
+  for, and an open reader keeps reading the version it opened even after a ``delete``
+  or an overwriting ``set`` (POSIX keeps an unlinked or replaced file alive while it
+  is open).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from pathlib import Path
 
 from upsert_core.errors import ConfigError, DeterminateError, IndeterminateError
 from upsert_core.persist.blob_memory import check_blob_key, check_blob_value
-from upsert_core.persist.location import BlobMetadata
+from upsert_core.persist.location import BlobMetadata, BlobReader
 
 TMP_PREFIX = ".tmp-blob-"
 """Name prefix of in-flight temporary files; no key segment may start with it."""
@@ -88,6 +92,17 @@ class LocalBlob:
             if e.errno == errno.ENOTDIR:
                 return None
             raise DeterminateError(f"cannot read blob {key!r} at {path}: {e}") from e
+
+    def open_reader(self, key: str) -> BlobReader | None:
+        path = self._path(key)
+        try:
+            return open(path, "rb")  # noqa: SIM115 (the caller closes it)
+        except (FileNotFoundError, IsADirectoryError):
+            return None
+        except OSError as e:
+            if e.errno == errno.ENOTDIR:
+                return None
+            raise DeterminateError(f"cannot open blob {key!r} at {path}: {e}") from e
 
     def set(self, key: str, value: bytes) -> None:
         path = self._path(key)

@@ -3,15 +3,18 @@
 Invariants kept: every operation happens under one lock, so ``set`` is atomic and all
 operations are linearizable; ``delete`` of a missing key returns ``None``; values are
 stored as immutable ``bytes`` copies, so callers cannot mutate what was stored.
+``open_reader`` (ranged reads) returns an in-memory reader over the bytes stored at
+that moment: like a local file kept open, it outlives a later delete or overwrite.
 """
 
 from __future__ import annotations
 
+import io
 import threading
 from collections.abc import Iterator
 
 from upsert_core.errors import InvalidUsage
-from upsert_core.persist.location import BlobMetadata
+from upsert_core.persist.location import BlobMetadata, BlobReader
 
 
 def check_blob_key(key: str) -> None:
@@ -40,6 +43,12 @@ class MemoryBlob:
         check_blob_key(key)
         with self._lock:
             return self._data.get(key)
+
+    def open_reader(self, key: str) -> BlobReader | None:
+        check_blob_key(key)
+        with self._lock:
+            data = self._data.get(key)
+        return None if data is None else io.BytesIO(data)
 
     def set(self, key: str, value: bytes) -> None:
         check_blob_key(key)

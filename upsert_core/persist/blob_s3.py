@@ -11,10 +11,17 @@ Invariants kept:
   ``standard`` retry mode. What still fails is mapped: could not connect or a 4xx ->
   ``DeterminateError``; a write that timed out or lost its connection after sending,
   or a 5xx on a write -> ``IndeterminateError``. Reads are always determinate.
+- ``open_reader`` (ranged reads) fetches the object's tail (where Parquet keeps its
+  footer) with one suffix-range GET that also tells the size and the ETag; every
+  further read is one ranged GET pinned to that ETag (``If-Match``), so a reader never
+  mixes two versions: an object deleted or replaced under an open reader makes its
+  next fetch raise ``FileNotFoundError``.
 """
 
 from __future__ import annotations
 
+import io
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,9 +39,15 @@ from botocore.exceptions import (
 
 from upsert_core.errors import ConfigError, DeterminateError, IndeterminateError, LocationError
 from upsert_core.persist.blob_memory import check_blob_key, check_blob_value
-from upsert_core.persist.location import BlobMetadata
+from upsert_core.persist.location import BlobMetadata, BlobReader
 
 _MISSING_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
+_CHANGED_CODES = frozenset({"412", "PreconditionFailed"})
+_INVALID_RANGE_CODES = frozenset({"416", "InvalidRange"})
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
+
+TAIL_READ_BYTES = 64 * 1024
+"""Bytes fetched from the end of an object when a reader opens it (Parquet footer)."""
 
 
 def _status(e: ClientError) -> int:
@@ -58,6 +71,105 @@ def classify_s3_error(e: Exception, *, wrote: bool, what: str) -> LocationError:
     if wrote and isinstance(e, ReadTimeoutError | ConnectionClosedError | BotoCoreError):
         return IndeterminateError(f"{what}: request sent but no answer, outcome unknown: {e}")
     return DeterminateError(f"{what}: {e}")
+
+
+def _missing(e: ClientError) -> bool:
+    return _code(e) in _MISSING_CODES or _status(e) == 404
+
+
+class S3BlobReader:
+    """Reads one version of an object with ranged GETs (see the module docstring).
+
+    ``tail`` holds the object's last bytes, fetched when it was opened; reads that fall
+    inside it cost no request.
+    """
+
+    def __init__(
+        self, client: Any, bucket: str, name: str, where: str, size: int, etag: str,
+        tail: bytes,
+    ) -> None:
+        self._client = client
+        self._bucket = bucket
+        self._name = name
+        self._where = where
+        self._size = size
+        self._etag = etag
+        self._tail = tail
+        self._tail_start = size - len(tail)
+        self._pos = 0
+        self._closed = False
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        self._closed = True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        self._check_open()
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET, /) -> int:
+        self._check_open()
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}.get(whence)
+        if base is None:
+            raise ValueError(f"invalid whence {whence}")
+        if base + offset < 0:
+            raise ValueError(f"negative seek position {base + offset}")
+        self._pos = base + offset
+        return self._pos
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        self._check_open()
+        start = min(self._pos, self._size)
+        end = self._size if size is None or size < 0 else min(self._size, start + size)
+        if end <= start:
+            return b""
+        if start >= self._tail_start:
+            data = self._tail[start - self._tail_start : end - self._tail_start]
+        else:
+            fetch_end = min(end, self._tail_start)
+            data = self._fetch(start, fetch_end)
+            if end > fetch_end:
+                data += self._tail[: end - fetch_end]
+        self._pos = end
+        return data
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"reader of {self._where} is closed")
+
+    def _fetch(self, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of the version this reader opened."""
+        what = f"read bytes {start}-{end - 1} of {self._where}"
+        try:
+            resp = self._client.get_object(
+                Bucket=self._bucket, Key=self._name, Range=f"bytes={start}-{end - 1}",
+                IfMatch=self._etag,
+            )
+            data = bytes(resp["Body"].read())
+        except ClientError as e:
+            if _missing(e):
+                raise FileNotFoundError(f"{self._where} was deleted while being read") from e
+            if _code(e) in _CHANGED_CODES or _status(e) == 412:
+                raise FileNotFoundError(f"{self._where} was replaced while being read") from e
+            raise classify_s3_error(e, wrote=False, what=what) from e
+        except (BotoCoreError, OSError) as e:
+            raise classify_s3_error(e, wrote=False, what=what) from e
+        if len(data) != end - start:
+            raise DeterminateError(f"{what}: got {len(data)} bytes")
+        return data
 
 
 class S3Blob:
@@ -133,6 +245,35 @@ class S3Blob:
             raise classify_s3_error(e, wrote=False, what=f"get {self._where(key)}") from e
         except (BotoCoreError, OSError) as e:
             raise classify_s3_error(e, wrote=False, what=f"get {self._where(key)}") from e
+
+    def open_reader(self, key: str) -> BlobReader | None:
+        name = self._name(key)
+        where = self._where(key)
+        what = f"open {where}"
+        try:
+            try:
+                resp = self._client.get_object(
+                    Bucket=self._bucket, Key=name, Range=f"bytes=-{TAIL_READ_BYTES}"
+                )
+            except ClientError as e:
+                if _code(e) not in _INVALID_RANGE_CODES and _status(e) != 416:
+                    raise
+                # An empty object has no suffix range to return.
+                resp = self._client.get_object(Bucket=self._bucket, Key=name)
+            tail = bytes(resp["Body"].read())
+        except ClientError as e:
+            if _missing(e):
+                return None
+            raise classify_s3_error(e, wrote=False, what=what) from e
+        except (BotoCoreError, OSError) as e:
+            raise classify_s3_error(e, wrote=False, what=what) from e
+        match = _CONTENT_RANGE.fullmatch(str(resp.get("ContentRange") or ""))
+        size = int(match.group(3)) if match else len(tail)  # no range: the whole object
+        if match and int(match.group(2)) != size - 1:
+            raise DeterminateError(f"{what}: unexpected range {resp.get('ContentRange')}")
+        return S3BlobReader(
+            self._client, self._bucket, name, where, size, str(resp["ETag"]), tail
+        )
 
     def set(self, key: str, value: bytes) -> None:
         name = self._name(key)

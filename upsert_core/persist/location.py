@@ -22,10 +22,20 @@ Blob invariants:
 - ``set`` is atomic: a reader sees the old bytes or the new bytes, never a prefix.
 - ``delete`` is idempotent: deleting a missing key succeeds (returns ``None``).
 - ``list_keys(prefix)`` yields every key with that prefix, with its size.
+
+Ranged reads (optional, :class:`RangedBlob`): a store that can read part of a blob
+without fetching all of it offers ``open_reader(key)``, a seekable binary file-like
+over the bytes ``get(key)`` would return at that moment (``None`` when missing).
+Readers use :func:`open_blob_reader`, which falls back to ``get`` for stores without
+the capability, so ``Blob`` itself is unchanged. A reader sees ONE version of the
+blob: if the blob is deleted (or replaced) while the reader is open, reading either
+still returns the bytes of the version it opened or raises ``FileNotFoundError``;
+it never mixes versions nor returns short data silently.
 """
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -122,3 +132,59 @@ class Blob(Protocol):
     def list_keys(self, prefix: str) -> Iterator[BlobMetadata]:
         """Every key starting with ``prefix``, with its size."""
         ...
+
+
+class BlobReader(Protocol):
+    """A seekable, read-only binary file-like over one version of a blob."""
+
+    def read(self, size: int = -1, /) -> bytes:
+        """Up to ``size`` bytes from the position (all remaining when negative); fewer
+        only at the end of the blob."""
+        ...
+
+    def seek(self, offset: int, whence: int = 0, /) -> int:
+        """Move the position (``whence`` as :func:`io.IOBase.seek`); returns it."""
+        ...
+
+    def tell(self) -> int:
+        """The current position."""
+        ...
+
+    def seekable(self) -> bool:
+        """Always true."""
+        ...
+
+    def readable(self) -> bool:
+        """Always true."""
+        ...
+
+    def close(self) -> None:
+        """Release the reader's resources (idempotent)."""
+        ...
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        ...
+
+
+@runtime_checkable
+class RangedBlob(Protocol):
+    """The optional capability of a :class:`Blob` to read blobs lazily, range by range."""
+
+    def open_reader(self, key: str) -> BlobReader | None:
+        """A reader over the current bytes of ``key``, or ``None`` when it is missing.
+
+        Opening is a read: it either finds the blob or not, like ``get``. See the module
+        docstring for what a reader sees when the blob is deleted while it is open.
+        """
+        ...
+
+
+def open_blob_reader(blob: Blob, key: str) -> BlobReader | None:
+    """``blob.open_reader(key)`` when ``blob`` offers ranged reads, else the bytes of
+    ``blob.get(key)`` in memory (``None`` when the blob is missing)."""
+    if isinstance(blob, RangedBlob):
+        return blob.open_reader(key)
+    data = blob.get(key)
+    return None if data is None else io.BytesIO(data)

@@ -9,6 +9,9 @@ failing run replays with the same seed and the same call order. Three faults:
 - *effect then timeout* (writes only): call the inner store, then raise
   :class:`IndeterminateError` although the work was done.
 
+``UnreliableBlob.open_reader`` draws once when the reader is opened (a read); the
+reader it returns then reads the inner store reliably.
+
 Invariants: a fault never corrupts the inner store; with faults disabled
 (``enabled = False`` or inside ``with wrapper.reliable():``) the wrapper is transparent.
 """
@@ -26,10 +29,12 @@ from upsert_core.errors import ConfigError, DeterminateError, IndeterminateError
 from upsert_core.persist.location import (
     Blob,
     BlobMetadata,
+    BlobReader,
     CasResult,
     Consensus,
     SeqNo,
     VersionedData,
+    open_blob_reader,
 )
 
 T = TypeVar("T")
@@ -157,6 +162,11 @@ class UnreliableBlob(_Switchable):
 
     def get(self, key: str) -> bytes | None:
         return self._faults.call(f"get({key!r})", lambda: self.inner.get(key), writes=False)
+
+    def open_reader(self, key: str) -> BlobReader | None:
+        return self._faults.call(
+            f"open_reader({key!r})", lambda: open_blob_reader(self.inner, key), writes=False
+        )
 
     def set(self, key: str, value: bytes) -> None:
         self._faults.call(f"set({key!r})", lambda: self.inner.set(key, value), writes=True)
