@@ -7,6 +7,7 @@ one engine at a time in a shared process. Elsewhere the functions return None.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -47,10 +48,8 @@ def descendants(pid: int) -> list[int]:
 
 def reset_peak(pids: list[int]) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(OSError):
             Path(f"/proc/{pid}/clear_refs").write_text("5")
-        except OSError:
-            pass
 
 
 def peak_mb(pids: list[int]) -> float | None:
@@ -65,8 +64,6 @@ def dir_bytes(path: Path) -> int:
     total = 0
     for root, _, files in os.walk(path):
         for name in files:
-            try:
+            with contextlib.suppress(OSError):
                 total += os.stat(os.path.join(root, name)).st_size
-            except OSError:
-                pass
     return total

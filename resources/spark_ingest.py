@@ -21,6 +21,10 @@ Invariants:
 - Every error inside a task is caught and returned as metadata, so a bad file ends in
   a one-line :class:`IngestError` on the driver, never a Java stack trace; a failed
   job (a dead worker) becomes one too.
+- Each Python worker keeps a :class:`StateCache` of the bucket states its tasks
+  produced; a task that lands on a worker holding its bucket's state (as of a
+  committed upper) skips the checkpoint load. Which worker runs which bucket is up to
+  Spark, so a miss is normal and only costs the load.
 - Rows reach the bucket step in no particular order; that is fine because the drain
   orders by (order value, row number), never by arrival.
 - ``AWS_*`` variables of the driver's environment are applied in the workers when
@@ -42,6 +46,7 @@ from pyspark.sql import SparkSession
 from upsert_core.errors import ConfigError, IngestError
 from upsert_core.ingest.engine import ShardHandle
 from upsert_core.ingest.outcome import BucketResult, FileOutcome, FileRead
+from upsert_core.ingest.statecache import StateCache
 from upsert_core.ingest.tasks import ROWS_SCHEMA, FileTask, read_file, run_bucket
 from upsert_core.persist.blob_local import LocalBlob
 from upsert_core.persist.blob_s3 import S3Blob
@@ -68,6 +73,15 @@ EXCHANGE_DDL = (
 RESULT_DDL = "result string"
 
 _blobs: dict[str, Blob] = {}
+_cache: StateCache | None = None
+
+
+def _worker_cache() -> StateCache:
+    """This Python worker's bucket-state cache (workers are reused across jobs)."""
+    global _cache
+    if _cache is None:
+        _cache = StateCache()
+    return _cache
 
 
 def blob_url_of(blob: Blob) -> str:
@@ -132,7 +146,9 @@ def _bucket_step(task: FileTask, url: str, env: dict[str, str]) -> Any:
             return pa.table({"result": pa.array(texts, pa.string())})
         try:
             rows = table.filter(pc.is_valid(table.column("key"))).select(ROWS_SCHEMA.names)
-            result = run_bucket(task, bucket, rows.cast(ROWS_SCHEMA), _task_blob(url, env))
+            result = run_bucket(
+                task, bucket, rows.cast(ROWS_SCHEMA), _task_blob(url, env), _worker_cache()
+            )
         except Exception as exc:  # noqa: BLE001 - reported as one line on the driver
             result = BucketResult(bucket=bucket, failure=f"bucket {bucket}: {exc}")
         return pa.table({"result": pa.array([f"bucket:{result.to_json()}"], pa.string())})

@@ -5,8 +5,9 @@ A checkpoint is a Parquet blob with columns ``key`` (16-byte upsert key) and ``s
 order scope and the upper it was written for. The shard's config references the
 current checkpoint of bucket ``b`` as ``blobref.checkpoint.<b>`` (so GC keeps it) and
 records in ``checkpoint.upper`` the upper as of which *all* referenced checkpoints are
-valid; both change only in the compare-and-append that commits the batch the
-checkpoints describe.
+valid (each as its base plus the shard's changes since ``checkpoint.base.<b>``'s
+``as_of``, see ``tasks.Base``; no base entry means as of ``checkpoint.upper``); they
+change only in the compare-and-append that commits the batch they describe.
 
 Invariants:
 
@@ -52,6 +53,11 @@ class CheckpointUnusable(UpsertPlatformError):
 def checkpoint_ref_name(bucket: int) -> str:
     """The config entry referencing bucket ``bucket``'s checkpoint blob."""
     return f"{BLOB_REF_PREFIX}checkpoint.{bucket}"
+
+
+def checkpoint_base_name(bucket: int) -> str:
+    """The config entry describing bucket ``bucket``'s checkpoint base (``tasks.Base``)."""
+    return f"checkpoint.base.{bucket}"
 
 
 def checkpoint_key(shard: str, bucket: int) -> str:

@@ -19,12 +19,13 @@ landings, and the fallback when Spark is unavailable); the Spark engine lives in
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
 from upsert_core.ingest.buckets import split_rows
 from upsert_core.ingest.outcome import FileOutcome
+from upsert_core.ingest.statecache import StateCache
 from upsert_core.ingest.tasks import ROWS_SCHEMA, FileTask, read_file, run_bucket
 from upsert_core.persist.location import Blob
 
@@ -46,7 +47,14 @@ class Engine(Protocol):
 
 
 class InProcessEngine:
-    """Runs every step in this process, bucket after bucket."""
+    """Runs every step in this process, bucket after bucket.
+
+    Each engine keeps its own :class:`StateCache` (pass ``cache=None`` to disable it), so
+    consecutive files of one run (or of runs sharing the engine) reuse bucket states.
+    """
+
+    def __init__(self, cache: StateCache | None | Literal["new"] = "new") -> None:
+        self.cache = StateCache() if isinstance(cache, str) else cache
 
     def run_file(self, task: FileTask, shard: ShardHandle) -> FileOutcome:
         blob = shard.blob
@@ -58,7 +66,7 @@ class InProcessEngine:
         groups = split_rows(rows, bucket_col)
         empty = ROWS_SCHEMA.empty_table()
         for bucket in sorted(set(groups) | set(task.forced_buckets())):
-            result = run_bucket(task, bucket, groups.get(bucket, empty), blob)
+            result = run_bucket(task, bucket, groups.get(bucket, empty), blob, self.cache)
             outcome.buckets.append(result)
             if result.failure is not None:
                 break

@@ -46,6 +46,7 @@ class BucketResult:
     bucket: int
     parts: list[Part] = field(default_factory=list)
     checkpoint: str | None = None  # config value for blobref.checkpoint.<bucket>; "" = empty
+    base: str | None = None  # config value for checkpoint.base.<bucket> (tasks.Base)
     inserts: int = 0
     retractions: int = 0
     bytes_written: int = 0
@@ -60,6 +61,7 @@ class BucketResult:
                 "bucket": self.bucket,
                 "parts": [part_to_json(p) for p in self.parts],
                 "checkpoint": self.checkpoint,
+                "base": self.base,
                 "inserts": self.inserts,
                 "retractions": self.retractions,
                 "bytes_written": self.bytes_written,
@@ -77,6 +79,7 @@ class BucketResult:
             bucket=int(obj["bucket"]),
             parts=[part_from_json(p) for p in obj["parts"]],
             checkpoint=obj["checkpoint"],
+            base=obj.get("base"),
             inserts=int(obj["inserts"]),
             retractions=int(obj["retractions"]),
             bytes_written=int(obj["bytes_written"]),

@@ -25,13 +25,18 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from upsert_core.errors import ConcurrentModification, IngestError
-from upsert_core.ingest.checkpoint import CONFIG_CHECKPOINT_UPPER, checkpoint_ref_name
+from upsert_core.ingest.checkpoint import (
+    CONFIG_CHECKPOINT_UPPER,
+    checkpoint_base_name,
+    checkpoint_ref_name,
+)
 from upsert_core.ingest.engine import Engine, InProcessEngine
 from upsert_core.ingest.options import CONFIG_SCHEMA, IngestRequest, ShardOptions, resolve_options
 from upsert_core.ingest.outcome import FileOutcome
@@ -46,6 +51,22 @@ Progress = Callable[[ProgressEvent], None]
 
 CONFIG_COMMIT_NONCE = "ingest.commit"
 """Config entry set to a fresh nonce by every ingest commit (see ``_ingest_one``)."""
+
+CONFIG_HISTORY = "ingest.history"
+"""Config entry: JSON ``{upper: nonce}`` of the last ``HISTORY_LENGTH`` ingest commits
+(the upper each produced and its nonce), which tells state caches which of their
+entries were committed (see ``ingest.statecache``)."""
+
+HISTORY_LENGTH = 16
+
+
+def commit_history(config: Mapping[str, str]) -> dict[int, str]:
+    """The recorded ``{upper: nonce}`` of recent ingest commits (empty if malformed)."""
+    try:
+        raw = json.loads(config.get(CONFIG_HISTORY, "{}"))
+        return {int(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+    except (ValueError, TypeError, AttributeError):
+        return {}
 
 
 class IngestShard(Protocol):
@@ -92,6 +113,13 @@ def plan_file(
         checkpoints_current=checkpoints_current(state),
         inline_threshold=request.inline_threshold,
         shard_state=state,
+        bases={
+            b: state.config[checkpoint_base_name(b)]
+            for b in range(options.buckets)
+            if checkpoint_base_name(b) in state.config
+        },
+        commit_nonce=uuid.uuid4().hex,
+        history=commit_history(state.config),
     )
 
 
@@ -116,7 +144,15 @@ def _commit_request(
         config[CONFIG_SCHEMA] = outcome.read.schema_json
     for result in outcome.buckets:
         config[checkpoint_ref_name(result.bucket)] = result.checkpoint or ""
+        if result.base is not None:
+            config[checkpoint_base_name(result.bucket)] = result.base
     config[CONFIG_CHECKPOINT_UPPER] = str(task.ts + 1)
+    # SUBTLE: the nonce was minted when the task was planned, so the engine could tag
+    # its cached states with it before the commit that makes them valid.
+    config[CONFIG_COMMIT_NONCE] = task.commit_nonce
+    history = {**task.history, task.ts + 1: task.commit_nonce}
+    recent = sorted(history)[-HISTORY_LENGTH:]
+    config[CONFIG_HISTORY] = json.dumps({str(u): history[u] for u in recent})
     return batch, errors, config
 
 
@@ -158,10 +194,10 @@ def _ingest_one(
         batch, errors, config = _commit_request(task, options, outcome)
         # SUBTLE: two writers can build byte-identical batches (inline parts, same file
         # at the same ts); ``append`` then reports the loser's request as "already
-        # applied". A per-attempt nonce in the config tells our commit from theirs, so
-        # the loser deletes its checkpoints and does not report the file as its own.
-        nonce = uuid.uuid4().hex
-        config[CONFIG_COMMIT_NONCE] = nonce
+        # applied". A per-attempt nonce in the config (``task.commit_nonce``, fresh per
+        # plan) tells our commit from theirs, so the loser deletes its checkpoints and
+        # does not report the file as its own.
+        nonce = task.commit_nonce
         # SUBTLE: if the append fails indeterminately (an exception, e.g. a timeout), it
         # may have committed: the blobs are left alone (GC's leak sweep removes them if
         # not); they are deleted only on a definite "not committed".
@@ -227,4 +263,4 @@ def ingest(
     return report
 
 
-__all__ = ["IngestShard", "checkpoints_current", "ingest", "plan_file"]
+__all__ = ["IngestShard", "checkpoints_current", "commit_history", "ingest", "plan_file"]

@@ -22,6 +22,18 @@ Invariants:
   once the append commits; if the append does not commit, the driver deletes it.
 - A bucket whose drain decided nothing (every row skipped) and whose state came from a
   current checkpoint keeps that checkpoint; nothing is rewritten.
+- Incremental checkpoints (batch order scope only): a bucket's checkpoint is a *base*
+  as of an earlier upper (``Base.as_of``) plus the shard's own changes since then
+  (:mod:`~upsert_core.ingest.replay`). A step keeps the base while the updates since it
+  (``Base.pending``) stay within ``REPLAY_FRACTION`` of its rows and ``MAX_REPLAY_BATCHES``
+  batches, and otherwise writes a new one, so checkpoint writes follow the batch, not
+  the table, and a cold load replays at most about one base's worth of updates. The
+  global scope writes a current checkpoint whenever the bucket changed, as before.
+- With a :class:`StateCache`, a step takes the bucket's state from the cache instead of
+  decoding the checkpoint when the cache holds it as of a committed upper (checked by
+  commit nonce, see :mod:`~upsert_core.ingest.statecache`) and the referenced
+  checkpoint still exists with the size it was written with; it puts the new state
+  back afterwards. Results are identical with or without the cache.
 """
 
 from __future__ import annotations
@@ -34,7 +46,12 @@ import pyarrow as pa
 
 from upsert_core.drain import DrainOutput, OrderScope, Stash, ToUpper, apply_feedback
 from upsert_core.drain import drain_staged_input as drain
-from upsert_core.errors import IngestError, UpsertPlatformError
+from upsert_core.errors import (
+    IngestError,
+    InvalidUpsertState,
+    NotReadable,
+    UpsertPlatformError,
+)
 from upsert_core.ingest.buckets import bucket_of_keys
 from upsert_core.ingest.checkpoint import (
     CheckpointUnusable,
@@ -44,6 +61,8 @@ from upsert_core.ingest.checkpoint import (
 )
 from upsert_core.ingest.outcome import BucketResult, FileRead
 from upsert_core.ingest.rehydrate import GLOBAL_REHYDRATION_WARNING, rehydrate_bucket
+from upsert_core.ingest.replay import replay_bucket
+from upsert_core.ingest.statecache import CachedState, CacheKey, StateCache
 from upsert_core.landing import LandingFile, SourceSchema, validate_file
 from upsert_core.persist.codec_state import decode_state
 from upsert_core.persist.consolidate import UPDATE_SCHEMA
@@ -63,6 +82,40 @@ ROWS_SCHEMA = pa.schema(
     ]
 )
 """Validated rows as exchanged between the read step and the bucket steps."""
+
+REPLAY_FRACTION = 1.0
+"""A base is kept while the updates since it are at most this fraction of its rows."""
+
+MAX_REPLAY_BATCHES = 64
+"""A base is kept for at most this many batches (each replay reads their parts)."""
+
+
+@dataclass(frozen=True)
+class Base:
+    """Where a bucket's checkpoint stands: its blob is the state as of ``as_of``;
+    ``pending`` updates of the bucket were committed since; the blob holds ``rows``
+    keys in ``size`` bytes (``size`` -1: unknown). Stored in the shard's config as
+    ``as_of:pending:rows:size`` (``checkpoint.base.<bucket>``)."""
+
+    as_of: int
+    pending: int = 0
+    rows: int = 0
+    size: int = -1
+
+    def encode(self) -> str:
+        return f"{self.as_of}:{self.pending}:{self.rows}:{self.size}"
+
+    @classmethod
+    def decode(cls, text: str | None, default_as_of: int) -> Base:
+        """The stored base, or (absent or malformed) one current at ``default_as_of``
+        with nothing pending and its size unknown."""
+        try:
+            as_of, pending, rows, size = (int(x) for x in (text or "").split(":"))
+        except ValueError:
+            return cls(default_as_of)
+        if not 0 <= as_of <= default_as_of or pending < 0 or rows < 0:
+            return cls(default_as_of)
+        return cls(as_of, pending, rows, size)
 
 
 @dataclass
@@ -86,6 +139,9 @@ class FileTask:
     inline_threshold: int = 4096
     shard_state: ShardState | None = None
     shard_state_bytes: bytes | None = None
+    bases: dict[int, str] = field(default_factory=dict)
+    commit_nonce: str = ""
+    history: dict[int, str] = field(default_factory=dict)
 
     @property
     def scope(self) -> OrderScope:
@@ -94,6 +150,10 @@ class FileTask:
     def forced_buckets(self) -> list[int]:
         """Buckets to run even without rows: all of them when checkpoints are stale."""
         return [] if self.checkpoints_current else list(range(self.buckets))
+
+    def base(self, bucket: int) -> Base:
+        """Bucket ``bucket``'s checkpoint base (current at ``ts`` if none is recorded)."""
+        return Base.decode(self.bases.get(bucket), self.ts)
 
     def load_shard_state(self) -> ShardState:
         if self.shard_state is not None:
@@ -160,17 +220,51 @@ def _order_index(task: FileTask) -> int | None:
     return names.index(schema.order) if schema.order in names else None
 
 
-def _load_state(task: FileTask, bucket: int, blob: Blob, result: BucketResult) -> UpsertState:
+def _cache_key(task: FileTask, bucket: int) -> CacheKey:
+    return (task.shard_id, bucket, task.buckets, task.order_scope)
+
+
+def _intact(blob: Blob, ref: str, base: Base) -> bool:
+    """Whether checkpoint ``ref`` still exists (with the recorded size, when known)."""
+    if not ref:
+        return True
+    for meta in blob.list_keys(ref):
+        if meta.key == ref:
+            return base.size < 0 or meta.size_in_bytes == base.size
+    return False
+
+
+def _load_state(
+    task: FileTask, bucket: int, blob: Blob, result: BucketResult, cache: StateCache | None
+) -> tuple[UpsertState, Base]:
+    """The bucket's state at ``task.ts`` and the base its checkpoint stands on."""
     ref = task.checkpoints.get(bucket) or ""
+    base = task.base(bucket)
     why: str
     if task.ts == 0:
-        return new_state()
+        return new_state(), Base(0)
     if task.checkpoints_current:
-        if not ref:
-            return new_state()
+        replayable = task.scope is OrderScope.BATCH
+        if not replayable and base.as_of != task.ts:
+            base = Base(task.ts, 0, base.rows, base.size)  # never replayed (see module doc)
+        entry = None
+        if cache is not None:
+            entry = cache.take(_cache_key(task, bucket), task.ts, task.history,
+                               exact=not replayable)
         try:
-            return load_checkpoint(blob, ref, task.shard_id, bucket, task.buckets, task.scope)
-        except CheckpointUnusable as exc:
+            if entry is not None and entry.checkpoint == ref and _intact(blob, ref, base):
+                state, lower = entry.state, entry.upper
+            else:
+                state = new_state() if not ref else load_checkpoint(
+                    blob, ref, task.shard_id, bucket, task.buckets, task.scope
+                )
+                lower = base.as_of
+            if lower < task.ts:
+                replay_bucket(
+                    blob, task.load_shard_state(), state, bucket, task.buckets, lower, task.ts
+                )
+            return state, base
+        except (CheckpointUnusable, NotReadable, InvalidUpsertState) as exc:
             why = str(exc)
     else:
         why = f"no checkpoint is known to be current at upper {task.ts}"
@@ -181,7 +275,7 @@ def _load_state(task: FileTask, bucket: int, blob: Blob, result: BucketResult) -
     result.rehydrated = why
     if task.scope is OrderScope.GLOBAL:
         result.warnings.append(GLOBAL_REHYDRATION_WARNING.format(bucket=bucket))
-    return state
+    return state, Base(task.ts)
 
 
 def _stage(stash: Stash, ts: int, rows: pa.Table) -> None:
@@ -215,34 +309,56 @@ def _updates_table(out: DrainOutput) -> pa.Table:
     )
 
 
-def run_bucket(task: FileTask, bucket: int, rows: pa.Table, blob: Blob) -> BucketResult:
+def run_bucket(
+    task: FileTask,
+    bucket: int,
+    rows: pa.Table,
+    blob: Blob,
+    cache: StateCache | None = None,
+) -> BucketResult:
     """Drain one bucket's rows at ``task.ts``; see the module docstring. Never raises a
     platform error: it comes back in ``BucketResult.failure``."""
     result = BucketResult(bucket=bucket)
     try:
-        _run_bucket(task, bucket, rows, blob, result)
+        _run_bucket(task, bucket, rows, blob, result, cache)
     except UpsertPlatformError as exc:
         result.failure = f"{type(exc).__name__}: bucket {bucket}: {exc}"
     return result
 
 
+def _keeps_base(task: FileTask, base: Base, pending: int, result: BucketResult) -> bool:
+    """Whether the bucket may keep its base (the updates since it get replayed)."""
+    return (
+        task.scope is OrderScope.BATCH
+        and result.rehydrated is None
+        and pending <= REPLAY_FRACTION * base.rows
+        and task.ts + 1 - base.as_of <= MAX_REPLAY_BATCHES
+    )
+
+
 def _run_bucket(
-    task: FileTask, bucket: int, rows: pa.Table, blob: Blob, result: BucketResult
+    task: FileTask,
+    bucket: int,
+    rows: pa.Table,
+    blob: Blob,
+    result: BucketResult,
+    cache: StateCache | None,
 ) -> None:
     ts = task.ts
-    state = _load_state(task, bucket, blob, result)
+    state, base = _load_state(task, bucket, blob, result, cache)
     stash = Stash(resume_upper=ts)
     _stage(stash, ts, rows)
     out = DrainOutput()
     drain(stash, state, ToUpper(input_upper=ts + 1, persist_upper=ts), out)
     # SUBTLE: feedback is applied before the append commits. That is safe because the
-    # state only leaves this step as a checkpoint, which is referenced (and so used)
-    # only by the very compare-and-append that commits this output.
+    # state only leaves this step as a checkpoint (or a cache entry), which is used only
+    # once the very compare-and-append that commits this output has committed.
     apply_feedback(state, out, task.scope)
     table = _updates_table(out)
     diffs = table.column("diff").to_numpy()
     result.inserts = int((diffs > 0).sum())
     result.retractions = int((diffs < 0).sum())
+    ref = task.checkpoints.get(bucket) or ""
     try:
         if table.num_rows:
             result.parts = list(
@@ -252,10 +368,14 @@ def _run_bucket(
             result.bytes_written += part.encoded_size_bytes
             if isinstance(part, BlobPart):
                 result.new_blobs.append(part.key)
+        pending = base.pending + table.num_rows
         if not out.times() and result.rehydrated is None:
-            result.checkpoint = task.checkpoints.get(bucket) or ""
+            result.checkpoint, new_base = ref, base
+        elif _keeps_base(task, base, pending, result):
+            result.checkpoint = ref
+            new_base = Base(base.as_of, pending, base.rows, base.size)
         elif len(state) == 0:
-            result.checkpoint = ""
+            result.checkpoint, new_base = "", Base(ts + 1)
         else:
             key, size = write_checkpoint(
                 blob, task.shard_id, bucket, task.buckets, task.scope, ts + 1, state
@@ -263,6 +383,8 @@ def _run_bucket(
             result.checkpoint = key
             result.new_blobs.append(key)
             result.bytes_written += size
+            new_base = Base(ts + 1, 0, len(state), size)
+        result.base = new_base.encode()
     except UpsertPlatformError:
         # Nothing written by a failed step is referenced anywhere yet: remove it all.
         delete_parts(blob, result.parts)
@@ -270,6 +392,11 @@ def _run_bucket(
             blob.delete(key)
         result.parts, result.new_blobs = [], []
         raise
+    if cache is not None and task.commit_nonce:
+        cache.put(
+            _cache_key(task, bucket),
+            CachedState(state, ts + 1, task.commit_nonce, result.checkpoint or ""),
+        )
 
 
-RunBucket = Callable[[FileTask, int, pa.Table, Blob], BucketResult]
+RunBucket = Callable[[FileTask, int, pa.Table, Blob, StateCache | None], BucketResult]

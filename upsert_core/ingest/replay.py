@@ -1,0 +1,66 @@
+"""Replay: bring a bucket state from an earlier upper to the shard's upper.
+
+In the batch order scope the state after an ingest commit is exactly the bucket's
+rows of the shard's snapshot (values with order None, deleted keys absent; see
+``drain.feedback``). So a state known at ``lower`` plus the shard's consolidated
+changes in ``[lower, upper)`` for the bucket's keys is the state at ``upper``: the
+shard's own updates are the checkpoint's change log. That is what lets a bucket keep
+an older checkpoint (a *base*) instead of rewriting it every batch, and lets a cached
+state a few commits old catch up.
+
+Invariants:
+
+- Only for ``OrderScope.BATCH``; the global scope needs orders and tombstones the
+  shard does not hold, so its checkpoints are always current (never replayed).
+- The changes are consolidated through :meth:`UpsertState.consolidate_chunk` after the
+  snapshot is complete, so every touched value is checksum-verified: changes that do
+  not fit the state (a retraction of a value it does not hold) raise
+  :class:`InvalidUpsertState` and the caller rehydrates instead.
+- Changes that are not readable any more (``since > lower``, after compaction) raise
+  :class:`NotReadable`; the caller rehydrates.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from upsert_core.ingest.buckets import bucket_of_keys
+from upsert_core.persist.location import Blob
+from upsert_core.persist.read import changes
+from upsert_core.persist.state import ShardState
+from upsert_core.state import UpsertState
+
+
+def replay_bucket(
+    blob: Blob,
+    shard_state: ShardState,
+    state: UpsertState,
+    bucket: int,
+    buckets: int,
+    lower: int,
+    upper: int,
+) -> int:
+    """Apply the shard's changes in ``[lower, upper)`` of ``bucket`` to ``state``.
+
+    Returns the number of updates applied.
+    """
+    if lower >= upper:
+        return 0
+    updates: list[tuple[bytes, bytes, int]] = []
+    for batch in changes(blob, shard_state, lower, upper):
+        in_bucket = bucket_of_keys(batch.column("key"), buckets) == bucket
+        if not in_bucket.any():
+            continue
+        mine = batch.filter(pa.array(in_bucket))
+        updates.extend(
+            zip(
+                mine.column("key").to_pylist(),
+                mine.column("row").to_pylist(),
+                pc.cast(mine.column("diff"), pa.int64()).to_pylist(),
+                strict=True,
+            )
+        )
+    if updates:
+        state.consolidate_chunk(updates, completes_snapshot=False)
+    return len(updates)
