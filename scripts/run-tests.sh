@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-venv.sh
 bash scripts/ensure-services.sh
+bash scripts/ensure-chromium.sh
 export PYSPARK_PYTHON="$PWD/.venv/bin/python"
 export PYSPARK_DRIVER_PYTHON="$PWD/.venv/bin/python"
 export SPARK_LOCAL_IP=127.0.0.1
