@@ -1,0 +1,88 @@
+"""Dagster metadata from ingest, shard and GC reports.
+
+Numbers are ``MetadataValue.int``/``float`` so the UI plots them across
+materializations (rows read, inserts, retractions, errors, bytes written, upper, seqno,
+state size, durations); text and lists are ``text``/``json``. Keys are stable: the UI
+plots a key's history, so renaming one breaks its plot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dagster import MetadataValue
+
+from assets.ingest_step import PartitionIngest
+from upsert_core.persist.gc import GcReport
+
+MAX_NAMES = 20
+
+
+def _names(names: list[str]) -> MetadataValue:
+    shown = names[:MAX_NAMES]
+    if len(names) > MAX_NAMES:
+        shown.append(f"... and {len(names) - MAX_NAMES} more")
+    return MetadataValue.json(shown)
+
+
+def ingest_metadata(result: PartitionIngest, seconds: float, engine: str) -> dict[str, Any]:
+    """What one partition's ingest did."""
+    if result.already_ingested_at is not None and result.no_op:
+        status = f"{result.partition} was already ingested at ts {result.already_ingested_at}"
+    else:
+        status = f"applied {len(result.files)} file(s) through {result.partition}"
+    return {
+        "status": MetadataValue.text(status),
+        "engine": MetadataValue.text(engine),
+        "files_applied": MetadataValue.int(len(result.files)),
+        "files": _names([f.name for f in result.files]),
+        "rows_read": MetadataValue.int(int(result.total("rows_read"))),
+        "inserts": MetadataValue.int(int(result.total("inserts"))),
+        "retractions": MetadataValue.int(int(result.total("retractions"))),
+        "errors": MetadataValue.int(int(result.total("errors"))),
+        "bytes_written": MetadataValue.int(int(result.total("bytes_written"))),
+        "rehydrated_buckets": MetadataValue.int(
+            sum(len(f.rehydrated_buckets) for f in result.files)
+        ),
+        "ingest_seconds": MetadataValue.float(float(result.total("seconds"))),
+        "duration_seconds": MetadataValue.float(seconds),
+        "start_upper": MetadataValue.int(result.start_upper),
+        "upper": MetadataValue.int(result.upper),
+        "seqno": MetadataValue.int(result.seqno),
+    }
+
+
+_SHARD_INTS = (
+    "seqno", "since", "upper", "batches", "parts", "updates", "rollups", "live_diffs",
+    "blob_bytes", "blob_count", "error_rows", "writers", "leased_readers",
+)
+
+
+def shard_metadata(inspected: Mapping[str, object]) -> dict[str, Any]:
+    """The shard's state and storage, from ``Shard.inspect()``."""
+    meta: dict[str, Any] = {
+        name: MetadataValue.int(int(inspected[name]))  # type: ignore[call-overload]
+        for name in _SHARD_INTS
+        if isinstance(inspected.get(name), int)
+    }
+    files = inspected.get("ingested_files")
+    if isinstance(files, Mapping):
+        meta["ingested_files"] = MetadataValue.int(len(files))
+        if files:
+            meta["last_file"] = MetadataValue.text(max(files))
+    meta["shard"] = MetadataValue.text(str(inspected.get("shard")))
+    return meta
+
+
+def gc_metadata(report: GcReport, seconds: float) -> dict[str, Any]:
+    """What one rollup/compaction/GC pass removed and rewrote."""
+    meta: dict[str, Any] = {
+        name: MetadataValue.int(int(value))
+        for name, value in report.as_dict().items()
+        if isinstance(value, int) and not isinstance(value, bool)
+    }
+    meta["gc_seconds"] = MetadataValue.float(report.seconds)
+    meta["duration_seconds"] = MetadataValue.float(seconds)
+    meta["deleted_blobs"] = _names(list(report.deleted_keys))
+    return meta

@@ -1,0 +1,45 @@
+"""What one source is: a landing location feeding one shard with fixed ingest options.
+
+Loaded from ``sources.yaml`` and the environment by ``orchestration.sources``; turned
+into an asset group by :mod:`assets.factory`. Plain data, no Dagster.
+
+Invariants: ``name`` is a Dagster identifier (checked by the loader) and is the asset
+group and key prefix; ``shard`` is the shard the assets write; options left ``None``
+mean "the shard's stored option, or the default for a new shard".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from upsert_core.ingest import IngestRequest
+
+DEFAULT_GC_CRON = "0 * * * *"
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """One feed (see the module docstring)."""
+
+    name: str
+    landing: str
+    shard: str
+    key: tuple[str, ...] | None = None
+    order: str | None = None
+    deleted_col: str | None = None
+    order_scope: str | None = None
+    gc_cron: str = DEFAULT_GC_CRON
+    gc_retain: int | None = None
+    origin: str = field(default="sources.yaml", compare=False)
+
+    def request(self) -> IngestRequest:
+        """The ingest options (``None`` = the shard's stored option or the default)."""
+        return IngestRequest(
+            key=self.key, order=self.order, deleted_col=self.deleted_col,
+            order_scope=self.order_scope,
+        )
+
+    @property
+    def partitions_name(self) -> str:
+        """The name of the source's dynamic partitions (one per landing file)."""
+        return f"{self.name}_files"

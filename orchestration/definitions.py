@@ -1,0 +1,94 @@
+"""The Dagster code location: every source's assets, checks, jobs, sensor and schedule.
+
+``workspace.yaml`` loads ``defs`` from this module; ``dagster dev``,
+``dagster asset materialize -m orchestration.definitions`` and the backfill CLI all use
+it. Configuration comes from the environment only (CONTRACT.md):
+
+- sources: ``sources.yaml`` (or ``UPSERT_SOURCES``) plus ``UPSERT_LANDING`` /
+  ``UPSERT_SHARD`` / ``UPSERT_KEY`` / ``UPSERT_ORDER`` (see ``orchestration.sources``);
+- stores: ``UPSERT_CONSENSUS_URL`` / ``UPSERT_BLOB_URL``, else SQLite and local files
+  under ``UPSERT_HOME``, resolved exactly as ``upsertctl`` does;
+- Spark: ``SPARK_MASTER`` (or ``SPARK_REMOTE``), else ``local[*]``; ``UPSERT_ENGINE=local``
+  runs the in-process engine instead.
+
+Runs use the in-process executor: all steps of a run share one process and so one
+SparkSession, instead of one JVM per step.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dagster import Definitions, EnvVar, in_process_executor
+
+from assets.factory import SourceAssets, build_source_assets
+from assets.spec import SourceSpec
+from orchestration.cli_config import ENV_BLOB, ENV_CONSENSUS, upsert_home
+from orchestration.jobs import gc_job, ingest_job
+from orchestration.schedules import gc_schedule
+from orchestration.sensors import landing_sensor
+from orchestration.sources import load_sources
+from resources.spark import spark_resource_from_env
+from resources.stores import (
+    BlobStoreResource,
+    ConsensusResource,
+    LocalBlobStore,
+    SqliteConsensus,
+    UrlBlobStore,
+    UrlConsensus,
+)
+
+
+def store_resources(
+    env: Mapping[str, str] | None = None,
+) -> tuple[ConsensusResource, BlobStoreResource]:
+    """The stores ``upsertctl`` would open in this environment."""
+    env = os.environ if env is None else env
+    home = upsert_home(env)
+    consensus: ConsensusResource = (
+        UrlConsensus(consensus_url=EnvVar(ENV_CONSENSUS))
+        if env.get(ENV_CONSENSUS)
+        else SqliteConsensus(path=str(home / "consensus.db"))
+    )
+    blob: BlobStoreResource = (
+        UrlBlobStore(blob_url=EnvVar(ENV_BLOB))
+        if env.get(ENV_BLOB)
+        else LocalBlobStore(root=str(home / "blob"))
+    )
+    return consensus, blob
+
+
+def default_resources(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``consensus``, ``blob_store`` and ``spark`` as the environment configures them."""
+    consensus, blob = store_resources(env)
+    return {"consensus": consensus, "blob_store": blob, "spark": spark_resource_from_env(env)}
+
+
+def build_definitions(
+    sources: Sequence[SourceSpec], resources: Mapping[str, Any] | None = None
+) -> Definitions:
+    """A code location serving ``sources`` with ``resources`` (default: the environment)."""
+    built: list[SourceAssets] = [build_source_assets(s) for s in sources]
+    assets, checks, jobs, sensors, schedules = [], [], [], [], []
+    for b in built:
+        assets.extend(b.assets)
+        checks.append(b.checks)
+        ingest, gc = ingest_job(b), gc_job(b)
+        jobs.extend([ingest, gc])
+        sensors.append(landing_sensor(b, ingest))
+        schedules.append(gc_schedule(b.spec, gc))
+    return Definitions(
+        assets=assets,
+        asset_checks=checks,
+        jobs=jobs,
+        sensors=sensors,
+        schedules=schedules,
+        resources=dict(resources) if resources is not None else default_resources(),
+        executor=in_process_executor,
+    )
+
+
+SOURCES = load_sources()
+defs = build_definitions(SOURCES)

@@ -1,0 +1,111 @@
+"""Sensors: one per source, turning new landing files into partitions and runs.
+
+Each tick lists the landing location (a local directory or ``s3://bucket/prefix``) and
+compares it with the source's dynamic partitions (one per file already seen). For every
+new file, in name order and at most ``max_requests`` per tick, it adds the partition and,
+unless the shard already holds the file (ingested by ``upsertctl``, say), requests a run
+of the ingest job for it with ``run_key`` = the file name, so a file never starts two
+runs, whatever happens to the cursor.
+
+The cursor is the greatest file name the sensor has handled. Files sorting after it are
+new; files sorting before it that have no partition are late arrivals (CONTRACT: a late
+file is simply pending) and are handled too; the run for a late file applies it (and
+anything else pending before it) at the next timestamp.
+
+Invariants:
+
+- The cursor only moves forward, and only past names whose partitions this tick adds.
+- A landing that cannot be listed, or a tick with nothing new, is a ``SkipReason`` and
+  leaves the cursor as it was.
+- Names Dagster cannot use as partition keys (containing ``...``) are skipped with a
+  log line; the run of any later file still ingests them (runs apply every pending
+  file up to their own).
+"""
+
+
+from typing import TYPE_CHECKING
+
+from dagster import (
+    DefaultSensorStatus,
+    RunRequest,
+    SensorDefinition,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    sensor,
+)
+
+from assets.factory import SourceAssets
+from resources.stores import BlobStoreResource, ConsensusResource, open_shard
+from upsert_core.errors import ShardNotFound, UpsertPlatformError
+from upsert_core.landing import list_landing
+
+DEFAULT_MAX_REQUESTS = 50
+DEFAULT_INTERVAL_SECONDS = 30
+_BAD_KEY_PARTS = ("...",)
+
+if TYPE_CHECKING:
+    from dagster._core.definitions.unresolved_asset_job_definition import (
+        UnresolvedAssetJobDefinition,
+    )
+
+
+def sensor_name(source: str) -> str:
+    return f"{source}_landing_sensor"
+
+
+def landing_sensor(
+    built: SourceAssets,
+    job: "UnresolvedAssetJobDefinition",
+    *,
+    max_requests: int = DEFAULT_MAX_REQUESTS,
+    interval_seconds: int = DEFAULT_INTERVAL_SECONDS,
+) -> SensorDefinition:
+    """The sensor of one source (see the module docstring)."""
+    spec = built.spec
+
+    @sensor(
+        name=sensor_name(spec.name),
+        job=job,
+        minimum_interval_seconds=interval_seconds,
+        default_status=DefaultSensorStatus.STOPPED,
+        description=f"New files in {spec.landing} -> partitions and ingest runs.",
+    )
+    def landing(
+        context: SensorEvaluationContext,
+        consensus: ConsensusResource,
+        blob_store: BlobStoreResource,
+    ) -> SensorResult | SkipReason:
+        try:
+            names = [f.name for f in list_landing(spec.landing)]
+        except UpsertPlatformError as exc:
+            return SkipReason(f"cannot list {spec.landing}: {exc}")
+        known = set(context.instance.get_dynamic_partitions(spec.partitions_name))
+        cursor = context.cursor or ""
+        new: list[str] = []
+        for name in names:
+            if name in known:
+                continue
+            if any(bad in name for bad in _BAD_KEY_PARTS):
+                context.log.warning(f"{name}: not a valid partition key; later runs ingest it")
+                continue
+            new.append(name)
+        if not new:
+            return SkipReason(f"no new files in {spec.landing} ({len(names)} listed)")
+        new = new[:max_requests]
+        try:
+            ingested = open_shard(consensus, blob_store, spec.shard, create=False).state()
+            done = set(ingested.ingested_files)
+        except ShardNotFound:
+            done = set()
+        late = [n for n in new if n <= cursor]
+        if late:
+            context.log.info(f"late files (sorting before {cursor!r}): {late}")
+        runs = [RunRequest(run_key=n, partition_key=n) for n in new if n not in done]
+        return SensorResult(
+            run_requests=runs,
+            dynamic_partitions_requests=[built.partitions.build_add_request(new)],
+            cursor=max([cursor, *new]),
+        )
+
+    return landing

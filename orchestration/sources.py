@@ -1,0 +1,203 @@
+"""The sources the Dagster code location serves: ``sources.yaml`` plus the environment.
+
+A source is one landing location feeding one shard with fixed ingest options. Each
+source becomes its own asset group (see ``assets.factory``), so one code location
+serves many feeds.
+
+``sources.yaml`` (path: ``UPSERT_SOURCES``, else ``sources.yaml`` at the repository
+root)::
+
+    sources:
+      - name: demo                      # asset group and key prefix
+        landing: ${UPSERT_HOME}/demo-landing
+        shard: demo                     # default: the name
+        key: [key]                      # or "k1,k2"; default: the shard's stored option
+        order: offset
+        deleted_col: __deleted
+        order_scope: batch
+        gc_cron: "0 * * * *"            # rollup_gc schedule
+        gc_retain: null                 # rollup_gc --retain (null keeps all history)
+
+``${VAR}`` and ``${VAR:-default}`` expand from the environment; ``UPSERT_HOME``
+defaults to ``./.upsert`` made absolute, as for ``upsertctl``.
+
+Environment fallback (CONTRACT.md): when ``UPSERT_LANDING`` is set, one more source is
+built from ``UPSERT_LANDING``, ``UPSERT_SHARD`` (default ``main``), ``UPSERT_KEY``,
+``UPSERT_ORDER``, ``UPSERT_DELETED_COL`` and ``UPSERT_ORDER_SCOPE``. It is named after
+its shard and replaces a file source with the same name or shard.
+
+Invariants:
+
+- Source names are Dagster identifiers (letters, digits, underscores) and unique; shard
+  names are unique too, so two asset groups never write one shard.
+- A malformed file is a :class:`ConfigError` naming the file and the entry.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from assets.spec import DEFAULT_GC_CRON, SourceSpec
+from upsert_core.errors import ConfigError
+
+ENV_SOURCES = "UPSERT_SOURCES"
+ENV_LANDING = "UPSERT_LANDING"
+ENV_SHARD = "UPSERT_SHARD"
+ENV_KEY = "UPSERT_KEY"
+ENV_ORDER = "UPSERT_ORDER"
+ENV_DELETED = "UPSERT_DELETED_COL"
+ENV_SCOPE = "UPSERT_ORDER_SCOPE"
+DEFAULT_ENV_SHARD = "main"
+DEFAULT_SOURCES_FILE = Path(__file__).resolve().parents[1] / "sources.yaml"
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+__all__ = ["SourceSpec", "load_sources", "merge_sources", "parse_source", "env_source"]
+
+_FIELDS = {
+    "name", "landing", "shard", "key", "order", "deleted_col", "order_scope", "gc_cron",
+    "gc_retain",
+}
+
+
+def dagster_name(text: str) -> str:
+    """``text`` as a Dagster identifier (other characters become ``_``)."""
+    name = re.sub(r"[^A-Za-z0-9_]", "_", text)
+    return name if name and not name[0].isdigit() else f"s_{name}"
+
+
+def expand(text: str, env: Mapping[str, str]) -> str:
+    """Expand ``${VAR}`` / ``${VAR:-default}``; an unset VAR without default is an error."""
+    from orchestration.cli_config import ENV_HOME, upsert_home
+
+    def sub(match: re.Match[str]) -> str:
+        var, default = match.group(1), match.group(2)
+        value = env.get(var) or None
+        if value is None and var == ENV_HOME:
+            return str(upsert_home(env))
+        if value is None:
+            if default is None:
+                raise ConfigError(f"${{{var}}} is not set (use ${{{var}:-default}})")
+            return default
+        return value
+
+    return _VAR.sub(sub, text)
+
+
+def _key(value: Any, where: str) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not items:
+        raise ConfigError(f"{where}: key must be a list of column names or 'k1,k2'")
+    names = tuple(str(i).strip() for i in items)
+    if any(not n for n in names):
+        raise ConfigError(f"{where}: key has an empty column name")
+    return names
+
+
+def _opt_str(entry: Mapping[str, Any], name: str, where: str, env: Mapping[str, str]) -> str | None:
+    value = entry.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str | int):
+        raise ConfigError(f"{where}: {name} must be a string")
+    return expand(str(value), env)
+
+
+def parse_source(entry: object, where: str, env: Mapping[str, str]) -> SourceSpec:
+    """One ``sources:`` entry as a :class:`SourceSpec`."""
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{where}: each source must be a mapping")
+    unknown = set(entry) - _FIELDS
+    if unknown:
+        raise ConfigError(f"{where}: unknown fields {sorted(unknown)}")
+    name = _opt_str(entry, "name", where, env)
+    landing = _opt_str(entry, "landing", where, env)
+    if not name or not _NAME.match(name):
+        raise ConfigError(f"{where}: name {name!r} must be letters, digits and underscores")
+    if not landing:
+        raise ConfigError(f"{where}: source {name!r} needs a landing location")
+    retain = entry.get("gc_retain")
+    if retain is not None and (isinstance(retain, bool) or not isinstance(retain, int)
+                               or retain < 0):
+        raise ConfigError(f"{where}: gc_retain must be a non-negative integer or null")
+    return SourceSpec(
+        name=name,
+        landing=landing,
+        shard=_opt_str(entry, "shard", where, env) or name,
+        key=_key(entry.get("key"), where),
+        order=_opt_str(entry, "order", where, env),
+        deleted_col=_opt_str(entry, "deleted_col", where, env),
+        order_scope=_opt_str(entry, "order_scope", where, env),
+        gc_cron=_opt_str(entry, "gc_cron", where, env) or DEFAULT_GC_CRON,
+        gc_retain=retain,
+        origin=where,
+    )
+
+
+def env_source(env: Mapping[str, str]) -> SourceSpec | None:
+    """The source the ``UPSERT_*`` variables describe, if ``UPSERT_LANDING`` is set."""
+    landing = env.get(ENV_LANDING)
+    if not landing:
+        return None
+    shard = env.get(ENV_SHARD) or DEFAULT_ENV_SHARD
+    return SourceSpec(
+        name=dagster_name(shard),
+        landing=landing,
+        shard=shard,
+        key=_key(env.get(ENV_KEY) or None, ENV_KEY),
+        order=env.get(ENV_ORDER) or None,
+        deleted_col=env.get(ENV_DELETED) or None,
+        order_scope=env.get(ENV_SCOPE) or None,
+        origin="environment",
+    )
+
+
+def merge_sources(listed: Sequence[SourceSpec], extra: SourceSpec | None) -> list[SourceSpec]:
+    """``listed`` plus ``extra`` (replacing any with its name or shard); checks uniqueness."""
+    sources = list(listed)
+    if extra is not None:
+        sources = [s for s in sources if s.name != extra.name and s.shard != extra.shard]
+        sources.append(extra)
+    for attr in ("name", "shard"):
+        seen: dict[str, SourceSpec] = {}
+        for s in sources:
+            other = seen.setdefault(getattr(s, attr), s)
+            if other is not s:
+                raise ConfigError(
+                    f"sources {other.name!r} ({other.origin}) and {s.name!r} ({s.origin})"
+                    f" share the {attr} {getattr(s, attr)!r}"
+                )
+    return sorted(sources, key=lambda s: s.name)
+
+
+def read_sources_file(path: Path, env: Mapping[str, str]) -> list[SourceSpec]:
+    """The sources listed in ``path`` (an absent file lists none)."""
+    if not path.exists():
+        return []
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: cannot read sources: {exc}") from exc
+    entries = data.get("sources") if isinstance(data, dict) else None
+    if entries is None:
+        entries = []
+    if not isinstance(entries, list):
+        raise ConfigError(f"{path}: 'sources' must be a list")
+    return [parse_source(e, f"{path}: sources[{i}]", env) for i, e in enumerate(entries)]
+
+
+def load_sources(
+    path: str | Path | None = None, env: Mapping[str, str] | None = None
+) -> list[SourceSpec]:
+    """Every source of the code location (see the module docstring), sorted by name."""
+    env = os.environ if env is None else env
+    file = Path(path or env.get(ENV_SOURCES) or DEFAULT_SOURCES_FILE)
+    return merge_sources(read_sources_file(file, env), env_source(env))
