@@ -64,6 +64,8 @@ class StateCache:
         self.max_keys = max_keys
         self._entries: OrderedDict[tuple[CacheKey, str], CachedState] = OrderedDict()
         self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
 
     def take(
         self, key: CacheKey, ts: int, history: Mapping[int, str], *, exact: bool
@@ -82,7 +84,11 @@ class StateCache:
                     continue
                 if entry.upper > best_upper:
                     best, best_upper = (k, nonce), entry.upper
-            return None if best is None else self._entries.pop(best)
+            if best is None:
+                self.misses += 1
+                return None
+            self.hits += 1
+            return self._entries.pop(best)
 
     def put(self, key: CacheKey, entry: CachedState) -> None:
         """Keep ``entry`` (evicting old entries beyond the key budget)."""
