@@ -26,6 +26,7 @@ import random
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from dagster import DagsterInstance, Definitions
 
@@ -83,6 +84,18 @@ def find_source(sources: Sequence[SourceSpec], name: str) -> SourceSpec:
     raise ConfigError(f"no source named {name!r} (sources: {known})")
 
 
+def failure_message(result: Any) -> str:
+    """The first failed step's message (a ``Failure``'s description when it has one)."""
+    for event in result.all_events:
+        if event.is_step_failure and event.step_failure_data is not None:
+            data = event.step_failure_data
+            if data.user_failure_data is not None and data.user_failure_data.description:
+                return str(data.user_failure_data.description)
+            if data.error is not None:
+                return data.error.message.strip()
+    return "see the run log"
+
+
 def run_backfill(
     defs: Definitions,
     spec: SourceSpec,
@@ -108,12 +121,7 @@ def run_backfill(
             if value is not None:
                 status = str(value.value)
         if not result.success:
-            failure = next(
-                (e.step_failure_data.error for e in result.all_events
-                 if e.is_step_failure and e.step_failure_data.error is not None),
-                None,
-            )
-            status = f"failed: {failure.message.strip() if failure else 'see the run log'}"
+            status = f"failed: {failure_message(result)}"
         run = PartitionRun(partition, result.run_id, result.success, status)
         runs.append(run)
         if on_run is not None:

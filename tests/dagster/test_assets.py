@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dagster import AssetKey, materialize
 
+from orchestration.backfill import failure_message
 from tests.dagster.helpers import Platform, shard_contents
 from upsert_core.ingest import InProcessEngine, ingest
 
@@ -93,26 +94,16 @@ def test_missing_and_broken_files_fail_with_one_line(plat: Platform) -> None:
         partition_key="gone.jsonl", instance=plat.instance, raise_on_error=False
     )
     assert not gone.success
-    assert "gone.jsonl: no such file in the landing location" in _failure(gone)
+    assert "gone.jsonl: no such file in the landing location" in failure_message(gone)
 
     broken = job.execute_in_process(
         partition_key="b-02.jsonl", instance=plat.instance, raise_on_error=False
     )
     assert not broken.success
-    message = _failure(broken)
+    message = failure_message(broken)
     assert message.startswith("b-02.jsonl: ") and "key" in message
     # The file before the broken one is committed; the broken one is not.
     assert dict(plat.shard().state().ingested_files) == {"b-01.jsonl": 0}
-
-
-def _failure(result) -> str:  # type: ignore[no-untyped-def]
-    for event in result.all_events:
-        if event.is_step_failure:
-            data = event.step_failure_data
-            if data.user_failure_data is not None and data.user_failure_data.description:
-                return str(data.user_failure_data.description)
-            return str(data.error.message)
-    raise AssertionError("no step failed")
 
 
 def test_rollup_gc_materializes_and_reports_what_it_removed(plat: Platform) -> None:
