@@ -38,6 +38,11 @@ date        8    int32 days since 1970-01-01
 ==========  ===  ==========================================================
 
 Decoded datetimes are timezone-aware (UTC).
+
+``encode_columns`` is the bulk form of ``encode_datums`` for Arrow columns (numpy, no
+per-value Python objects); it returns byte-identical encodings or None when it cannot
+(the caller then falls back to ``encode_datums``). ``key_digests`` is the bulk form
+of ``key_digest``.
 """
 
 from __future__ import annotations
@@ -47,8 +52,12 @@ import math
 import struct
 from collections.abc import Callable, Sequence
 from numbers import Integral, Real
-from typing import TypeAlias
+from typing import NamedTuple, TypeAlias
 
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
 import xxhash
 
 from upsert_core.errors import CodecError
@@ -308,3 +317,191 @@ def value_checksum(encoded_value: bytes) -> int:
 
 _xxh3_128_digest = xxhash.xxh3_128_digest
 _xxh3_64_intdigest = xxhash.xxh3_64_intdigest
+
+
+# --- bulk encoding of Arrow columns -----------------------------------------------------
+#
+# ``encode_columns`` builds, for every row of a set of Arrow columns, exactly the bytes
+# ``encode_datums`` makes from that row's Python values, without creating those values:
+# per column it computes each row's piece (tag + payload) with numpy and scatters the
+# pieces into one buffer. ``tests/core/test_codec_bulk.py`` proves byte identity.
+
+_I32_MAX = (1 << 31) - 1
+
+U8Array: TypeAlias = npt.NDArray[np.uint8]
+I64Array: TypeAlias = npt.NDArray[np.int64]
+BoolArray: TypeAlias = npt.NDArray[np.bool_]
+
+
+class _Piece(NamedTuple):
+    """One column's contribution to every row: its length, tag and payload."""
+
+    length: I64Array  # bytes per row (tag included), 1 for a null
+    tags: U8Array
+    fixed: U8Array | None = None  # (rows, width) payload bytes of fixed-width values
+    var_lens: I64Array | None = None  # byte length of variable-width values (0 if null)
+    var_starts: I64Array | None = None  # where each value starts in ``var_data``
+    var_data: U8Array | None = None
+
+
+def encode_columns(
+    columns: Sequence[pa.Array | pa.ChunkedArray], *, drop_trailing_nulls: bool = False
+) -> pa.BinaryArray | None:
+    """Encode rows given column-wise as Arrow arrays, as one binary Arrow array.
+
+    Row ``i`` encodes exactly like ``encode_datums([c[i].as_py() for c in columns])``
+    (timestamps as UTC instants), with trailing nulls removed first when
+    ``drop_trailing_nulls`` (as ``landing.rows.encode_row`` does). Supported column
+    types: null, bool, integers, floats, string, binary (and their large forms),
+    timestamps of any unit that converts to microseconds exactly, date32. Returns None
+    for anything else (another type, datetimes outside Python's range, over 2 GiB of
+    output): the caller then encodes row by row, which also reports the errors.
+    """
+    arrays = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in columns]
+    if not arrays:
+        return None
+    n = len(arrays[0])
+    if any(len(a) != n for a in arrays):
+        raise CodecError("columns of different lengths")
+    k = len(arrays)
+    valid = np.ones((k, n), dtype=np.bool_)
+    for c, arr in enumerate(arrays):
+        if arr.null_count:
+            valid[c] = np.asarray(pc.is_valid(arr).to_numpy(zero_copy_only=False), dtype=bool)
+    included = np.ones((k, n), dtype=np.bool_)
+    if drop_trailing_nulls:
+        # Row i keeps column c iff some column at or after c is non-null in row i.
+        seen = np.zeros(n, dtype=np.bool_)
+        for c in range(k - 1, -1, -1):
+            seen |= valid[c]
+            included[c] = seen
+    pieces: list[_Piece] = []
+    lengths = np.ones(n, dtype=np.int64)  # the version byte
+    for c, arr in enumerate(arrays):
+        piece = _column_piece(arr, valid[c])
+        if piece is None:
+            return None
+        piece = piece._replace(length=np.where(included[c], piece.length, 0))
+        pieces.append(piece)
+        lengths += piece.length
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if int(offsets[-1]) > _I32_MAX:
+        return None
+    buf = np.zeros(int(offsets[-1]), dtype=np.uint8)
+    buf[offsets[:-1]] = CODEC_VERSION
+    start = offsets[:-1] + 1
+    for c, piece in enumerate(pieces):
+        rows = np.flatnonzero(included[c])
+        buf[start[rows]] = piece.tags[rows]
+        live = rows[valid[c][rows]]
+        if len(live) and piece.fixed is not None:
+            width = piece.fixed.shape[1]
+            buf[start[live][:, None] + np.arange(1, width + 1)] = piece.fixed[live]
+        elif len(live) and piece.var_lens is not None:
+            assert piece.var_starts is not None and piece.var_data is not None
+            lens = piece.var_lens[live]
+            header = lens.astype("<u4").view(np.uint8).reshape(-1, 4)
+            buf[start[live][:, None] + np.arange(1, 5)] = header
+            _scatter(buf, start[live] + 5, lens, piece.var_starts[live], piece.var_data)
+        start += piece.length
+    return pa.Array.from_buffers(
+        pa.binary(), n, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(buf)]
+    )
+
+
+def _scatter(buf: U8Array, dest: I64Array, lens: I64Array, src: I64Array, data: U8Array) -> None:
+    """Copy ``data[src[i] : src[i] + lens[i]]`` to ``buf[dest[i]:]`` for every i."""
+    total = int(lens.sum())
+    if not total:
+        return
+    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
+    from_idx = np.repeat(src, lens) + within
+    buf[np.repeat(dest, lens) + within] = data[from_idx]
+
+
+def _fixed(valid: BoolArray, tag: int, payload: U8Array) -> _Piece:
+    width = payload.shape[1]
+    return _Piece(
+        length=np.where(valid, 1 + width, 1).astype(np.int64),
+        tags=np.where(valid, tag, TAG_NULL).astype(np.uint8),
+        fixed=payload,
+    )
+
+
+def _column_piece(arr: pa.Array, valid: BoolArray) -> _Piece | None:
+    n = len(arr)
+    t = arr.type
+    if pa.types.is_null(t):
+        return _Piece(np.ones(n, dtype=np.int64), np.full(n, TAG_NULL, dtype=np.uint8))
+    if pa.types.is_boolean(t):
+        values = np.asarray(arr.fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)
+        tags = np.where(valid, np.where(values, TAG_TRUE, TAG_FALSE), TAG_NULL)
+        return _Piece(np.ones(n, dtype=np.int64), tags.astype(np.uint8))
+    if pa.types.is_integer(t):
+        if pa.types.is_uint64(t) and pc.any(
+            pc.greater(arr, pa.scalar(_I64_MAX, pa.uint64()))
+        ).as_py():
+            return None
+        ints = np.ascontiguousarray(arr.cast(pa.int64()).fill_null(0).to_numpy(), dtype="<i8")
+        return _fixed(valid, TAG_INT, ints.view(np.uint8).reshape(n, 8))
+    if pa.types.is_floating(t):
+        floats = np.array(arr.cast(pa.float64()).fill_null(0.0).to_numpy(), dtype="<f8")
+        floats[floats == 0.0] = 0.0  # -0.0 -> 0.0
+        bits = floats.view("<u8")
+        bits[np.isnan(floats)] = _CANONICAL_NAN_BITS
+        return _fixed(valid, TAG_FLOAT, bits.view(np.uint8).reshape(n, 8))
+    if pa.types.is_timestamp(t):
+        try:
+            micros_ts = arr.cast(pa.timestamp("us", tz=t.tz), safe=True)
+        except pa.ArrowInvalid:
+            return None
+        micros = np.ascontiguousarray(
+            micros_ts.cast(pa.int64()).fill_null(0).to_numpy(), dtype="<i8"
+        )
+        live = micros[valid]
+        if len(live) and (live.min() < _MIN_MICROS or live.max() > _MAX_MICROS):
+            return None
+        return _fixed(valid, TAG_DATETIME, micros.view(np.uint8).reshape(n, 8))
+    if pa.types.is_date32(t):
+        days = np.ascontiguousarray(arr.cast(pa.int32()).fill_null(0).to_numpy(), dtype="<i4")
+        live = days[valid]
+        if len(live) and (live.min() < _MIN_DATE_DAYS or live.max() > _MAX_DATE_DAYS):
+            return None
+        return _fixed(valid, TAG_DATE, days.view(np.uint8).reshape(n, 4))
+    if pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return _column_piece(arr.cast(pa.string()), valid)
+    if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return _column_piece(arr.cast(pa.binary()), valid)
+    if pa.types.is_string(t) or pa.types.is_binary(t):
+        offsets_buf, data_buf = arr.buffers()[1], arr.buffers()[2]
+        raw = np.frombuffer(offsets_buf, dtype="<i4", count=arr.offset + n + 1)
+        starts = raw[arr.offset :].astype(np.int64)
+        lens = np.where(valid, starts[1:] - starts[:-1], 0).astype(np.int64)
+        data = (
+            np.frombuffer(data_buf, dtype=np.uint8)
+            if data_buf is not None
+            else np.zeros(0, dtype=np.uint8)
+        )
+        tag = TAG_STR if pa.types.is_string(t) else TAG_BYTES
+        return _Piece(
+            length=np.where(valid, 5 + lens, 1).astype(np.int64),
+            tags=np.where(valid, tag, TAG_NULL).astype(np.uint8),
+            var_lens=lens,
+            var_starts=starts[:-1],
+            var_data=data,
+        )
+    return None
+
+
+def key_digests(encoded: pa.BinaryArray) -> list[UpsertKey]:
+    """``key_digest`` of every value of a binary Arrow array of encoded keys."""
+    n = len(encoded)
+    if n == 0:
+        return []
+    raw = np.frombuffer(encoded.buffers()[1], dtype="<i4", count=encoded.offset + n + 1)
+    offsets = raw[encoded.offset :].tolist()
+    data = encoded.buffers()[2]
+    view = memoryview(data if data is not None else b"")
+    digest = _xxh3_128_digest
+    return [digest(view[offsets[i] : offsets[i + 1]]) for i in range(n)]

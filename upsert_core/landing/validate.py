@@ -40,7 +40,14 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from upsert_core.codec import UPSERT_KEY_LEN, Datum, encode_datums, key_digest
+from upsert_core.codec import (
+    UPSERT_KEY_LEN,
+    Datum,
+    encode_columns,
+    encode_datums,
+    key_digest,
+    key_digests,
+)
 from upsert_core.errors import CodecError, IngestError
 from upsert_core.landing.batch import Column, RawBatch, RowError
 from upsert_core.landing.convert import (
@@ -206,22 +213,34 @@ def _encode(
 ) -> ValidatedBatch:
     """Encode the good rows; a value the codec rejects turns its row into an error."""
     take = pa.array(good_idx, type=pa.int64())
-    columns = [_python_values(pc.take(arrays[name], take)) for name in schema.names]
+    taken = [pc.take(arrays[name], take) for name in schema.names]
     key_at = [schema.names.index(k) for k in schema.key]
     keys: list[bytes] = []
     rows: list[bytes] = []
     kept: list[int] = []
-    for j, values in enumerate(zip(*columns, strict=True)):
-        try:
-            key = key_digest(encode_datums([values[k] for k in key_at]))
-            row = encode_row(values)
-        except CodecError as exc:
-            i = int(good_idx[j])
-            errors.append(RowError(raw.file, int(raw.positions[i]), f"cannot encode row: {exc}"))
-            continue
-        keys.append(key)
-        rows.append(row)
-        kept.append(j)
+    bulk_rows = encode_columns(taken, drop_trailing_nulls=True)
+    bulk_keys = None if bulk_rows is None else encode_columns([taken[k] for k in key_at])
+    if bulk_rows is not None and bulk_keys is not None:
+        # The vectorised encoder is byte-identical to the per-row one and declines
+        # (None) whenever a value might not encode, so no row can fail here.
+        keys = key_digests(bulk_keys)
+        rows = bulk_rows.to_pylist()
+        kept = list(range(len(good_idx)))
+    else:
+        columns = [_python_values(col) for col in taken]
+        for j, values in enumerate(zip(*columns, strict=True)):
+            try:
+                key = key_digest(encode_datums([values[k] for k in key_at]))
+                row = encode_row(values)
+            except CodecError as exc:
+                i = int(good_idx[j])
+                errors.append(
+                    RowError(raw.file, int(raw.positions[i]), f"cannot encode row: {exc}")
+                )
+                continue
+            keys.append(key)
+            rows.append(row)
+            kept.append(j)
     keep = good_idx if len(kept) == len(good_idx) else good_idx[kept]
 
     order = arrays[schema.order]
