@@ -3,6 +3,7 @@ record, a blob committed while GC runs, idempotence, and GC racing readers."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ import pyarrow as pa
 import pytest
 
 from upsert_core.errors import CorruptData, InvalidUsage, NotReadable
+from upsert_core.persist import keys
 from upsert_core.persist.blob_local import LocalBlob
 from upsert_core.persist.blob_memory import MemoryBlob
 from upsert_core.persist.consensus_memory import MemoryConsensus
@@ -283,3 +285,50 @@ def test_inspect_reports_the_contract_fields() -> None:
     assert info["upper"] == 3 and info["batches"] == 3 and info["ingested_files"] == {}
     assert info["blob_bytes"] == sum(m.size_in_bytes for m in shard.blob.list_keys("gcs/"))
     assert list(shard.errors()) == []
+
+
+def _write_leak_in_process(blob_root: str, claim: bool) -> str:
+    """In a child process: claim (or not) a writer token, write one part, exit."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pyarrow as pa\n"
+        "from upsert_core.persist import keys\n"
+        "from upsert_core.persist.blob_local import LocalBlob\n"
+        "from upsert_core.persist.parts import write_part\n"
+        f"if {claim!r}: keys.claim_writer_token()\n"
+        "else:\n"
+        "    import os; os.environ.pop(keys.WRITER_TOKEN_ENV, None)\n"
+        "t = pa.table({'key': [b'k' * 16], 'row': [b'r'], 'ts': [12], 'diff': [1]})\n"
+        f"p = write_part(LocalBlob({blob_root!r}), {SHARD!r}, t, inline_threshold=0)\n"
+        "print(p.key)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def test_a_dead_writers_leaked_part_goes_at_once_a_live_ones_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    consensus = SqlConsensus(f"sqlite:///{tmp_path}/consensus.db")
+    blob = LocalBlob(tmp_path / "blob")
+    shard, _, snapshots = filled(consensus, blob)
+    shard.gc(leak_grace_ms=0)
+    # A writer process that claimed a token and has exited (as after SIGKILL): its
+    # part is provably abandoned, so the default one-hour grace does not apply.
+    dead = _write_leak_in_process(str(tmp_path / "blob"), claim=True)
+    # A writer without a token, and a live writer (this process, with a token): both
+    # must wait for the grace period.
+    anonymous = _write_leak_in_process(str(tmp_path / "blob"), claim=False)
+    monkeypatch.setenv(keys.WRITER_TOKEN_ENV, f"{keys.host_id()}.{os.getpid()}")
+    live = shard.write_batch(updates_table([(key(8), b"live", 12, 1)]), 12, 13)
+    live_keys = {p.key for p in live.parts}  # type: ignore[union-attr]
+    assert keys.writer_of(dead) is not None and keys.writer_of(anonymous) is None
+    assert all(keys.writer_of(k) == (keys.host_id(), os.getpid()) for k in live_keys)
+    report = shard.gc()  # default grace
+    assert set(report.deleted_keys) == {dead}
+    remaining = blob_keys(blob, SHARD)
+    assert anonymous in remaining and live_keys <= remaining
+    assert_reads(shard, snapshots)
+    consensus.close()

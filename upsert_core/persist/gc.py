@@ -42,6 +42,10 @@ and deletes a blob once it has been seen unreferenced for ``leak_grace_ms``
 - A writer that commits within ``leak_grace_ms`` of writing a blob never loses it.
   ``leak_grace_ms=0`` deletes unreferenced blobs at first sight: only for a shard with
   no concurrent writers (tests, a quiesced shard).
+- A blob whose key carries the writer token of a process on this host that is no longer
+  running (``keys.writer_is_dead``) is deleted at first sight: a dead process can never
+  commit it. This is what lets a plain ``gc`` after a crashed ingest remove the crashed
+  writer's blobs at once, while a live writer's blobs stay protected by the grace period.
 - Candidates that disappear are dropped from the record; racing GC runs at worst
   forget a candidate (it is re-added later), which only delays its deletion.
 
@@ -71,6 +75,7 @@ from upsert_core.persist.keys import (
     parse_rollup_seqno,
     rollup_prefix,
     shard_prefix,
+    writer_is_dead,
 )
 from upsert_core.persist.leases import expire_leases, min_held_seqno, min_reader_since
 from upsert_core.persist.location import Blob
@@ -310,7 +315,7 @@ def sweep_leaked(
         seqno = parse_rollup_seqno(key)
         first_seen = before.get(key, now_ms)
         obsolete = seqno is not None and seqno < earliest
-        if obsolete or now_ms - first_seen >= leak_grace_ms:
+        if obsolete or now_ms - first_seen >= leak_grace_ms or writer_is_dead(key):
             if report._delete(blob, key):
                 if obsolete:
                     report.rollups_deleted += 1

@@ -9,6 +9,15 @@ Every module that names a blob builds the name here, so the layout has one defin
 - ``{shard}/errors/{uuid}.parquet``: error parts;
 - ``{shard}/checkpoint/...``: upsert state checkpoints.
 
+Writer identity. When the process that writes a blob has claimed a *writer token*
+(:func:`claim_writer_token`: ``<host id>.<pid>`` of the committing process, kept in the
+``UPSERT_WRITER_TOKEN`` environment variable so Spark's local Python workers inherit the
+driver's token), the unique part of every generated key starts with it:
+``{shard}/part/<host id>.<pid>-<uuid>.parquet``. GC uses it to recognise blobs leaked by a
+writer that is provably dead (same host, pid no longer running) and deletes them without
+waiting for the leak grace period (:func:`writer_is_dead`). Keys without a token (or from
+another host) always wait for the grace period.
+
 Invariants: every key of a shard starts with :func:`shard_prefix`; shard names are
 validated (no ``/``, no ``..``) so no key escapes its prefix; every generated key of a
 part, error part or rollup is unique (a fresh uuid4), so two writers never overwrite
@@ -17,7 +26,10 @@ each other's blobs even when they race for the same seqno.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
+import socket
 import uuid
 
 from upsert_core.persist.state import validate_shard_name
@@ -27,9 +39,86 @@ PART_DIR = "part"
 ERRORS_DIR = "errors"
 CHECKPOINT_DIR = "checkpoint"
 
-_ROLLUP_KEY_RE = re.compile(
-    r"^(?P<shard>[^/]+)/rollup/(?P<seqno>[0-9]{20})-(?P<id>[0-9a-f]{32})$"
-)
+WRITER_TOKEN_ENV = "UPSERT_WRITER_TOKEN"
+_TOKEN_RE = re.compile(r"^(?P<host>[0-9a-f]{12})\.(?P<pid>[0-9]{1,10})$")
+_UNIQUE = r"(?:(?P<token>[0-9a-f]{12}\.[0-9]{1,10})-)?(?P<id>[0-9a-f]{32})"
+_ROLLUP_KEY_RE = re.compile(r"^(?P<shard>[^/]+)/rollup/(?P<seqno>[0-9]{20})-" + _UNIQUE + "$")
+_UNIQUE_IN_KEY_RE = re.compile(r"(?:^|/|-)" + _UNIQUE + r"(?:\.[a-z]+)?$")
+
+
+def host_id() -> str:
+    """A short id of this host: hostname and kernel boot id, hashed.
+
+    Two containers sharing a kernel but not a PID namespace have different hostnames,
+    so they get different ids; a reboot changes the boot id, so pids of a previous boot
+    are never mistaken for running processes.
+    """
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    digest = hashlib.sha1(f"{socket.gethostname()}|{boot}".encode()).hexdigest()
+    return digest[:12]
+
+
+def claim_writer_token() -> str:
+    """Mark this process (and the Spark workers it starts) as the writer of new blobs.
+
+    Returns the token ``<host id>.<pid>``. Call it once at the start of a writing command
+    (``upsertctl ingest``, a Dagster ingest run), before any Spark session starts.
+    """
+    token = f"{host_id()}.{os.getpid()}"
+    os.environ[WRITER_TOKEN_ENV] = token
+    return token
+
+
+def current_writer_token() -> str | None:
+    """The claimed writer token of this process (or inherited from the driver), if any."""
+    token = os.environ.get(WRITER_TOKEN_ENV, "")
+    return token if _TOKEN_RE.match(token) else None
+
+
+def unique_name() -> str:
+    """A fresh unique name for a blob: ``[<writer token>-]<uuid4 hex>``."""
+    token = current_writer_token()
+    unique = uuid.uuid4().hex
+    return f"{token}-{unique}" if token else unique
+
+
+def writer_of(key: str) -> tuple[str, int] | None:
+    """The (host id, pid) of the writer token embedded in ``key``, if it has one."""
+    match = _UNIQUE_IN_KEY_RE.search(key)
+    if match is None or match.group("token") is None:
+        return None
+    token = _TOKEN_RE.match(match.group("token"))
+    assert token is not None  # the key regex only admits well-formed tokens
+    return token.group("host"), int(token.group("pid"))
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True  # exists but is not ours, or not a pid we can judge: assume alive
+    return True
+
+
+def writer_is_dead(key: str) -> bool:
+    """True only when ``key`` names a writer on THIS host whose process has ended.
+
+    SUBTLE: "dead" must never be said of a writer that may still commit the blob. The
+    token is the committing process's (the driver's, inherited by its local Spark
+    workers), so a worker exiting early does not make its blobs look dead; a reused pid
+    only makes a dead writer look alive, which merely delays the deletion.
+    """
+    writer = writer_of(key)
+    if writer is None:
+        return False
+    host, pid = writer
+    return host == host_id() and pid != os.getpid() and not _pid_running(pid)
 
 
 def consensus_key(shard: str) -> str:
@@ -51,17 +140,17 @@ def rollup_key(shard: str, seqno: int) -> str:
     """A fresh, unique blob key for a rollup of ``shard``'s state at ``seqno``."""
     if seqno < 0:
         raise ValueError(f"rollup seqno must be >= 0, got {seqno}")
-    return f"{rollup_prefix(shard)}{seqno:020d}-{uuid.uuid4().hex}"
+    return f"{rollup_prefix(shard)}{seqno:020d}-{unique_name()}"
 
 
 def part_key(shard: str) -> str:
     """A fresh, unique blob key for a batch part of ``shard``."""
-    return f"{shard_prefix(shard)}{PART_DIR}/{uuid.uuid4().hex}.parquet"
+    return f"{shard_prefix(shard)}{PART_DIR}/{unique_name()}.parquet"
 
 
 def error_part_key(shard: str) -> str:
     """A fresh, unique blob key for an error part of ``shard``."""
-    return f"{shard_prefix(shard)}{ERRORS_DIR}/{uuid.uuid4().hex}.parquet"
+    return f"{shard_prefix(shard)}{ERRORS_DIR}/{unique_name()}.parquet"
 
 
 def checkpoint_prefix(shard: str) -> str:
