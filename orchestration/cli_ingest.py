@@ -117,7 +117,11 @@ def ingest_landing(
 
 def run_ingest(args: argparse.Namespace) -> int:
     from orchestration.cli_commands import open_shard
+    from upsert_core.persist.keys import claim_writer_token
 
+    # Mark the blobs this process (and its local Spark workers) writes as ours, so that
+    # if we are killed, `upsertctl gc` can tell they are abandoned and delete them.
+    claim_writer_token()
     request = request_from_args(args)
     shard = open_shard(args, create=True)
     report = ingest_landing(

@@ -24,7 +24,6 @@ Invariants:
 from __future__ import annotations
 
 import json
-import uuid
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -33,7 +32,7 @@ from upsert_core.backends import InMemoryBackend
 from upsert_core.drain import OrderScope
 from upsert_core.errors import CodecError, InvalidUsage, UpsertPlatformError
 from upsert_core.ingest.buckets import bucket_of_keys
-from upsert_core.persist.keys import checkpoint_prefix
+from upsert_core.persist.keys import checkpoint_prefix, unique_name
 from upsert_core.persist.location import Blob
 from upsert_core.persist.parts import encode_parquet
 from upsert_core.persist.state import BLOB_REF_PREFIX
@@ -62,7 +61,7 @@ def checkpoint_base_name(bucket: int) -> str:
 
 def checkpoint_key(shard: str, bucket: int) -> str:
     """A fresh, unique blob key for a checkpoint of ``bucket``."""
-    return f"{checkpoint_prefix(shard)}{bucket:04d}-{uuid.uuid4().hex}.parquet"
+    return f"{checkpoint_prefix(shard)}{bucket:04d}-{unique_name()}.parquet"
 
 
 def new_state() -> UpsertState:
