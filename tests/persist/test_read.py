@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import io
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 
+import pyarrow as pa
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from upsert_core.errors import NotReadable
 from upsert_core.persist.blob_memory import MemoryBlob
-from upsert_core.persist.consolidate import is_sorted
-from upsert_core.persist.location import Blob
+from upsert_core.persist.consolidate import (
+    consolidate,
+    is_sorted,
+    merge_consolidate,
+    merge_indices,
+    sort_updates,
+)
+from upsert_core.persist.location import Blob, BlobMetadata
 from upsert_core.persist.parts import write_parts
 from upsert_core.persist.read import changes, merge_sorted, read_all, snapshot
 from upsert_core.persist.state import HollowBatch, ShardState, initial_state
@@ -87,6 +96,12 @@ def model_changes(updates: list[Update], since: int, lower: int, upper: int) -> 
     return sorted((k, r, t, d) for (k, r, t), d in acc.items() if d != 0)
 
 
+def assert_no_key_straddles(batches: list[pa.RecordBatch]) -> None:
+    """Each batch holds all rows of its keys: keys strictly increase across batches."""
+    keys = [b.column("key").to_pylist() for b in batches if b.num_rows]
+    assert all(a[-1] < b[0] for a, b in zip(keys, keys[1:], strict=False))
+
+
 @given(shards(), st.booleans(), st.sampled_from([1, 2, 5, 1000]))
 def test_snapshot_at_every_readable_time_matches_model(
     shard: Shard, positive_only: bool, batch_rows: int
@@ -101,6 +116,7 @@ def test_snapshot_at_every_readable_time_matches_model(
         result = read_all(batches)
         assert rows_of(result) == model_snapshot(shard.updates, as_of, positive_only)
         assert is_sorted(result)
+        assert_no_key_straddles(batches)
 
 
 @given(shards(), st.data())
@@ -108,8 +124,9 @@ def test_changes_match_model_and_compose_into_snapshots(shard: Shard, data: st.D
     state = shard.state
     lower = data.draw(st.integers(state.since, state.upper))
     upper = data.draw(st.integers(lower, state.upper))
-    got = rows_of(read_all(changes(shard.blob, state, lower, upper, batch_rows=3)))
-    assert got == model_changes(shard.updates, state.since, lower, upper)
+    batches = list(changes(shard.blob, state, lower, upper, batch_rows=3))
+    assert rows_of(read_all(batches)) == model_changes(shard.updates, state.since, lower, upper)
+    assert_no_key_straddles(batches)
     # snapshot(ts) = snapshot(ts - 1) + changes at ts, for every readable ts > since.
     for ts in range(state.since + 1, state.upper):
         before = {
@@ -204,3 +221,98 @@ def test_empty_parts_and_batches_read_as_nothing() -> None:
     state = initial_state(SHARD).evolve(batches=(empty,), upper=1)
     assert list(snapshot(blob, state, 0)) == []
     assert list(changes(blob, state, 0, 1)) == []
+
+
+# Keys sharing their first 8 bytes tie on the high word, exercising the tie-break path.
+tie_keys = st.sampled_from(
+    [b"\x00" * 8 + bytes([i]) * 8 for i in range(3)] + [key(i) for i in range(4)]
+)
+
+
+@given(
+    st.lists(
+        st.lists(
+            st.tuples(tie_keys, st.sampled_from([b"", b"a", b"ab", b"b"]), st.integers(0, 2),
+                      st.sampled_from([1, -1, 2, 0])),
+            max_size=12,
+        ),
+        max_size=5,
+    )
+)
+def test_merging_sorted_runs_equals_sorting_and_consolidating(runs: list[list[Update]]) -> None:
+    tables = [sort_updates(updates_table(run)) for run in runs]
+    table = pa.concat_tables([updates_table([]), *tables])
+    expected = consolidate(table)
+    assert rows_of(merge_consolidate(table)) == rows_of(expected)
+    merged = table.take(pa.array(merge_indices(table)))
+    assert sorted(rows_of(merged)) == sorted(rows_of(table)) and is_sorted(merged)
+
+
+class CountingBlob:
+    """A ranged blob that counts the readers it opened and closed."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryBlob()
+        self.opened = 0
+        self.readers: list[io.BytesIO] = []
+
+    def get(self, key: str) -> bytes | None:
+        return self.inner.get(key)
+
+    def set(self, key: str, value: bytes) -> None:
+        self.inner.set(key, value)
+
+    def delete(self, key: str) -> int | None:
+        return self.inner.delete(key)
+
+    def list_keys(self, prefix: str) -> Iterator[BlobMetadata]:
+        return self.inner.list_keys(prefix)
+
+    def open_reader(self, key: str) -> io.BytesIO | None:
+        data = self.inner.get(key)
+        if data is None:
+            return None
+        self.readers.append(io.BytesIO(data))
+        return self.readers[-1]
+
+
+def test_reads_close_every_part_reader_whether_finished_or_abandoned() -> None:
+    blob = CountingBlob()
+    batches = []
+    for ts in range(4):
+        rows = [(key(i), b"v%d" % ts, ts, 1) for i in range(ts, 30 + ts)]
+        parts = write_parts(blob, SHARD, updates_table(rows), part_rows=10, inline_threshold=0,
+                            row_group_rows=3)
+        batches.append(HollowBatch(lower=ts, upper=ts + 1, since=0, parts=parts))
+    state = initial_state(SHARD).evolve(batches=tuple(batches), upper=4)
+    full = list(snapshot(blob, state, 3, batch_rows=2))
+    assert sum(b.num_rows for b in full) == 4 * 30
+    assert blob.readers and all(r.closed for r in blob.readers)
+    blob.readers.clear()
+    stream = snapshot(blob, state, 3, batch_rows=2)
+    next(stream)
+    assert any(not r.closed for r in blob.readers)  # parts are read lazily, while streaming
+    stream.close()
+    assert all(r.closed for r in blob.readers)
+
+
+def test_reads_from_a_blob_without_ranged_reads_fetch_each_part_once() -> None:
+    class PlainBlob(CountingBlob):
+        open_reader = None  # type: ignore[assignment]
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.gets: list[str] = []
+
+        def get(self, key: str) -> bytes | None:
+            self.gets.append(key)
+            return self.inner.get(key)
+
+    blob = PlainBlob()
+    rows = [(key(i % 9), b"r%d" % i, 0, 1) for i in range(40)]
+    (part,) = write_parts(blob, SHARD, updates_table(rows), inline_threshold=0, row_group_rows=4)
+    state = initial_state(SHARD).evolve(
+        batches=(HollowBatch(lower=0, upper=1, since=0, parts=(part,)),), upper=1
+    )
+    assert rows_of(read_all(snapshot(blob, state, 0, batch_rows=3))) == sorted(rows)
+    assert blob.gets == [part.key]  # type: ignore[union-attr]

@@ -15,12 +15,17 @@ Invariants this module keeps:
 - :func:`advance_ts` replaces every ``ts`` below a frontier by the frontier. The map
   ``ts -> max(ts, frontier)`` is monotone, so a table sorted by ``(key, row, ts)`` stays
   sorted after it, and consolidation may follow without a new sort.
-- :func:`sort_indices` is the only place that sorts, with pyarrow; 16-byte keys are
-  sorted as two big-endian uint64 words, which orders them exactly like their bytes.
+- :func:`sort_indices` and :func:`merge_indices` are the only places that sort;
+  16-byte keys are sorted as two big-endian uint64 words, which orders them exactly
+  like their bytes. ``merge_indices`` is for a concatenation of sorted runs (the
+  streaming merge): numpy's stable sort (timsort) merges runs in about O(n log runs),
+  and only rows whose high key word ties with a neighbour's are ordered further, by
+  pyarrow, on their remaining columns.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TypeAlias
 
 import numpy as np
@@ -52,17 +57,36 @@ def as_table(data: TableLike) -> pa.Table:
     return pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
 
 
-def _array_key_words(keys: pa.Array) -> tuple[np.ndarray, np.ndarray] | None:
+def _array_word_view(keys: pa.Array) -> np.ndarray | None:
+    """The 16-byte keys of one array as an ``(n, 2)`` big-endian uint64 view (no copy)."""
     n = len(keys)
     if not pa.types.is_binary(keys.type) or keys.null_count:
         return None
     if n == 0:
-        return np.empty(0, np.uint64), np.empty(0, np.uint64)
+        return np.empty((0, 2), ">u8")
     offsets = np.frombuffer(keys.buffers()[1], dtype=np.int32)[keys.offset : keys.offset + n + 1]
     if not (np.diff(offsets) == 16).all():
         return None
     words = np.frombuffer(keys.buffers()[2], dtype=">u8", count=2 * n, offset=int(offsets[0]))
-    return words[0::2].astype(np.uint64), words[1::2].astype(np.uint64)
+    return words.reshape(n, 2)
+
+
+def _word_views(keys: pa.Array | pa.ChunkedArray) -> list[np.ndarray] | None:
+    chunks = keys.chunks if isinstance(keys, pa.ChunkedArray) else [keys]
+    views = [_array_word_view(chunk) for chunk in chunks]
+    if any(v is None for v in views):
+        return None
+    return [v for v in views if v is not None]
+
+
+def _word(views: list[np.ndarray], which: int) -> np.ndarray:
+    """Word ``which`` (0: high, 1: low) of every key, as native uint64, in one pass."""
+    out = np.empty(sum(len(v) for v in views), dtype=np.uint64)
+    start = 0
+    for view in views:
+        out[start : start + len(view)] = view[:, which]
+        start += len(view)
+    return out
 
 
 def key_words(keys: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -72,17 +96,10 @@ def key_words(keys: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]
     and numbers sort and compare several times faster than binary values. Returns
     ``None`` unless every key is exactly 16 bytes (and not null).
     """
-    chunks = keys.chunks if isinstance(keys, pa.ChunkedArray) else [keys]
-    parts = [_array_key_words(chunk) for chunk in chunks]
-    if not parts:
-        return np.empty(0, np.uint64), np.empty(0, np.uint64)
-    if any(p is None for p in parts):
+    views = _word_views(keys)
+    if views is None:
         return None
-    his = [p[0] for p in parts if p is not None]
-    los = [p[1] for p in parts if p is not None]
-    if len(his) == 1:
-        return his[0], los[0]
-    return np.concatenate(his), np.concatenate(los)
+    return _word(views, 0), _word(views, 1)
 
 
 def sort_indices(data: TableLike) -> np.ndarray:
@@ -96,6 +113,78 @@ def sort_indices(data: TableLike) -> np.ndarray:
     )
     keys = [("hi", "ascending"), ("lo", "ascending"), ("row", "ascending"), ("ts", "ascending")]
     return pc.sort_indices(numeric, sort_keys=keys).to_numpy()
+
+
+KeyWords = tuple[np.ndarray, np.ndarray]
+
+
+def _merge_order(
+    table: pa.Table, hi: np.ndarray, low: Callable[[], np.ndarray]
+) -> tuple[np.ndarray, bool]:
+    """The permutation sorting ``table`` (sorted runs, concatenated) by ``(key, row,
+    ts)`` given the high key words (``low()`` computes the low ones, asked for only
+    when high words tie), and whether every key is distinct (then nothing ties)."""
+    n = table.num_rows
+    order = np.argsort(hi, kind="stable")
+    sorted_hi = hi[order]
+    tie = sorted_hi[1:] == sorted_hi[:-1]
+    if not tie.any():
+        return order, True
+    # Runs of equal high words, ordered on (low word, row, ts) inside each run: sort the
+    # tied rows by (run number, lo, row, ts), which keeps every run in its own positions.
+    tied = np.zeros(n, dtype=bool)
+    tied[1:] = tie
+    tied[:-1] |= tie
+    run = np.cumsum(np.concatenate(([True], ~tie)))
+    positions = np.flatnonzero(tied)
+    rows = order[positions]
+    sub = pa.table(
+        {
+            "run": run[positions],
+            "lo": low()[rows],
+            "row": table.column("row").take(pa.array(rows)),
+            "ts": table.column("ts").to_numpy()[rows],
+        }
+    )
+    keys = [("run", "ascending"), ("lo", "ascending"), ("row", "ascending"), ("ts", "ascending")]
+    order[positions] = rows[pc.sort_indices(sub, sort_keys=keys).to_numpy()]
+    return order, False
+
+
+def merge_indices(data: TableLike) -> np.ndarray:
+    """The permutation that sorts ``data`` by ``(key, row, ts)``, fast when ``data`` is a
+    concatenation of a few runs that are each sorted (any input is sorted correctly)."""
+    table = as_table(data)
+    views = _word_views(table.column("key"))
+    if views is None or table.num_rows <= 1:
+        return sort_indices(table)
+    return _merge_order(table, _word(views, 0), lambda: _word(views, 1))[0]
+
+
+def merge_consolidate(data: TableLike) -> pa.Table:
+    """Consolidate a concatenation of runs that are each sorted by ``(key, row, ts)``
+    (any input is handled correctly); the result is sorted.
+
+    When every key is distinct (common: a key's updates usually share a batch) nothing
+    can consolidate but zero diffs, so only the surviving rows are gathered.
+    """
+    table = as_table(data)
+    views = _word_views(table.column("key"))
+    if views is None or table.num_rows <= 1:
+        return consolidate(table)
+    hi = _word(views, 0)
+    lows: list[np.ndarray] = []
+
+    def low() -> np.ndarray:
+        if not lows:
+            lows.append(_word(views, 1))
+        return lows[0]
+
+    order, distinct = _merge_order(table, hi, low)
+    if not distinct:
+        return consolidate_in_order(table, order, words=(hi, low()))
+    nonzero = table.column("diff").to_numpy()[order] != 0
+    return table.take(pa.array(order if nonzero.all() else order[nonzero]))
 
 
 def sort_updates(data: TableLike) -> pa.Table:
@@ -126,7 +215,9 @@ def with_constant_ts(data: TableLike, ts: int) -> pa.Table:
     return table.set_column(table.schema.get_field_index("ts"), "ts", column)
 
 
-def _run_starts(table: pa.Table, order: np.ndarray | None) -> np.ndarray:
+def _run_starts(
+    table: pa.Table, order: np.ndarray | None, words: KeyWords | None = None
+) -> np.ndarray:
     """True where ``(key, row, ts)`` differs from the previous row in ``order``.
 
     Keys and times are compared as numbers; rows (binary) only where key and time are
@@ -139,7 +230,7 @@ def _run_starts(table: pa.Table, order: np.ndarray | None) -> np.ndarray:
     ts = table.column("ts").to_numpy()
     ts = ts if order is None else ts[order]
     changed = ts[1:] != ts[:-1]
-    words = key_words(table.column("key"))
+    words = words or key_words(table.column("key"))
     if words is None:
         column = table.column("key")
         ordered = column if order is None else column.take(pa.array(order))
@@ -162,11 +253,14 @@ def _run_starts(table: pa.Table, order: np.ndarray | None) -> np.ndarray:
     return starts
 
 
-def consolidate_in_order(data: TableLike, order: np.ndarray | None) -> pa.Table:
+def consolidate_in_order(
+    data: TableLike, order: np.ndarray | None, *, words: KeyWords | None = None
+) -> pa.Table:
     """Consolidate ``data`` read in ``order`` (a permutation sorting it by
     ``(key, row, ts)``; ``None``: it is sorted already). The result is sorted.
 
     Only the surviving rows are gathered (one ``take``), never the whole input.
+    ``words`` may pass ``key_words`` of the keys when the caller has them already.
     """
     table = as_table(data)
     n = table.num_rows
@@ -174,7 +268,7 @@ def consolidate_in_order(data: TableLike, order: np.ndarray | None) -> pa.Table:
         return table
     diff = table.column("diff").to_numpy()
     diff = diff if order is None else diff[order]
-    starts = _run_starts(table, order)
+    starts = _run_starts(table, order, words)
     if starts.all():
         if order is None and diff.all():
             return table

@@ -17,11 +17,14 @@ Invariants:
   whole of it.
 - Bytes that are not a valid part of the expected schema raise :class:`CorruptData`
   naming the shard and the blob key (or "inline part"); a referenced blob that is
-  missing raises it too.
+  missing, or that vanishes while it is read, raises it too (saying "missing").
+- Reading is lazy and ranged: a part is opened at the first ``next`` through a blob
+  reader and decoded one row group at a time, so a reader never holds a whole part.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator
 
 import pyarrow as pa
@@ -31,7 +34,7 @@ import pyarrow.parquet as pq
 from upsert_core.errors import CorruptData, InvalidUsage
 from upsert_core.persist.consolidate import UPDATE_SCHEMA, as_table, sort_updates
 from upsert_core.persist.keys import error_part_key, part_key
-from upsert_core.persist.location import Blob
+from upsert_core.persist.location import Blob, BlobReader, RangedBlob, open_blob_reader
 from upsert_core.persist.state import BlobPart, ErrorBatch, HollowBatch, InlinePart, Part
 
 KEY_BYTES = 16
@@ -44,7 +47,7 @@ DEFAULT_ROW_GROUP_ROWS = 64 * 1024
 """Rows per Parquet row group: the unit a reader decodes at a time."""
 
 DEFAULT_PART_ROWS = 1024 * 1024
-"""Rows per part when a large table is split (bounds the bytes fetched per part)."""
+"""Rows per part when a large table is split (keeps parts, and rewrites of them, modest)."""
 
 DEFAULT_BATCH_ROWS = 64 * 1024
 """Rows per record batch yielded by :func:`read_part`."""
@@ -134,6 +137,7 @@ def write_parts(
     *,
     inline_threshold: int = DEFAULT_INLINE_THRESHOLD,
     part_rows: int = DEFAULT_PART_ROWS,
+    row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
 ) -> tuple[Part, ...]:
     """Sort ``data`` and write it as parts of at most ``part_rows`` rows (none if empty)."""
     table = sort_updates(conform_updates(data))
@@ -141,7 +145,7 @@ def write_parts(
     return tuple(
         write_part(
             blob, shard, table.slice(start, step), inline_threshold=inline_threshold,
-            presorted=True,
+            row_group_rows=row_group_rows, presorted=True,
         )
         for start in range(0, table.num_rows, step)
     )
@@ -156,6 +160,7 @@ def write_batch(
     *,
     inline_threshold: int = DEFAULT_INLINE_THRESHOLD,
     part_rows: int = DEFAULT_PART_ROWS,
+    row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
 ) -> HollowBatch:
     """Write ``data`` (updates with ``lower <= ts < upper``) as a new batch."""
     if not 0 <= lower < upper:
@@ -168,7 +173,8 @@ def write_batch(
                 f"batch [{lower}, {upper}) holds updates at ts {bounds['min']}..{bounds['max']}"
             )
     parts = write_parts(
-        blob, shard, table, inline_threshold=inline_threshold, part_rows=part_rows
+        blob, shard, table, inline_threshold=inline_threshold, part_rows=part_rows,
+        row_group_rows=row_group_rows,
     )
     return HollowBatch(lower=lower, upper=upper, since=0, parts=parts)
 
@@ -209,43 +215,120 @@ def _describe(part: Part, shard: str | None) -> str:
     return f"shard {shard or '?'}: inline part"
 
 
-def _part_bytes(blob: Blob, part: Part, where: str) -> bytes:
-    if isinstance(part, InlinePart):
-        return part.data
-    data = blob.get(part.key)
-    if data is None:
-        raise CorruptData(f"{where} is referenced by the state but missing from the blob store")
-    return data
+def _decode_error(exc: BaseException, where: str) -> CorruptData:
+    if isinstance(exc, FileNotFoundError):
+        return CorruptData(f"{where} went missing from the blob store while being read: {exc}")
+    return CorruptData(f"{where} cannot be decoded: {exc}")
 
 
-def _open(data: bytes, schema: pa.Schema, part: Part, where: str) -> pq.ParquetFile:
-    try:
-        parquet = pq.ParquetFile(pa.BufferReader(data))
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        raise CorruptData(f"{where} is not valid Parquet ({len(data)} bytes): {exc}") from exc
-    actual = parquet.schema_arrow
-    if actual.names != schema.names or actual.types != schema.types:
-        raise CorruptData(f"{where} has schema {actual}, expected {schema}")
-    rows = parquet.metadata.num_rows
-    if rows != part.num_updates:
-        raise CorruptData(f"{where} holds {rows} rows but the state says {part.num_updates}")
-    return parquet
+class OpenPart:
+    """A part opened for reading: its row groups can be decoded one at a time, in any
+    order, and concurrently from several threads.
+
+    Each concurrent decode uses its own reader of the blob (a file handle, an S3 reader;
+    decoders never share one), opened on demand and reused; a blob store without ranged
+    reads is fetched ONCE and shared in memory. Construction opens the first reader and
+    checks the footer (schema, row count); :meth:`close` closes every reader.
+    """
+
+    def __init__(
+        self, blob: Blob, part: Part, *, shard: str | None = None,
+        schema: pa.Schema = UPDATE_SCHEMA,
+    ) -> None:
+        self.where = _describe(part, shard)
+        self._blob = blob
+        self._part = part
+        self._key = part.key if isinstance(part, BlobPart) else None
+        self._data: bytes | None = part.data if isinstance(part, InlinePart) else None
+        if self._key is not None and not isinstance(blob, RangedBlob):
+            self._data = self._fetch_all(self._key)
+        self._lock = threading.Lock()
+        # pyarrow BufferReaders (in-memory bytes) or blob readers; both are file-likes.
+        self._readers: list[BlobReader] = []
+        self._idle: list[pq.ParquetFile] = []
+        first = self._new_file(None)
+        try:
+            self.metadata = self._check(first, schema)
+        except BaseException:
+            self.close()
+            raise
+        self._idle.append(first)
+
+    @property
+    def num_row_groups(self) -> int:
+        return int(self.metadata.num_row_groups)
+
+    def _fetch_all(self, key: str) -> bytes:
+        data = self._blob.get(key)
+        if data is None:
+            raise CorruptData(self._missing())
+        return data
+
+    def _missing(self) -> str:
+        return f"{self.where} is referenced by the state but missing from the blob store"
+
+    def _new_file(self, metadata: pq.FileMetaData | None) -> pq.ParquetFile:
+        source: BlobReader | None
+        if self._key is None or self._data is not None:
+            source = pa.BufferReader(self._data)
+        else:
+            source = open_blob_reader(self._blob, self._key)
+            if source is None:
+                raise CorruptData(self._missing())
+        with self._lock:
+            self._readers.append(source)
+        try:
+            return pq.ParquetFile(source, metadata=metadata)
+        except FileNotFoundError as exc:
+            raise _decode_error(exc, self.where) from exc
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise CorruptData(f"{self.where} is not valid Parquet: {exc}") from exc
+
+    def _check(self, parquet: pq.ParquetFile, schema: pa.Schema) -> pq.FileMetaData:
+        actual = parquet.schema_arrow
+        if actual.names != schema.names or actual.types != schema.types:
+            raise CorruptData(f"{self.where} has schema {actual}, expected {schema}")
+        rows = parquet.metadata.num_rows
+        if rows != self._part.num_updates:
+            raise CorruptData(
+                f"{self.where} holds {rows} rows but the state says {self._part.num_updates}"
+            )
+        return parquet.metadata
+
+    def read_row_group(self, index: int) -> pa.Table:
+        """Decode row group ``index`` (its columns in parallel). Thread-safe."""
+        with self._lock:
+            parquet = self._idle.pop() if self._idle else None
+        if parquet is None:
+            parquet = self._new_file(self.metadata)
+        try:
+            return parquet.read_row_group(index, use_threads=True)
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise _decode_error(exc, self.where) from exc
+        finally:
+            with self._lock:
+                self._idle.append(parquet)
+
+    def close(self) -> None:
+        """Close every reader (idempotent)."""
+        with self._lock:
+            readers, self._readers, self._idle = self._readers, [], []
+        for reader in readers:
+            reader.close()
 
 
 def _iter(
     blob: Blob, part: Part, schema: pa.Schema, shard: str | None, batch_rows: int
 ) -> Iterator[pa.RecordBatch]:
-    where = _describe(part, shard)
-    parquet = _open(_part_bytes(blob, part, where), schema, part, where)
-    batches = parquet.iter_batches(batch_size=max(1, batch_rows))
-    while True:
-        try:
-            batch = next(batches)
-        except StopIteration:
-            return
-        except (pa.ArrowException, OSError, ValueError) as exc:
-            raise CorruptData(f"{where} cannot be decoded: {exc}") from exc
-        yield batch
+    """Open the part at the first ``next`` and decode it one row group at a time; the
+    readers are closed when the iteration ends or the generator is closed."""
+    opened = OpenPart(blob, part, shard=shard, schema=schema)
+    try:
+        for group in range(opened.num_row_groups):
+            table = opened.read_row_group(group)
+            yield from table.to_batches(max_chunksize=max(1, batch_rows))
+    finally:
+        opened.close()
 
 
 def read_part(
@@ -257,8 +340,11 @@ def read_part(
 ) -> Iterator[pa.RecordBatch]:
     """The updates of a batch part, in ``(key, row, ts)`` order, batch by batch.
 
-    Fetches the part's bytes once (Blob has no ranged reads) and decodes one record
-    batch at a time. Raises :class:`CorruptData` for missing or undecodable parts.
+    Lazy: nothing is fetched before the first ``next``; then the part is opened with a
+    ranged reader (:func:`~upsert_core.persist.location.open_blob_reader`) and only one
+    row group is fetched and decoded at a time, so memory stays bounded by a row group
+    however big the part. Raises :class:`CorruptData` for missing or undecodable parts,
+    including a part that goes missing while it is read (its message says "missing").
     """
     return _iter(blob, part, UPDATE_SCHEMA, shard, batch_rows)
 

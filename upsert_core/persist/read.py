@@ -1,11 +1,12 @@
 """Consolidated reads of a shard: ``snapshot`` as of a time and ``changes`` in a range.
 
-Reads stream: every relevant part is read record batch by record batch and the parts
-are merged by key (:func:`merge_sorted`), so the decoded data held at once is bounded
-by about (number of parts x batch size), never the whole shard. Compaction keeps the
-number of parts logarithmic in the shard's history. (Blob has no ranged reads, so the
-*encoded* bytes of each part being merged are held while it is read; writers bound
-them with ``parts.DEFAULT_PART_ROWS``.)
+Reads stream: every relevant part is read row group by row group through a ranged
+blob reader (``parts.read_part``) and the parts are merged by key (:func:`merge_sorted`),
+so the data held at once is bounded by about (number of parts x 3 batches), never the
+whole shard nor a whole part: each part's source keeps a buffer of about two batches
+and one more batch decoded ahead by a small thread pool (pyarrow and numpy release the
+GIL, so parts decode in parallel with each other and with the merge). Compaction keeps
+the number of parts logarithmic in the shard's history.
 
 Invariants:
 
@@ -20,32 +21,163 @@ Invariants:
   ``ts' = max(ts, since)``, consolidated per ``(key, row, ts')``. Updates from before
   ``since`` are indistinguishable and reported at ``since``, the same whether or not
   compaction already advanced them, so reads never depend on compaction.
-- Output record batches are sorted by ``(key, row, ts)`` across the whole read.
+- Output record batches are sorted by ``(key, row, ts)`` across the whole read, and
+  each batch holds ALL the output rows of every key it covers (a key never straddles
+  two batches), so a consumer may resume a read after the last key of a batch.
 """
 
 from __future__ import annotations
 
+import os
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from upsert_core.errors import NotReadable
+from upsert_core.errors import InvalidUsage, NotReadable
 from upsert_core.persist.consolidate import (
     UPDATE_SCHEMA,
     advance_ts,
     as_table,
     consolidate_in_order,
-    sort_indices,
+    merge_consolidate,
+    merge_indices,
     with_constant_ts,
 )
 from upsert_core.persist.location import Blob
-from upsert_core.persist.parts import DEFAULT_BATCH_ROWS, read_part
-from upsert_core.persist.state import HollowBatch, ShardState
+from upsert_core.persist.parts import DEFAULT_BATCH_ROWS, OpenPart
+from upsert_core.persist.state import HollowBatch, Part, ShardState
 
 Transform = Callable[[pa.Table], pa.Table]
 """Maps a sorted chunk of one part to a sorted chunk (filter rows, advance times)."""
+
+
+# --- prefetching ---------------------------------------------------------------------
+
+MAX_PREFETCH_THREADS = 4
+"""Threads decoding parts ahead of the merge (at most one per part)."""
+
+_END = object()
+
+
+class _Ahead:
+    """Iterates ``source`` with its next item always being computed in ``pool``.
+
+    At most one call of ``next(source)`` is in flight, so ``source`` (a generator) is
+    never run by two threads at once; its exceptions surface at the matching ``next``.
+    """
+
+    __slots__ = ("_source", "_pool", "_future")
+
+    def __init__(self, source: Iterator[pa.Table], pool: ThreadPoolExecutor) -> None:
+        self._source = source
+        self._pool = pool
+        self._future: Future[object] | None = pool.submit(next, source, _END)
+
+    def __iter__(self) -> Iterator[pa.Table]:
+        return self
+
+    def __next__(self) -> pa.Table:
+        if self._future is None:
+            raise StopIteration
+        future, self._future = self._future, None
+        item = future.result()
+        if item is _END:
+            raise StopIteration
+        self._future = self._pool.submit(next, self._source, _END)
+        return item
+
+
+class _GroupsAhead:
+    """Iterates a :class:`PartSource` with up to ``depth`` of its row groups being
+    decoded in ``pool`` at once, handed over in order."""
+
+    __slots__ = ("_source", "_pool", "_depth", "_opening", "_groups", "_next_group",
+                 "_pending", "_ready")
+
+    def __init__(self, source: PartSource, pool: ThreadPoolExecutor, depth: int) -> None:
+        self._source = source
+        self._pool = pool
+        self._depth = depth
+        self._opening: Future[int] | None = pool.submit(source.open)
+        self._groups = 0
+        self._next_group = 0
+        self._pending: deque[Future[list[pa.Table]]] = deque()
+        self._ready: deque[pa.Table] = deque()
+
+    def _submit(self) -> None:
+        while len(self._pending) < self._depth and self._next_group < self._groups:
+            self._pending.append(self._pool.submit(self._source.group, self._next_group))
+            self._next_group += 1
+
+    def __iter__(self) -> Iterator[pa.Table]:
+        return self
+
+    def __next__(self) -> pa.Table:
+        if self._opening is not None:
+            opening, self._opening = self._opening, None
+            self._groups = opening.result()
+            self._submit()
+        while not self._ready:
+            if not self._pending:
+                raise StopIteration
+            tables = self._pending.popleft().result()
+            self._submit()
+            self._ready.extend(tables)
+        return self._ready.popleft()
+
+
+@contextmanager
+def _prefetched(
+    sources: Sequence[Iterable[pa.Table | pa.RecordBatch]],
+) -> Iterator[tuple[list[Iterator[pa.Table]], ThreadPoolExecutor]]:
+    """``sources`` decoded ahead on a thread pool: a :class:`PartSource` up to a few row
+    groups at once (more when there are fewer parts), any other iterable one item
+    ahead. Yields them with the pool (for the merge's own work). On exit the pool is
+    drained and every source is closed (closing readers).
+    """
+    threads = min(MAX_PREFETCH_THREADS, max(2, os.cpu_count() or 2))
+    depth = max(1, -(-threads // max(1, len(sources))))  # ceil: keep every thread busy
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="part-read")
+    iterators: list[Iterator[pa.Table | pa.RecordBatch]] = []
+    try:
+        ahead: list[Iterator[pa.Table]] = []
+        for source in sources:
+            if isinstance(source, PartSource):
+                iterators.append(source)
+                ahead.append(_GroupsAhead(source, pool, depth))
+            else:
+                iterator = iter(source)
+                iterators.append(iterator)
+                ahead.append(_Ahead(iterator, pool))
+        yield ahead, pool
+    finally:
+        # Wait for in-flight work: a source may only be closed when no thread is
+        # running it.
+        pool.shutdown(wait=True, cancel_futures=True)
+        for iterator in iterators:
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                close()
+
+
+def _mapped_ahead(
+    pool: ThreadPoolExecutor, fn: Callable[[list[pa.Table]], pa.Table],
+    items: Iterator[list[pa.Table]],
+) -> Iterator[pa.Table]:
+    """``fn`` of every item, in order, computed on ``pool`` with one item in flight while
+    the caller works on the next (the merge overlaps with its own bookkeeping and with
+    decoding)."""
+    pending: deque[Future[pa.Table]] = deque()
+    for item in items:
+        pending.append(pool.submit(fn, item))
+        if len(pending) > 1:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
 
 
 # --- the streaming merge ------------------------------------------------------------
@@ -108,28 +240,39 @@ def _count_below(table: pa.Table, cutoff: bytes) -> int:
     return lo
 
 
-def _merge_pieces(pieces: list[pa.Table]) -> tuple[pa.Table, np.ndarray | None]:
-    """Concatenate pieces covering the same key range, with the order that sorts them
-    (``None`` when the concatenation is sorted already)."""
+def _in_key_order(pieces: list[pa.Table]) -> tuple[pa.Table, bool]:
+    """Concatenate pieces covering the same key range (zero-copy), ordered by first key,
+    and say whether the result is sorted already (one piece, or disjoint key ranges)."""
     if len(pieces) == 1:
-        return pieces[0], None
+        return pieces[0], True
     firsts = [p.column("key")[0].as_py() for p in pieces]
     by_first = sorted(range(len(pieces)), key=firsts.__getitem__)
     ordered = [pieces[i] for i in by_first]
-    # One copy into contiguous columns: sorting and gathering from chunked columns
-    # costs several times more.
-    table = pa.concat_tables(ordered).combine_chunks()
+    # Chunked columns are fine here: the one gather that follows (a take) costs about
+    # the same on chunks as on contiguous columns, and saves a copy.
+    table = pa.concat_tables(ordered)
     lasts = [p.column("key")[p.num_rows - 1].as_py() for p in ordered]
-    if all(lasts[i] < firsts[by_first[i + 1]] for i in range(len(ordered) - 1)):
-        return table, None  # disjoint key ranges: already sorted
-    return table, sort_indices(table)
+    disjoint = all(lasts[i] < firsts[by_first[i + 1]] for i in range(len(ordered) - 1))
+    return table, disjoint
+
+
+def _merged(pieces: list[pa.Table]) -> pa.Table:
+    """Pieces covering the same key range as one table sorted by ``(key, row, ts)``."""
+    table, is_sorted = _in_key_order(pieces)
+    return table if is_sorted else table.take(pa.array(merge_indices(table)))
+
+
+def _merged_consolidated(pieces: list[pa.Table]) -> pa.Table:
+    """Pieces covering the same key range, merged and consolidated."""
+    table, is_sorted = _in_key_order(pieces)
+    return consolidate_in_order(table, None) if is_sorted else merge_consolidate(table)
 
 
 def _chunks(
     sources: Sequence[Iterable[pa.Table | pa.RecordBatch]],
-) -> Iterator[tuple[pa.Table, np.ndarray | None]]:
+) -> Iterator[list[pa.Table]]:
     """The streaming merge: chunks holding every row of the keys they cover, in
-    increasing key ranges, each with the order that sorts it by ``(key, row, ts)``.
+    increasing key ranges, each as its sorted pieces (one per source that has rows).
 
     The cutoff is the smallest last buffered key among sources that may still yield
     rows; every row with a smaller key has then been buffered by every source.
@@ -144,7 +287,7 @@ def _chunks(
         cutoff = min(c.last_key() for c in live) if live else None
         pieces = [p for c in cursors if (p := c.take_below(cutoff)) is not None]
         if pieces:
-            yield _merge_pieces(pieces)
+            yield pieces
             continue
         # Every buffered row has key >= cutoff: read further in the sources whose
         # buffers end at the cutoff key so that key's rows can be completed.
@@ -184,17 +327,68 @@ def merge_sorted(
     cover increasing key ranges, so each can be consolidated on its own. Small chunks
     are coalesced up to about ``target_rows``.
     """
-    chunks = (t if o is None else t.take(pa.array(o)) for t, o in _chunks(sources))
-    return _coalesce(chunks, target_rows)
+
+    def chunks() -> Iterator[pa.Table]:
+        with _prefetched(sources) as (ahead, pool):
+            yield from _mapped_ahead(pool, _merged, _chunks(ahead))
+
+    return _coalesce(chunks(), target_rows)
 
 
-def _transformed(
-    batches: Iterable[pa.RecordBatch], transform: Transform
-) -> Iterator[pa.Table]:
-    for batch in batches:
-        table = transform(as_table(batch))
-        if table.num_rows:
-            yield table
+class PartSource:
+    """One part's updates, transformed, in key order: the unit the merge reads.
+
+    Iterating it decodes row groups one after another in the calling thread; the
+    prefetcher (:func:`_prefetched`) instead decodes up to ``depth`` row groups of it
+    at once on a thread pool (each with its own blob reader) and hands them over in
+    order. Tables the transform empties are skipped. Nothing is opened before the
+    first table is asked for.
+    """
+
+    def __init__(
+        self, blob: Blob, part: Part, shard: str, transform: Transform, batch_rows: int
+    ) -> None:
+        self._blob = blob
+        self._part = part
+        self._shard = shard
+        self._transform = transform
+        self._batch_rows = max(1, batch_rows)
+        self._opened: OpenPart | None = None
+        self._sequential: Iterator[pa.Table] | None = None
+
+    def open(self) -> int:
+        """Open the part (once); returns its number of row groups."""
+        if self._opened is None:
+            self._opened = OpenPart(self._blob, self._part, shard=self._shard)
+        return self._opened.num_row_groups
+
+    def group(self, index: int) -> list[pa.Table]:
+        """Row group ``index`` decoded and transformed, as non-empty tables of at most
+        ``batch_rows`` rows. Thread-safe once :meth:`open` returned."""
+        if self._opened is None:
+            raise InvalidUsage("PartSource.group before open")
+        table = self._transform(self._opened.read_row_group(index))
+        if table.num_rows <= self._batch_rows:
+            return [table] if table.num_rows else []
+        step = self._batch_rows
+        return [table.slice(i, step) for i in range(0, table.num_rows, step)]
+
+    def _tables(self) -> Iterator[pa.Table]:
+        for index in range(self.open()):
+            yield from self.group(index)
+
+    def __iter__(self) -> Iterator[pa.Table]:
+        return self
+
+    def __next__(self) -> pa.Table:
+        if self._sequential is None:
+            self._sequential = self._tables()
+        return next(self._sequential)
+
+    def close(self) -> None:
+        """Close the part's readers (idempotent)."""
+        if self._opened is not None:
+            self._opened.close()
 
 
 def part_sources(
@@ -204,29 +398,35 @@ def part_sources(
     transform_for: Callable[[HollowBatch], Transform],
     *,
     batch_rows: int = DEFAULT_BATCH_ROWS,
-) -> list[Iterator[pa.Table]]:
-    """One lazy, transformed, key-sorted source per part of ``batches``."""
-    sources: list[Iterator[pa.Table]] = []
-    for batch in batches:
-        transform = transform_for(batch)
-        for part in batch.parts:
-            if part.num_updates:
-                batches_of_part = read_part(blob, part, shard=shard, batch_rows=batch_rows)
-                sources.append(_transformed(batches_of_part, transform))
-    return sources
+) -> list[PartSource]:
+    """One lazy, transformed, key-sorted source per non-empty part of ``batches``."""
+    return [
+        PartSource(blob, part, shard, transform_for(batch), batch_rows)
+        for batch in batches
+        for part in batch.parts
+        if part.num_updates
+    ]
 
 
 def consolidated(
     sources: Sequence[Iterator[pa.Table]], *, batch_rows: int = DEFAULT_BATCH_ROWS
 ) -> Iterator[pa.Table]:
-    """Merge ``sources`` and consolidate each chunk (non-empty tables only)."""
-    tables = (consolidate_in_order(t, o) for t, o in _chunks(sources))
-    return _coalesce(tables, batch_rows)
+    """Merge ``sources`` and consolidate each chunk (non-empty tables only).
+
+    Every table holds all rows of the keys it covers; tables cover increasing keys.
+    """
+
+    def tables() -> Iterator[pa.Table]:
+        with _prefetched(sources) as (ahead, pool):
+            yield from _mapped_ahead(pool, _merged_consolidated, _chunks(ahead))
+
+    return _coalesce(tables(), batch_rows)
 
 
 def _emit(tables: Iterator[pa.Table]) -> Iterator[pa.RecordBatch]:
+    """One record batch per table, so a key never straddles two batches."""
     for table in tables:
-        yield from table.to_batches()
+        yield from table.combine_chunks().to_batches()
 
 
 # --- reads ----------------------------------------------------------------------------
