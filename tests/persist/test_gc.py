@@ -3,6 +3,7 @@ record, a blob committed while GC runs, idempotence, and GC racing readers."""
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 from collections.abc import Iterator
@@ -19,7 +20,8 @@ from upsert_core.persist.consensus_memory import MemoryConsensus
 from upsert_core.persist.consensus_sql import SqlConsensus
 from upsert_core.persist.gc import leak_candidates_key, truncation_point
 from upsert_core.persist.keys import rollup_key, rollup_prefix
-from upsert_core.persist.location import Blob, Consensus
+from upsert_core.persist.location import Blob, BlobMetadata, Consensus
+from upsert_core.persist.parts import write_batch
 from upsert_core.persist.read import read_all
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.state_versions import check_invariants
@@ -255,6 +257,76 @@ def test_an_unleased_read_restarts_when_gc_removed_its_parts() -> None:
     inner.delete(part.key)  # type: ignore[union-attr]
     with pytest.raises(CorruptData, match="missing"):
         reader.snapshot(12)
+
+
+class LazyBlob:
+    """A blob whose readers fetch from ``inner`` at every read (as S3's do), so a part
+    deleted while a read streams fails that read's next fetch; counts those failures."""
+
+    def __init__(self, inner: Blob) -> None:
+        self.inner = inner
+        self.vanished = 0
+
+    def get(self, key: str) -> bytes | None:
+        return self.inner.get(key)
+
+    def set(self, key: str, value: bytes) -> None:
+        self.inner.set(key, value)
+
+    def delete(self, key: str) -> int | None:
+        return self.inner.delete(key)
+
+    def list_keys(self, prefix: str) -> Iterator[BlobMetadata]:
+        return self.inner.list_keys(prefix)
+
+    def open_reader(self, key: str) -> io.BytesIO | None:
+        if self.inner.get(key) is None:
+            return None
+        lazy = self
+
+        class Reader(io.BytesIO):
+            def read(self, size: int | None = -1, /) -> bytes:
+                data = lazy.inner.get(key)
+                if data is None:
+                    lazy.vanished += 1
+                    raise FileNotFoundError(f"{key} was deleted while being read")
+                self.getbuffer()[:] = data  # same bytes: parts are never rewritten
+                return super().read(size)
+
+        return Reader(self.inner.get(key) or b"")
+
+
+@pytest.mark.parametrize("since_gc", [False, True])
+def test_an_unleased_read_resumes_after_its_last_key_when_gc_deletes_parts_midstream(
+    since_gc: bool,
+) -> None:
+    consensus, inner = MemoryConsensus(), MemoryBlob()
+    blob = LazyBlob(inner)
+    writer = Shard.open(consensus, inner, SHARD, inline_threshold=0, rollup_every=4)
+    model: dict[bytes, bytes] = {}
+    for ts in range(3):  # overlapping keys, retractions, many small row groups
+        ops = [(k, b"v%d-%d" % (ts, k)) for k in range(ts, 40 + ts)]
+        updates = upsert_updates(model, ts, ops)
+        batch = write_batch(inner, SHARD, updates_table(updates), ts, ts + 1,
+                            inline_threshold=0, row_group_rows=4)
+        assert writer.compare_and_append(batch, ts).committed
+    expected = sorted((k, v, 2, 1) for k, v in model.items())
+    old_parts = set(writer.state().referenced_blob_keys())
+    reader = Shard.open(consensus, blob, SHARD, create=False)
+    stream = reader.snapshot(2, batch_rows=4) if since_gc else reader.changes(0, batch_rows=4)
+    first = [next(stream), next(stream)]
+    report = writer.gc(leak_grace_ms=0)  # compacts, then deletes the parts read above
+    assert report.compaction_merges > 0 and old_parts <= set(report.deleted_keys)
+    batches = first + list(stream)
+    assert blob.vanished > 0  # the read did hit a deleted part and resumed
+    keys_seen = [b.column("key").to_pylist() for b in batches]
+    assert all(a[-1] < b[0] for a, b in zip(keys_seen, keys_seen[1:], strict=False))
+    table = pa.Table.from_batches(batches)
+    if since_gc:
+        assert rows_of(table) == expected
+    else:  # changes: every update consolidated per (key, row, ts), nothing twice
+        assert rows_of(table) == rows_of(read_all(writer.changes(0)))
+        assert len(rows_of(table)) == len(set(rows_of(table))) > len(expected)
 
 
 # --- check and inspect ------------------------------------------------------------------

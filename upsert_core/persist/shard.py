@@ -11,13 +11,14 @@ Invariants:
 - Every read starts from a state that was current when the read began, and raises
   :class:`NotReadable` at the call (not later) when the requested times are outside
   ``[since, upper)``.
-- Unleased reads survive a concurrent GC: a read fetches every part's bytes before it
-  yields its first batch (``read.merge_sorted`` fills every source first), so the only
-  window in which GC can delete a part under it is before the first batch. There, a
-  missing part on a state that is no longer current means GC removed it: the read
-  starts again on the fresh state (bounded). A part missing from the CURRENT state is
-  real corruption and is raised. Long-lived readers that re-read a state over time
-  take a lease (:meth:`Shard.register_reader`), which GC honours.
+- Unleased reads survive a concurrent GC without a lease. Reads stream (parts are
+  opened lazily and read row group by row group), so GC may delete a part under a read
+  at any point, before or after batches were yielded. A missing part raises
+  :class:`CorruptData` inside the read; if the state it reads is no longer current,
+  GC removed it and the read RESUMES on the fresh state after the last key it yielded
+  (see :meth:`Shard._resumable`); a part missing from the CURRENT state is real
+  corruption and is raised. Long-lived readers that re-read a state over time take a
+  lease (:meth:`Shard.register_reader`), which GC honours.
 - ``append`` deletes its parts when its compare-and-append did not commit, so a lost
   race leaves no blobs behind.
 """
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from upsert_core.errors import CorruptData, InvalidUsage
+from upsert_core.errors import CorruptData, InvalidUsage, NotReadable
 from upsert_core.persist import leases
 from upsert_core.persist.append import AppendResult, delete_uncommitted
 from upsert_core.persist.append import compare_and_append as _compare_and_append
@@ -45,6 +46,7 @@ from upsert_core.persist.keys import shard_prefix
 from upsert_core.persist.location import Blob, Consensus
 from upsert_core.persist.machine import DEFAULT_ROLLUP_EVERY, Machine
 from upsert_core.persist.parts import (
+    DEFAULT_BATCH_ROWS,
     DEFAULT_INLINE_THRESHOLD,
     read_error_part,
     write_batch,
@@ -63,6 +65,27 @@ READ_ATTEMPTS = 5
 """How often an unleased read starts again after GC removed parts under it."""
 
 Reader = Callable[[ShardState], Iterator[pa.RecordBatch]]
+SameResult = Callable[[ShardState, ShardState], bool]
+"""Whether a read started on the first state answers the same on the second."""
+
+
+def _after_key(batches: Iterator[pa.RecordBatch], last_key: bytes) -> Iterator[pa.RecordBatch]:
+    """``batches`` (sorted by key) without the rows whose key is <= ``last_key``."""
+    for batch in batches:
+        keys = batch.column("key")
+        n = batch.num_rows
+        if n == 0 or keys[n - 1].as_py() <= last_key:
+            continue
+        lo, hi = 0, n
+        while lo < hi:  # the first row with a key > last_key
+            mid = (lo + hi) // 2
+            if keys[mid].as_py() <= last_key:
+                lo = mid + 1
+            else:
+                hi = mid
+        yield batch.slice(lo) if lo else batch
+        yield from batches
+        return
 
 
 def _wall_clock_ms() -> int:
@@ -214,32 +237,79 @@ class Shard:
 
     # --- reads ------------------------------------------------------------------------
 
-    def _read(self, start: Reader, state: ShardState | None = None) -> Iterator[pa.RecordBatch]:
-        """Start a read eagerly, restarting it if GC removed parts before it began."""
-        state = self.state() if state is None else state
-        for attempt in range(READ_ATTEMPTS):
-            batches = start(state)  # NotReadable here, at the call
+    def _read(
+        self, start: Reader, same_result: SameResult = lambda old, new: True
+    ) -> Iterator[pa.RecordBatch]:
+        """Start a read eagerly (errors, including :class:`NotReadable`, at the call) and
+        let it resume on a fresh state when GC removed parts under it."""
+        state = self.state()
+        batches = start(state)  # NotReadable here, at the call
+        stream = self._resumable(start, state, batches, same_result)
+        first = next(stream, None)
+        return iter(()) if first is None else chain([first], stream)
+
+    def _resumable(
+        self, start: Reader, state: ShardState, batches: Iterator[pa.RecordBatch],
+        same_result: SameResult,
+    ) -> Iterator[pa.RecordBatch]:
+        """Yield ``batches``; when a part is missing and the state is stale, go on with
+        ``start(fresh state)`` from after the last key yielded."""
+        last_key: bytes | None = None
+        restarts = 0
+        while True:
             try:
-                first = next(batches, None)
+                batch = next(batches)
+            except StopIteration:
+                return
             except CorruptData:
-                # SUBTLE: every part is fetched before the first batch, so this is the
-                # only point where GC can have deleted parts under us; if the state is
-                # no longer current, that is what happened: read the fresh state.
-                if attempt + 1 == READ_ATTEMPTS or self.versions.head_seqno() == state.seqno:
+                # SUBTLE: a streaming read opens and reads parts while it yields, so GC
+                # (which deletes parts no live state references once this state is
+                # older than its truncation point) can remove a part under it at ANY
+                # point. A missing part of a state that is no longer current means
+                # exactly that. Resuming is correct because (1) a read's answer is a
+                # function of the shard's contents at the read's times, which every
+                # later state holding those times agrees on (compaction and GC never
+                # change what a readable time shows; ``same_result`` rejects the one
+                # case where a moved since changes a ``changes`` answer); (2) output
+                # is sorted by key and a key never straddles two batches (read.py), so
+                # dropping keys <= the last key yielded neither repeats nor skips
+                # rows; (3) parts are immutable and never rewritten, so a part is
+                # either read whole or reported missing, never silently different.
+                restarts += 1
+                if restarts >= READ_ATTEMPTS or self.versions.head_seqno() == state.seqno:
                     raise
-                state = self.state()
+                fresh = self.state()
+                if last_key is not None and not same_result(state, fresh):
+                    raise NotReadable(
+                        f"shard {self.shard_id}: since moved from {state.since} to"
+                        f" {fresh.since} while the read streamed; read again"
+                    ) from None
+                state = fresh
+                batches = start(state)  # NotReadable if since passed the read's times
+                if last_key is not None:
+                    batches = _after_key(batches, last_key)
                 continue
-            return iter(()) if first is None else chain([first], batches)
-        raise AssertionError("unreachable")  # pragma: no cover
+            if batch.num_rows:
+                last_key = batch.column("key")[batch.num_rows - 1].as_py()
+                yield batch
 
     def snapshot(
-        self, as_of: int | None = None, *, positive_only: bool = True
+        self,
+        as_of: int | None = None,
+        *,
+        positive_only: bool = True,
+        batch_rows: int = DEFAULT_BATCH_ROWS,
     ) -> Iterator[pa.RecordBatch]:
         """The consolidated contents as of ``as_of`` (default: the newest readable ts)."""
+        pinned: list[int] = []
 
         def start(state: ShardState) -> Iterator[pa.RecordBatch]:
-            ts = state.upper - 1 if as_of is None else as_of
-            return _snapshot(self.blob, state, ts, positive_only=positive_only)
+            if not pinned:  # a resumed read keeps the time it started with
+                pinned.append(state.upper - 1 if as_of is None else as_of)
+            return _snapshot(
+                self.blob, state, pinned[0], positive_only=positive_only,
+                batch_rows=batch_rows,
+            )
 
         return self._read(start)
 
@@ -247,14 +317,23 @@ class Shard:
         """:meth:`snapshot` collected into one table (for small shards and tests)."""
         return read_all(self.snapshot(as_of))
 
-    def changes(self, lower: int, upper: int | None = None) -> Iterator[pa.RecordBatch]:
+    def changes(
+        self, lower: int, upper: int | None = None, *, batch_rows: int = DEFAULT_BATCH_ROWS
+    ) -> Iterator[pa.RecordBatch]:
         """Consolidated updates with ``lower <= ts < upper`` (default: the shard's upper)."""
+        pinned: list[int] = []
 
         def start(state: ShardState) -> Iterator[pa.RecordBatch]:
-            until = state.upper if upper is None else upper
-            return _changes(self.blob, state, lower, until)
+            if not pinned:  # a resumed read keeps the range it started with
+                pinned.append(state.upper if upper is None else upper)
+            return _changes(self.blob, state, lower, pinned[0], batch_rows=batch_rows)
 
-        return self._read(start)
+        def same_result(old: ShardState, new: ShardState) -> bool:
+            # Updates before since are reported AT since, so they join the answer
+            # exactly when since reaches lower (since never passes lower here).
+            return (old.since == lower) == (new.since == lower)
+
+        return self._read(start, same_result)
 
     def errors(self) -> Iterator[dict[str, object]]:
         """Every committed error row as ``{"file", "row", "reason"}``, in commit order."""
