@@ -21,7 +21,7 @@ Invariants:
 
 from __future__ import annotations
 
-from upsert_core.drain.gc_pause import gc_paused
+from upsert_core.state.gc_pause import gc_paused
 from upsert_core.drain.output import DrainOutput
 from upsert_core.drain.styles import OrderScope
 from upsert_core.state import PutStats, PutValue, StateValue, UpsertState, ValueMetadata

@@ -33,7 +33,7 @@ from operator import itemgetter
 import numpy as np
 import numpy.typing as npt
 
-from upsert_core.drain.gc_pause import gc_paused
+from upsert_core.state.gc_pause import gc_paused
 from upsert_core.drain.output import DrainOutput
 from upsert_core.drain.stash import StagedColumns, Stash
 from upsert_core.drain.styles import DrainStyle

@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from upsert_core.drain.gc_pause import gc_paused
+from upsert_core.state.gc_pause import gc_paused
 from upsert_core.errors import InvalidSourceUpdate
 
 KEY_LEN = 16

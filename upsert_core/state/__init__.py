@@ -2,8 +2,10 @@
 
 The modules: ``value`` (the per-key state and its snapshot accumulator), ``stats`` (put,
 get and merge statistics and the records passed to backends), ``backend`` (the
-``StateBackend`` protocol) and ``upsert_state`` (the wrapper that consolidates snapshot
-and feedback chunks). Implementations of the protocol live in ``upsert_core.backends``.
+``StateBackend`` protocol), ``upsert_state`` (the wrapper that consolidates snapshot
+and feedback chunks), ``chunk`` (the column-wise fold behind that consolidation) and
+``gc_pause`` (no cyclic GC during bulk steps). Implementations of the protocol live in
+``upsert_core.backends``.
 """
 
 from upsert_core.codec import UpsertKey

@@ -1,8 +1,9 @@
 """``gc_paused()``: no cyclic garbage collection while a bulk step allocates.
 
-Draining and feedback allocate one or two small objects per key (output tuples, state
-values). With a state of a million live objects, CPython's cyclic collector keeps
-re-scanning that whole heap while they are built, which costs more than the work itself.
+Consolidation, draining and feedback allocate one or two small objects per key (output
+tuples, state values). With a state of a million live objects, CPython's cyclic
+collector keeps re-scanning that whole heap while they are built, which costs more than
+the work itself.
 The objects built here form no reference cycles, so pausing the collector loses nothing;
 reference counting still frees everything as usual.
 

@@ -34,6 +34,8 @@ from types import TracebackType
 from upsert_core.codec import UpsertKey
 from upsert_core.errors import SnapshotAlreadyCompleted
 from upsert_core.state.backend import StateBackend
+from upsert_core.state.chunk import fold_groups, group_chunk
+from upsert_core.state.gc_pause import gc_paused
 from upsert_core.state.stats import GetStats, MergeStats, PutStats, PutValue, ValueAndSize
 from upsert_core.state.value import StateValue
 
@@ -85,7 +87,8 @@ class UpsertState:
         chunk = updates if isinstance(updates, list) else list(updates)
         stats = MergeStats()
         if chunk or completes_snapshot:
-            self._consolidate(chunk, completes_snapshot, stats)
+            with gc_paused():
+                self._consolidate(chunk, completes_snapshot, stats)
         self.merge_stats += stats
         if completes_snapshot:
             self.snapshot_completed = True
@@ -97,11 +100,40 @@ class UpsertState:
         completes_snapshot: bool,
         stats: MergeStats,
     ) -> None:
+        decode = self.snapshot_completed or completes_snapshot
+        groups = group_chunk(chunk)
+        if groups is None:
+            keys, found, accs, inserts, deletes = self._fold_one_by_one(chunk, decode)
+        else:
+            keys = groups.keys
+            found, _ = self.backend.multi_get(keys)
+            # SUBTLE: the fold reads the stored values and builds new accumulators; it
+            # never merges into the objects a backend returned (the in-memory backend
+            # returns the very objects it stores), so a failure leaves the state as it was.
+            accs = fold_groups(groups, [f.value for f in found], decode)
+            inserts, deletes = groups.inserts, groups.deletes
+        puts = [
+            (k, PutValue(acc, f.metadata))
+            for k, acc, f in zip(keys, accs, found, strict=True)
+            if acc is not None or f.metadata is not None
+        ]
+        if completes_snapshot:
+            puts.extend(self._decode_untouched(set(keys)))
+        p = self.backend.multi_put(puts)
+        stats.updates = len(chunk)
+        stats.inserts = inserts
+        stats.deletes = deletes
+        stats.values_diff = p.values_diff
+        stats.tombstones_diff = p.tombstones_diff
+        stats.size_diff = p.size_diff
+
+    def _fold_one_by_one(
+        self, chunk: list[tuple[UpsertKey, bytes, int]], decode: bool
+    ) -> tuple[list[UpsertKey], list[ValueAndSize], list[StateValue | None], int, int]:
+        """The per-update fold that ``chunk.fold_groups`` computes in bulk (kept for diffs
+        that do not fit in int64)."""
         keys = list(dict.fromkeys([u[0] for u in chunk]))
         found, _ = self.backend.multi_get(keys)
-        # SUBTLE: work on fresh accumulators, never on the objects a backend returned
-        # (the in-memory backend returns the very objects it stores); a failure below
-        # must leave the state untouched.
         accs: dict[UpsertKey, StateValue | None] = {
             k: (None if f.value is None else f.value.to_consolidating())
             for k, f in zip(keys, found, strict=True)
@@ -117,24 +149,11 @@ class UpsertState:
                 inserts += 1
             elif diff < 0:
                 deletes += 1
-        if self.snapshot_completed or completes_snapshot:
+        if decode:
             for acc in accs.values():
                 if acc is not None:
                     acc.ensure_decoded()
-        puts = [
-            (k, PutValue(accs[k], f.metadata))
-            for k, f in zip(keys, found, strict=True)
-            if accs[k] is not None or f.metadata is not None
-        ]
-        if completes_snapshot:
-            puts.extend(self._decode_untouched(set(keys)))
-        p = self.backend.multi_put(puts)
-        stats.updates = len(chunk)
-        stats.inserts = inserts
-        stats.deletes = deletes
-        stats.values_diff = p.values_diff
-        stats.tombstones_diff = p.tombstones_diff
-        stats.size_diff = p.size_diff
+        return keys, found, [accs[k] for k in keys], inserts, deletes
 
     def _decode_untouched(self, touched: set[UpsertKey]) -> list[tuple[UpsertKey, PutValue]]:
         """Puts that replace every other stored accumulator by its decoded value."""

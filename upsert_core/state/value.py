@@ -230,6 +230,40 @@ class StateValue:
             acc.merge_update(self._value, 1)
         return acc
 
+    # --- the accumulator as plain sums (bulk consolidation) --------------------------
+
+    def accumulator_sums(self) -> tuple[int, int, int, int, int]:
+        """``(diff_sum, len_sum, checksum_sum, xor_len, value_xor)`` of ``to_consolidating()``.
+
+        The sums are unsigned 64-bit (as stored). Nothing is allocated, which is why
+        bulk consolidation (:mod:`upsert_core.state.chunk`) starts from these.
+        """
+        kind = self._kind
+        if kind == _CONSOLIDATING:
+            return (self._dsum, self._lsum, self._csum, self._xlen, self._xor)
+        v = self._value
+        if v is None:
+            return (0, 0, 0, 0, 0)
+        n = len(v)
+        return (1, n, value_checksum(v), n, int.from_bytes(v, "little"))
+
+    @classmethod
+    def from_accumulator_sums(
+        cls, diff_sum: int, len_sum: int, checksum_sum: int, xor_len: int, value_xor: int
+    ) -> StateValue:
+        """An accumulator with exactly these fields (the inverse of ``accumulator_sums``).
+
+        Unchecked: the caller passes sums already reduced to unsigned 64 bits.
+        """
+        sv = object.__new__(cls)
+        sv._kind = _CONSOLIDATING
+        sv._dsum = diff_sum
+        sv._lsum = len_sum
+        sv._csum = checksum_sum
+        sv._xlen = xor_len
+        sv._xor = value_xor
+        return sv
+
     # --- queries ------------------------------------------------------------------
 
     @property
