@@ -32,10 +32,20 @@ def ingest_metadata(result: PartitionIngest, seconds: float, engine: str) -> dic
         status = f"{result.partition} was already ingested at ts {result.already_ingested_at}"
     else:
         status = f"applied {len(result.files)} file(s) through {result.partition}"
-    return {
+    meta: dict[str, Any] = {
         "status": MetadataValue.text(status),
         "engine": MetadataValue.text(engine),
         "files_applied": MetadataValue.int(len(result.files)),
+        "start_upper": MetadataValue.int(result.start_upper),
+        "upper": MetadataValue.int(result.upper),
+        "seqno": MetadataValue.int(result.seqno),
+        "duration_seconds": MetadataValue.float(seconds),
+    }
+    if result.no_op:
+        # A run with nothing to apply has no per-ingest counts: leaving them out keeps
+        # the UI's plots to the runs that ingested something.
+        return meta
+    meta.update({
         "files": _names([f.name for f in result.files]),
         "rows_read": MetadataValue.int(int(result.total("rows_read"))),
         "inserts": MetadataValue.int(int(result.total("inserts"))),
@@ -46,11 +56,8 @@ def ingest_metadata(result: PartitionIngest, seconds: float, engine: str) -> dic
             sum(len(f.rehydrated_buckets) for f in result.files)
         ),
         "ingest_seconds": MetadataValue.float(float(result.total("seconds"))),
-        "duration_seconds": MetadataValue.float(seconds),
-        "start_upper": MetadataValue.int(result.start_upper),
-        "upper": MetadataValue.int(result.upper),
-        "seqno": MetadataValue.int(result.seqno),
-    }
+    })
+    return meta
 
 
 _SHARD_INTS = (

@@ -1,0 +1,40 @@
+"""upsert_state through Spark: the same shard as the in-process engine."""
+
+from __future__ import annotations
+
+import pytest
+from dagster import materialize
+
+from tests.dagster.helpers import Platform, shard_contents
+from upsert_core.ingest import InProcessEngine, ingest
+
+
+@pytest.mark.spark
+def test_partition_materializes_through_spark(plat: Platform, spark_session: object) -> None:
+    names = plat.write_batches()
+    spec = plat.spec()
+    built, _ = plat.build(spec, engine="spark")
+    plat.add_partitions(spec, names)
+
+    result = materialize(
+        [*built.assets, built.checks],
+        selection=list(built.ingest_keys),
+        partition_key=names[1],
+        instance=plat.instance,
+        resources=plat.resources(engine="spark"),
+    )
+    assert result.success
+    [state] = [
+        e.materialization.metadata for e in result.get_asset_materialization_events()
+        if e.asset_key == built.key("upsert_state")
+    ]
+    assert state["engine"].value == "spark"
+    assert state["files_applied"].value == 2 and state["upper"].value == 2
+    assert all(c.passed for c in result.get_asset_check_evaluations()
+               if c.check_name != "error_rows_did_not_grow")
+
+    for name in names[2:]:
+        (plat.landing / name).rename(plat.root / name)
+    reference = plat.shard("ref", stores="ref")
+    ingest(reference, str(plat.landing), spec.request(), engine=InProcessEngine())
+    assert shard_contents(plat.shard()) == shard_contents(reference)
