@@ -295,14 +295,17 @@ class OpenPart:
             )
         return parquet.metadata
 
-    def read_row_group(self, index: int) -> pa.Table:
-        """Decode row group ``index`` (its columns in parallel). Thread-safe."""
+    def read_row_group(self, index: int, *, use_threads: bool = False) -> pa.Table:
+        """Decode row group ``index``. Thread-safe: callers that decode several row
+        groups at once (the read prefetcher) leave ``use_threads`` off, as extra
+        per-column threads then only add overhead; a lone sequential reader turns it
+        on to decode the columns in parallel."""
         with self._lock:
             parquet = self._idle.pop() if self._idle else None
         if parquet is None:
             parquet = self._new_file(self.metadata)
         try:
-            return parquet.read_row_group(index, use_threads=True)
+            return parquet.read_row_group(index, use_threads=use_threads)
         except (pa.ArrowException, OSError, ValueError) as exc:
             raise _decode_error(exc, self.where) from exc
         finally:
@@ -325,7 +328,7 @@ def _iter(
     opened = OpenPart(blob, part, shard=shard, schema=schema)
     try:
         for group in range(opened.num_row_groups):
-            table = opened.read_row_group(group)
+            table = opened.read_row_group(group, use_threads=True)
             yield from table.to_batches(max_chunksize=max(1, batch_rows))
     finally:
         opened.close()

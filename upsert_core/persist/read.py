@@ -1,12 +1,14 @@
 """Consolidated reads of a shard: ``snapshot`` as of a time and ``changes`` in a range.
 
 Reads stream: every relevant part is read row group by row group through a ranged
-blob reader (``parts.read_part``) and the parts are merged by key (:func:`merge_sorted`),
-so the data held at once is bounded by about (number of parts x 3 batches), never the
-whole shard nor a whole part: each part's source keeps a buffer of about two batches
-and one more batch decoded ahead by a small thread pool (pyarrow and numpy release the
-GIL, so parts decode in parallel with each other and with the merge). Compaction keeps
-the number of parts logarithmic in the shard's history.
+blob reader (``parts.OpenPart``) and the parts are merged by key (:func:`merge_sorted`),
+so the data held at once is bounded by about (number of parts x 2 batches) plus the
+row groups decoded ahead (at least one per part, in all about the number of prefetch
+threads, :data:`MAX_PREFETCH_THREADS` at most), never the whole shard nor a whole part.
+Decoding runs on a small thread pool (pyarrow and numpy release the GIL), so parts, and
+row groups of one part, decode in parallel with each other and with the merge, whose
+per-chunk work (ordering, consolidating, gathering) runs on the same pool one chunk
+ahead. Compaction keeps the number of parts logarithmic in the shard's history.
 
 Invariants:
 
