@@ -31,6 +31,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +68,7 @@ class Result:
     jvm_peak_rss_mb: float | None = None
     snapshot: pa.Table | None = None
     error: str | None = None
+    loaded: dict[str, int] = field(default_factory=dict)
 
     @property
     def mean_batch_s(self) -> float | None:
@@ -142,6 +144,19 @@ def _our_snapshot(shard: Any) -> tuple[pa.Table, float]:
     return canonical(decoded), seconds
 
 
+class Recording:
+    """Wraps an engine and counts where each bucket step got its state from."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.loaded: Counter[str] = Counter()
+
+    def run_file(self, task: Any, shard: Any) -> Any:
+        outcome = self.inner.run_file(task, shard)
+        self.loaded.update(b.loaded for b in outcome.buckets)
+        return outcome
+
+
 def run_ours(
     name: str, files: Files, work: Path, engine: Any, jvm_pid: int | None = None
 ) -> Result:
@@ -157,11 +172,12 @@ def run_ours(
     blob = LocalBlob(str(work / "blob"))
     shard = Shard.open(consensus, blob, "bench")
     request = IngestRequest()
+    recording = Recording(engine)
 
     def step(path: Path) -> tuple[float, int]:
         os.link(path, landing / path.name)
         started = time.perf_counter()
-        report = ingest(shard, f"file://{landing}", request, engine=engine)
+        report = ingest(shard, f"file://{landing}", request, engine=recording)
         seconds = time.perf_counter() - started
         if len(report.files) != 1:
             raise RuntimeError(f"{name}: expected one file ingested, got {report.files}")
@@ -170,6 +186,7 @@ def run_ours(
     with Peak(jvm_pid) as peak:
         result.initial_s, _ = step(files.initial)
         log(f"  {name}: initial load {result.initial_s:.2f}s")
+        recording.loaded.clear()
         for path in files.batches:
             seconds, written = step(path)
             result.batch_s.append(seconds)
@@ -177,6 +194,9 @@ def run_ours(
             log(f"  {name}: {path.name} {seconds:.3f}s, {written / 1e6:.2f} MB written")
         result.snapshot, result.snapshot_s = _our_snapshot(shard)
         peak.read(result)
+    result.loaded = dict(recording.loaded)
+    if result.loaded:
+        log(f"  {name}: bucket states came from {result.loaded}")
     return result
 
 
@@ -394,8 +414,12 @@ def main(argv: list[str] | None = None) -> int:
     from resources.spark_ingest import SparkEngine
     from resources.spark_session import get_spark
     from upsert_core.ingest import InProcessEngine
+    from upsert_core.ingest.statecache import MAX_KEYS_ENV
 
     figures: dict[str, Any] = {"keys": n_keys, "batch_rows": rows, "batches": batches}
+    # Room in every process's bucket-state cache for the largest run (Spark's Python
+    # workers inherit the environment when the session starts).
+    os.environ.setdefault(MAX_KEYS_ENV, str(int(n_keys * 10 * 1.5)))
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
         root = Path(tmp)
         log(f"workload: {n_keys} keys, {batches} batches of {rows} rows")

@@ -47,6 +47,7 @@ class BucketResult:
     parts: list[Part] = field(default_factory=list)
     checkpoint: str | None = None  # config value for blobref.checkpoint.<bucket>; "" = empty
     base: str | None = None  # config value for checkpoint.base.<bucket> (tasks.Base)
+    loaded: str = ""  # where the state came from: cache|checkpoint|new|rehydrated[+replay]
     inserts: int = 0
     retractions: int = 0
     bytes_written: int = 0
@@ -62,6 +63,7 @@ class BucketResult:
                 "parts": [part_to_json(p) for p in self.parts],
                 "checkpoint": self.checkpoint,
                 "base": self.base,
+                "loaded": self.loaded,
                 "inserts": self.inserts,
                 "retractions": self.retractions,
                 "bytes_written": self.bytes_written,
@@ -80,6 +82,7 @@ class BucketResult:
             parts=[part_from_json(p) for p in obj["parts"]],
             checkpoint=obj["checkpoint"],
             base=obj.get("base"),
+            loaded=str(obj.get("loaded", "")),
             inserts=int(obj["inserts"]),
             retractions=int(obj["retractions"]),
             bytes_written=int(obj["bytes_written"]),

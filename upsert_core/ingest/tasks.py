@@ -242,6 +242,7 @@ def _load_state(
     base = task.base(bucket)
     why: str
     if task.ts == 0:
+        result.loaded = "new"
         return new_state(), Base(0)
     if task.checkpoints_current:
         replayable = task.scope is OrderScope.BATCH
@@ -253,16 +254,17 @@ def _load_state(
                                exact=not replayable)
         try:
             if entry is not None and entry.checkpoint == ref and _intact(blob, ref, base):
-                state, lower = entry.state, entry.upper
+                state, lower, result.loaded = entry.state, entry.upper, "cache"
             else:
                 state = new_state() if not ref else load_checkpoint(
                     blob, ref, task.shard_id, bucket, task.buckets, task.scope
                 )
-                lower = base.as_of
+                lower, result.loaded = base.as_of, "checkpoint" if ref else "new"
             if lower < task.ts:
                 replay_bucket(
                     blob, task.load_shard_state(), state, bucket, task.buckets, lower, task.ts
                 )
+                result.loaded += "+replay"
             return state, base
         except (CheckpointUnusable, NotReadable, InvalidUpsertState) as exc:
             why = str(exc)
@@ -272,7 +274,7 @@ def _load_state(
     state = rehydrate_bucket(
         blob, shard_state, bucket, task.buckets, task.scope, _order_index(task)
     )
-    result.rehydrated = why
+    result.rehydrated, result.loaded = why, "rehydrated"
     if task.scope is OrderScope.GLOBAL:
         result.warnings.append(GLOBAL_REHYDRATION_WARNING.format(bucket=bucket))
     return state, Base(task.ts)
