@@ -398,8 +398,12 @@ def encode_columns(
         if len(live) and piece.fixed is not None:
             width = piece.fixed.shape[1]
             buf[start[live][:, None] + np.arange(1, width + 1)] = piece.fixed[live]
-        elif len(live) and piece.var_lens is not None:
-            assert piece.var_starts is not None and piece.var_data is not None
+        elif (
+            len(live)
+            and piece.var_lens is not None
+            and piece.var_starts is not None
+            and piece.var_data is not None
+        ):
             lens = piece.var_lens[live]
             header = lens.astype("<u4").view(np.uint8).reshape(-1, 4)
             buf[start[live][:, None] + np.arange(1, 5)] = header
