@@ -24,8 +24,8 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from upsert_core.state.gc_pause import gc_paused
 from upsert_core.errors import InvalidSourceUpdate
+from upsert_core.state.gc_pause import gc_paused
 
 KEY_LEN = 16
 

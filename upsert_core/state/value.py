@@ -305,6 +305,19 @@ class StateValue:
             return self._porder if self._pts == ts else self._order
         raise self._not_decoded("provisional_order")
 
+    def view_at(self, ts: int) -> tuple[bytes | None, OrderKey | None]:
+        """``(provisional_value_ref(ts), provisional_order(ts))`` in one call, decoding an
+        accumulator in place first (``ensure_decoded``); the drain's per-key step."""
+        kind = self._kind
+        if kind == _FINALIZED:
+            return self._value, self._order
+        if kind == _CONSOLIDATING:
+            self.ensure_decoded()
+            return self._value, self._order
+        if self._pts == ts:
+            return self._pvalue, self._porder
+        return self._value, self._order
+
     @property
     def provisional_ts(self) -> int | None:
         return self._pts if self._kind == _PROVISIONAL else None
@@ -419,8 +432,11 @@ class StateValue:
 
     def size_tag(self) -> int:
         """``memory_size() * 2 + is_tombstone`` in one call (for backends' bulk paths)."""
-        if self._kind == _FINALIZED and self._value is None:
-            return (_HEADER_SIZE + (0 if self._order is None else _ORDER_SIZE)) * 2 + 1
+        if self._kind == _FINALIZED:
+            # Inlined memory_size() for the common shape (one call less per put).
+            v = self._value
+            base = _HEADER_SIZE + (0 if self._order is None else _ORDER_SIZE)
+            return base * 2 + 1 if v is None else (base + _LEN_SIZE + len(v)) * 2
         return self.memory_size() * 2
 
     def encode(self) -> bytes:
