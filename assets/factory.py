@@ -55,7 +55,7 @@ SNAPSHOT, STATE, OUTPUT, GC = "source_snapshot", "upsert_state", "output_shard",
 ASSET_NAMES = (SNAPSHOT, STATE, OUTPUT, GC)
 
 
-class RollupGcConfig(Config):  # type: ignore[misc]
+class RollupGcConfig(Config):
     """``retain``: keep only the last N times readable (None: the source's ``gc_retain``)."""
 
     retain: int | None = None
@@ -86,11 +86,10 @@ def build_source_assets(spec: SourceSpec) -> SourceAssets:
     """The four assets and the checks of ``spec`` (see the module docstring)."""
     partitions = DynamicPartitionsDefinition(name=spec.partitions_name)
     prefix = [spec.name]
-    common = {"key_prefix": prefix, "group_name": spec.name}
     snapshot_key, state_key, output_key = (AssetKey([spec.name, n]) for n in (SNAPSHOT, STATE,
                                                                              OUTPUT))
 
-    @asset(name=SNAPSHOT, partitions_def=partitions, **common,
+    @asset(name=SNAPSHOT, partitions_def=partitions, key_prefix=prefix, group_name=spec.name,
            description=f"Landing file (partition) of {spec.landing} and what its run applies.")
     def source_snapshot(
         context: AssetExecutionContext, consensus: ConsensusResource,
@@ -116,7 +115,7 @@ def build_source_assets(spec: SourceSpec) -> SourceAssets:
         })
 
     @asset(name=STATE, partitions_def=partitions, deps=[snapshot_key], kinds={"spark"},
-           **common,
+           key_prefix=prefix, group_name=spec.name,
            description=f"Ingest (Spark) of the pending files through the partition into"
                        f" shard {spec.shard!r}, with the bucketed upsert state.")
     def upsert_state(
@@ -144,7 +143,8 @@ def build_source_assets(spec: SourceSpec) -> SourceAssets:
         context.log.info(meta["status"].value)
         return MaterializeResult(metadata=meta)
 
-    @asset(name=OUTPUT, partitions_def=partitions, deps=[state_key], **common,
+    @asset(name=OUTPUT, partitions_def=partitions, deps=[state_key], key_prefix=prefix,
+           group_name=spec.name,
            description=f"The consolidated shard {spec.shard!r}, published after its checks.")
     def output_shard(
         consensus: ConsensusResource, blob_store: BlobStoreResource
@@ -152,7 +152,7 @@ def build_source_assets(spec: SourceSpec) -> SourceAssets:
         shard = open_shard(consensus, blob_store, spec.shard, create=False)
         return MaterializeResult(metadata=shard_metadata(shard.inspect()))
 
-    @asset(name=GC, deps=[output_key], **common,
+    @asset(name=GC, deps=[output_key], key_prefix=prefix, group_name=spec.name,
            description=f"Rollup, compaction and GC of shard {spec.shard!r}.")
     def rollup_gc(
         config: RollupGcConfig, consensus: ConsensusResource, blob_store: BlobStoreResource

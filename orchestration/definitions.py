@@ -21,7 +21,15 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dagster import Definitions, EnvVar, in_process_executor
+from dagster import (
+    AssetChecksDefinition,
+    AssetsDefinition,
+    Definitions,
+    EnvVar,
+    ScheduleDefinition,
+    SensorDefinition,
+    in_process_executor,
+)
 
 from assets.factory import SourceAssets, build_source_assets
 from assets.spec import SourceSpec
@@ -71,7 +79,11 @@ def build_definitions(
 ) -> Definitions:
     """A code location serving ``sources`` with ``resources`` (default: the environment)."""
     built: list[SourceAssets] = [build_source_assets(s) for s in sources]
-    assets, checks, jobs, sensors, schedules = [], [], [], [], []
+    assets: list[AssetsDefinition] = []
+    checks: list[AssetChecksDefinition] = []
+    jobs: list[Any] = []
+    sensors: list[SensorDefinition] = []
+    schedules: list[ScheduleDefinition] = []
     for b in built:
         assets.extend(b.assets)
         checks.append(b.checks)

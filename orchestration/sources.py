@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
+import yaml  # type: ignore[import-untyped]
 
 from assets.spec import DEFAULT_GC_CRON, SourceSpec
 from upsert_core.errors import ConfigError

@@ -53,7 +53,7 @@ def spark_config(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     return conf
 
 
-class SparkResource(ConfigurableResource):  # type: ignore[misc]
+class SparkResource(ConfigurableResource):
     """The ingest engine: Spark (default) or in-process (``engine="local"``)."""
 
     engine: str = "spark"

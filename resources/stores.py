@@ -39,7 +39,7 @@ def _value(text: str) -> str:
     return text.get_value() or "" if isinstance(text, EnvVar) else text
 
 
-class ConsensusResource(ConfigurableResource, ABC):  # type: ignore[misc]
+class ConsensusResource(ConfigurableResource, ABC):
     """Where shard metadata lives (compare-and-set log)."""
 
     @abstractmethod
@@ -86,7 +86,7 @@ class UrlConsensus(ConsensusResource):
         return _value(self.consensus_url)
 
 
-class BlobStoreResource(ConfigurableResource, ABC):  # type: ignore[misc]
+class BlobStoreResource(ConfigurableResource, ABC):
     """Where shard data lives (batch parts, rollups, checkpoints)."""
 
     @abstractmethod

@@ -134,15 +134,20 @@ def _launch(server: Server, job: str) -> str:
 
 
 def _dismiss_community_dialog(browser: Browser) -> None:
-    """Skip the first-visit "Join the Dagster community" dialog (it opens a moment after
-    the page renders; give it a few seconds to appear, then make sure it is gone)."""
-    deadline = time.monotonic() + 8
-    while time.monotonic() < deadline:
-        if "Join the Dagster community" in browser.text():
-            browser.click_button("Skip")
-            browser.wait_for(lambda text: "Join the Dagster community" not in text, 20)
+    """Skip the first-visit "Join the Dagster community" dialog. It opens a moment after
+    the page renders, and a click before its handlers are attached does nothing: wait a
+    few seconds for it, then click Skip until it is gone."""
+    dialog = "Join the Dagster community"
+    appear_by = time.monotonic() + 8
+    while dialog not in browser.text():
+        if time.monotonic() > appear_by:
             return
         time.sleep(0.5)
+    gone_by = time.monotonic() + 45
+    while dialog in browser.text():
+        assert time.monotonic() < gone_by, "the Dagster community dialog did not close"
+        browser.click_button("Skip")
+        time.sleep(1)
 
 
 @pytest.mark.slow
@@ -173,7 +178,7 @@ def test_dagster_dev_ui_shows_the_assets_and_materializations(server: Server) ->
     browser = Browser(server.root / "chromium")
     try:
         browser.goto(f"{server.url}/asset-groups/demo")
-        browser.wait_for(lambda text: all(n in text for n in FOUR))
+        browser.wait_for(lambda text: all(n in text for n in FOUR), 120)
         _dismiss_community_dialog(browser)
         time.sleep(2)  # let the graph settle before the screenshot
         shot = ROOT / "docs" / "dagster-asset-graph.png"
@@ -184,7 +189,8 @@ def test_dagster_dev_ui_shows_the_assets_and_materializations(server: Server) ->
         browser.goto(f"{server.url}/assets/demo/upsert_state")
         text = browser.wait_for(
             lambda t: all(s in t for s in ("Latest materialization", files[-1], "status",
-                                            "Latest check results"))
+                                            "Latest check results")),
+            120,
         )
         assert "Never materialized" not in text
         assert f"applied 1 file(s) through {files[-1]}" in text
