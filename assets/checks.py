@@ -8,7 +8,7 @@ One ``multi_asset_check`` reads the shard once and reports four checks:
 - ``storage_invariants`` (blocking): the state versions are well formed and every blob
   a live state references exists (``check_shard``'s storage pass);
 - ``state_matches_shard`` (blocking): the committed upsert state checkpoints equal the
-  consolidated shard at its upper (:mod:`assets.state_check`);
+  consolidated shard at its upper (:mod:`upsert_core.ingest.verify`);
 - ``error_rows_did_not_grow`` (WARN): the last ingest added rows to the error
   collection. Error rows are data, so this warns and never blocks.
 
@@ -31,9 +31,10 @@ from dagster import (
 )
 
 from assets.spec import SourceSpec
-from assets.state_check import compare_state
 from resources.stores import BlobStoreResource, ConsensusResource, open_shard
 from upsert_core.errors import ShardNotFound
+from upsert_core.ingest.verify import compare_state
+from upsert_core.persist import check
 from upsert_core.persist.check import CheckReport, check_shard
 from upsert_core.persist.shard import Shard
 
@@ -45,12 +46,6 @@ BLOCKING_CHECKS = (CONSOLIDATED, STORAGE, STATE)
 MAX_SHOWN = 10
 
 
-def _is_consolidation_problem(problem: str) -> bool:
-    # check_shard words consolidation problems "key <hex>: ..."; everything else it
-    # reports (versions, missing blobs, unreadable changes) is about storage.
-    return problem.startswith("key ")
-
-
 def _problems_md(problems: list[str]) -> MetadataValue:
     shown = problems[:MAX_SHOWN]
     more = [f"... and {len(problems) - MAX_SHOWN} more"] if len(problems) > MAX_SHOWN else []
@@ -58,9 +53,7 @@ def _problems_md(problems: list[str]) -> MetadataValue:
 
 
 def _split(report: CheckReport) -> tuple[list[str], list[str]]:
-    consolidation = [p for p in report.problems if _is_consolidation_problem(p)]
-    storage = [p for p in report.problems if not _is_consolidation_problem(p)]
-    return consolidation, storage
+    return report.of_kind(check.CONSOLIDATION), report.of_kind(check.STORAGE)
 
 
 def _new_error_rows(context: AssetCheckExecutionContext, key: AssetKey, shard: Shard) -> tuple[

@@ -134,9 +134,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from upsert_core.errors import InvariantViolation
+    from upsert_core.ingest.verify import compare_state
 
     shard = open_shard(args)
     report = shard.check()
+    # The upsert state the next ingest starts from must equal the consolidated shard.
+    state = compare_state(shard)
+    for problem in state.problems:
+        report.add("upsert_state", problem)
+    report.counts.update(state_keys=state.state_keys, state_live_keys=state.live_keys)
     print(dumps(report.as_dict()))
     errors = report.counts.get("error_rows", 0)
     if not report.ok:

@@ -37,6 +37,9 @@ from upsert_core.persist.state_versions import check_invariants
 if TYPE_CHECKING:
     from upsert_core.persist.shard import Shard
 
+STORAGE = "storage"
+CONSOLIDATION = "consolidation"
+
 MAX_PROBLEMS = 50
 """Problems reported per kind before the rest are only counted."""
 
@@ -48,14 +51,25 @@ class CheckReport:
     shard_id: str
     problems: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
+    problems_by_kind: dict[str, list[str]] = field(default_factory=dict)
+    """The same problems grouped by kind: :data:`STORAGE` or :data:`CONSOLIDATION`
+    (callers may add their own kinds, e.g. the upsert state comparison)."""
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
+    def add(self, kind: str, message: str) -> None:
+        """Record one problem of ``kind``."""
+        self.problems.append(message)
+        self.problems_by_kind.setdefault(kind, []).append(message)
+
+    def of_kind(self, kind: str) -> list[str]:
+        return self.problems_by_kind.get(kind, [])
+
     def as_dict(self) -> dict[str, object]:
         return {"shard": self.shard_id, "ok": self.ok, "problems": self.problems,
-                **self.counts}
+                "problems_by_kind": self.problems_by_kind, **self.counts}
 
 
 def _first_in_group(values: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -90,7 +104,7 @@ class _ConsolidationChecker:
         count = getattr(self, kind) + 1
         setattr(self, kind, count)
         if count <= MAX_PROBLEMS:
-            self.report.problems.append(message)
+            self.report.add(CONSOLIDATION, message)
 
     def check(self, table: pa.Table) -> None:
         """Check ``table``, which must hold every update of the keys it contains."""
@@ -160,7 +174,8 @@ def _check_consolidation(shard: Shard, report: CheckReport) -> None:
 
 def _check_storage(shard: Shard, report: CheckReport) -> None:
     versions = shard.versions
-    report.problems.extend(check_invariants(versions))
+    for problem in check_invariants(versions):
+        report.add(STORAGE, problem)
     entries = versions.live_diffs()
     report.counts["live_diffs"] = len(entries)
     existing: dict[str, int] = {
@@ -173,14 +188,15 @@ def _check_storage(shard: Shard, report: CheckReport) -> None:
         for state in versions.fetch_all_live_states():
             referenced.update(state.referenced_blob_keys())
     except ShardError as exc:
-        report.problems.append(f"shard {shard.shard_id!r}: live states unreadable: {exc}")
+        report.add(STORAGE, f"shard {shard.shard_id!r}: live states unreadable: {exc}")
     missing = sorted(referenced - existing.keys())
     for key in missing[:MAX_PROBLEMS]:
-        report.problems.append(
-            f"shard {shard.shard_id!r}: blob {key!r} is referenced by a live state but missing"
+        report.add(
+            STORAGE,
+            f"shard {shard.shard_id!r}: blob {key!r} is referenced by a live state but missing",
         )
     if len(missing) > MAX_PROBLEMS:
-        report.problems.append(f"... and {len(missing) - MAX_PROBLEMS} more missing blobs")
+        report.add(STORAGE, f"... and {len(missing) - MAX_PROBLEMS} more missing blobs")
     report.counts["referenced_blobs"] = len(referenced)
 
 
@@ -200,5 +216,5 @@ def check_shard(shard: Shard) -> CheckReport:
     try:
         _check_consolidation(shard, report)
     except ShardError as exc:
-        report.problems.append(f"shard {shard.shard_id!r}: cannot read changes: {exc}")
+        report.add(CONSOLIDATION, f"shard {shard.shard_id!r}: cannot read changes: {exc}")
     return report

@@ -15,7 +15,7 @@ back and compares them with the shard's own consolidated snapshot at ``upper - 1
   same keys, byte-identical rows, each with multiplicity 1. Tombstones (order scope
   ``global``) are state only; they have no row in the shard and are not compared.
 
-Pure ``upsert_core`` calls, no Dagster: the asset check wraps :func:`compare_state`.
+Used by ``upsertctl check`` and by the Dagster asset check ``state_matches_shard``.
 It holds the state and the snapshot in memory, like an ingest's rehydration would.
 """
 
@@ -25,24 +25,21 @@ from dataclasses import dataclass, field
 
 from upsert_core.errors import UpsertPlatformError
 from upsert_core.ingest import IngestRequest, checkpoints_current, resolve_options
+from upsert_core.ingest.buckets import bucket_of
 from upsert_core.ingest.checkpoint import (
     CONFIG_CHECKPOINT_UPPER,
     CheckpointUnusable,
+    checkpoint_base_name,
     checkpoint_ref_name,
     load_checkpoint,
 )
 from upsert_core.ingest.options import CONFIG_SCHEMA
+from upsert_core.ingest.replay import replay_bucket
+from upsert_core.ingest.tasks import Base
 from upsert_core.persist.keys import checkpoint_prefix
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.state import ShardState
 from upsert_core.state import UpsertState
-
-try:  # checkpoints with bases (replayed changes); absent in older ingest layouts
-    from upsert_core.ingest.checkpoint import checkpoint_base_name
-    from upsert_core.ingest.replay import replay_bucket
-    from upsert_core.ingest.tasks import Base
-except ImportError:  # pragma: no cover - every checkpoint is current at the upper
-    checkpoint_base_name = None  # type: ignore[assignment]
 
 MAX_LISTED = 10
 
@@ -58,6 +55,10 @@ class StateComparison:
     shard_rows: int = 0
     checkpoint_bytes: int = 0
     buckets: int = 0
+    rebuilt_buckets: set[int] = field(default_factory=set)
+    """Buckets whose checkpoint base lies before the shard's since: their changes since
+    the base are no longer readable, so the next ingest rebuilds them from the shard
+    itself (equal by construction); they are not compared."""
 
     @property
     def ok(self) -> bool:
@@ -87,7 +88,11 @@ def _load_live(
             usable = False
             continue
         try:
-            _catch_up(shard, state, upsert, bucket, options.buckets, options.order_scope.value)
+            if not _catch_up(
+                shard, state, upsert, bucket, options.buckets, options.order_scope.value
+            ):
+                result.rebuilt_buckets.add(bucket)
+                continue
         except UpsertPlatformError as exc:
             result.problems.append(f"bucket {bucket}: the changes since its checkpoint do not"
                                    f" apply to it: {exc}")
@@ -103,13 +108,21 @@ def _load_live(
 
 def _catch_up(
     shard: Shard, state: ShardState, upsert: UpsertState, bucket: int, buckets: int, scope: str
-) -> None:
-    """Replay the shard's changes since the bucket's checkpoint base onto ``upsert``."""
-    if checkpoint_base_name is None or scope != "batch":
-        return
+) -> bool:
+    """Replay the shard's changes since the bucket's checkpoint base onto ``upsert``.
+
+    Returns False when those changes are no longer readable (the base is older than the
+    shard's since after ``gc --retain``): the ingest then rebuilds the bucket.
+    """
+    if scope != "batch":
+        return True
     base = Base.decode(state.config.get(checkpoint_base_name(bucket)), state.upper)
-    if base.as_of < state.upper:
-        replay_bucket(shard.blob, state, upsert, bucket, buckets, base.as_of, state.upper)
+    if base.as_of >= state.upper:
+        return True
+    if base.as_of < state.since:
+        return False
+    replay_bucket(shard.blob, state, upsert, bucket, buckets, base.as_of, state.upper)
+    return True
 
 
 def compare_state(shard: Shard) -> StateComparison:
@@ -136,6 +149,7 @@ def compare_state(shard: Shard) -> StateComparison:
         if live is None:
             return result
         result.live_keys = len(live)
+        rebuilt = result.rebuilt_buckets
         seen: set[bytes] = set()
         mismatched: list[str] = []
         for batch in shard.snapshot(state.upper - 1, positive_only=False):
@@ -143,6 +157,8 @@ def compare_state(shard: Shard) -> StateComparison:
             rows = batch.column("row").to_pylist()
             diffs = batch.column("diff").to_pylist()
             for key, row, diff in zip(keys, rows, diffs, strict=True):
+                if rebuilt and bucket_of(key, result.buckets) in rebuilt:
+                    continue
                 result.shard_rows += 1
                 if diff != 1 or key in seen or live.get(key) != row:
                     mismatched.append(key.hex())
