@@ -1,18 +1,24 @@
 """The Spark engine: the per-file and per-bucket ingest steps as Spark tasks.
 
-For one file (see ``upsert_core.ingest.tasks``), one Spark job:
+For one file (see ``upsert_core.ingest.tasks``), ONE Spark stage of ``S`` tasks (the
+*slices*; ``S = min(buckets, default parallelism)`` unless given), and no shuffle:
 
-1. a one-row DataFrame -> ``mapInArrow``: ONE read task reads the file itself (local or
-   ``s3://`` through the landing module; Spark has no s3a here), validates it, writes
-   its error part to Blob and emits the good rows tagged with their bucket, a "touch"
-   row for every forced bucket, and one metadata row (bucket -1) with the
-   :class:`FileRead` as JSON;
-2. ``groupBy("bucket").applyInArrow``: one task per bucket loads that bucket's state
-   (checkpoint or rehydration), drains, writes parts and the checkpoint straight to
-   Blob and returns ONE row: its :class:`BucketResult` as JSON (the metadata group just
-   passes its row through);
-3. the driver collects those few JSON rows (metadata only, never data rows) into a
+1. every task reads the landing file itself (local or ``s3://`` through the landing
+   module; Spark has no s3a here), validates it and splits the good rows by bucket;
+   only slice 0 writes the file's error part and reports its :class:`FileRead`, plus
+   the list of buckets that must run;
+2. slice ``i`` runs :func:`run_bucket` for the buckets ``b`` with ``b % S == i``: loads
+   the bucket's state (worker cache, checkpoint, replay or rehydration), drains, writes
+   parts and the checkpoint straight to Blob, and returns the :class:`BucketResult`;
+3. the driver collects those few JSON lines (metadata only, never data rows), checks
+   that every bucket that had to run ran exactly once, and builds a
    :class:`FileOutcome`; the ingest driver commits it like any engine's.
+
+Why this shape (measured on the bench workload, 2 cores): a shuffle of the encoded
+rows through the JVM plus a second stage cost more than reading the file once per
+slice (a read is a small part of a bucket step), and the RDD API skips the SQL planner
+and the Arrow exchange. A Spark Connect session has no RDD API: there the same task
+function runs through ``mapInArrow`` over ``range(S)``.
 
 Invariants:
 
@@ -20,41 +26,51 @@ Invariants:
   blob URL); each opens its own Blob with ``urls.open_blob`` (cached per worker).
 - Every error inside a task is caught and returned as metadata, so a bad file ends in
   a one-line :class:`IngestError` on the driver, never a Java stack trace; a failed
-  job (a dead worker) becomes one too.
+  job (a dead worker) becomes one too. Every slice validates the same bytes with the
+  same schema, so they agree on a file-level error; slice 0 reports it.
 - Each Python worker keeps a :class:`StateCache` of the bucket states its tasks
   produced; a task that lands on a worker holding its bucket's state (as of a
-  committed upper) skips the checkpoint load. Which worker runs which bucket is up to
-  Spark, so a miss is normal and only costs the load.
-- Rows reach the bucket step in no particular order; that is fine because the drain
-  orders by (order value, row number), never by arrival.
+  committed upper) skips the checkpoint load, and one holding an older committed state
+  catches up by replay (batch scope). Which worker runs which slice is up to Spark, so
+  a miss is normal and only costs the load.
+- Python workers freeze their heap (``gc.freeze``) after every task: the cached states
+  are millions of long-lived objects, and without that every full collection re-scans
+  them (over a second per batch at 1M keys). See ``_frozen_after``.
 - ``AWS_*`` variables of the driver's environment are applied in the workers when
   they are missing there (local mode starts its workers before tests set them); on a
   cluster, configure the executors' environment instead.
+- With ``UPSERT_SPARK_PROFILE_DIR`` set in the workers' environment, each task writes
+  a cProfile dump and a timeline line there (see ``_Profiled``); off by default.
 """
 
 from __future__ import annotations
 
+import cProfile
 import dataclasses
+import gc
+import json
 import os
-from collections.abc import Iterator
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
 from upsert_core.errors import ConfigError, IngestError
-from upsert_core.ingest.engine import ShardHandle
+from upsert_core.ingest.engine import ShardHandle, bucket_groups
 from upsert_core.ingest.outcome import BucketResult, FileOutcome, FileRead
 from upsert_core.ingest.statecache import StateCache
-from upsert_core.ingest.tasks import ROWS_SCHEMA, FileTask, read_file, run_bucket
+from upsert_core.ingest.tasks import FileTask, cache_key, read_file, run_bucket
 from upsert_core.persist.blob_local import LocalBlob
 from upsert_core.persist.blob_s3 import S3Blob
 from upsert_core.persist.codec_state import encode_state
 from upsert_core.persist.location import Blob
 from upsert_core.persist.urls import open_blob
 
-META_BUCKET = -1
 SHIPPED_ENV = (
     "AWS_ENDPOINT_URL",
     "AWS_ENDPOINT_URL_S3",
@@ -64,13 +80,11 @@ SHIPPED_ENV = (
     "AWS_DEFAULT_REGION",
     "AWS_REGION",
 )
-
-EXCHANGE_SCHEMA = pa.schema([*ROWS_SCHEMA, pa.field("meta", pa.string())])
-EXCHANGE_DDL = (
-    "bucket int, key binary, row binary, deleted boolean, order bigint, position bigint,"
-    " meta string"
-)
+PROFILE_ENV = "UPSERT_SPARK_PROFILE_DIR"
 RESULT_DDL = "result string"
+
+# Result lines a task returns, each "<tag>:<payload>".
+READ, EXPECT, BUCKET, ERROR = "read", "expect", "bucket", "error"
 
 _blobs: dict[str, Blob] = {}
 _cache: StateCache | None = None
@@ -107,61 +121,229 @@ def _task_blob(url: str, env: dict[str, str]) -> Blob:
     return blob
 
 
-def _meta_batch(text: str) -> pa.RecordBatch:
-    columns: list[pa.Array] = [pa.array([META_BUCKET], pa.int32())]
-    columns += [pa.nulls(1, f.type) for f in list(ROWS_SCHEMA)[1:]]
-    columns.append(pa.array([text], pa.string()))
-    return pa.RecordBatch.from_arrays(columns, schema=EXCHANGE_SCHEMA)
+# --- worker-side helpers ----------------------------------------------------------------
 
 
-def _read_step(task: FileTask, url: str, env: dict[str, str]) -> Any:
-    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for _ in batches:  # one input row: the file
+@contextmanager
+def _frozen_after() -> Iterator[None]:
+    """Run a task, then move every object alive in this worker into the collector's
+    permanent generation (``gc.freeze``).
+
+    SUBTLE: this is what keeps full collections cheap in a worker holding big cached
+    states: frozen objects are never scanned again, and reference counting still frees
+    them when a state drops them. The cost is that a reference cycle already garbage at
+    freeze time is never collected; the steps create almost none (the states hold no
+    cycles), so that is a few objects per task at most.
+    """
+    try:
+        yield
+    finally:
+        gc.freeze()
+
+
+def _timeline(label: str, start: float, end: float) -> None:
+    directory = os.environ.get(PROFILE_ENV)
+    if directory:
+        line = {"label": label, "pid": os.getpid(), "start": start, "end": end}
+        with open(os.path.join(directory, "timeline.jsonl"), "a") as fh:
+            fh.write(json.dumps(line) + "\n")
+
+
+class _Profiled:
+    """With ``UPSERT_SPARK_PROFILE_DIR`` set (in the workers' environment), a step
+    writes a timeline line (wall clock start/end, pid, label) into that directory, and
+    with ``profile=True`` its cProfile stats; otherwise this does nothing. Full garbage
+    collections of the worker are logged to the timeline too (``_log_gc``)."""
+
+    def __init__(self, label: str, *, profile: bool = False) -> None:
+        self.dir = os.environ.get(PROFILE_ENV)
+        self.label = label
+        self.profile = profile
+        self.prof: cProfile.Profile | None = None
+        self.start = 0.0
+
+    def __enter__(self) -> _Profiled:
+        self.start = time.time()
+        if self.dir and self.profile:
+            if _log_gc not in gc.callbacks:
+                gc.callbacks.append(_log_gc)
+            self.prof = cProfile.Profile()
+            self.prof.enable()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.dir:
+            return
+        if self.prof is not None:
+            self.prof.disable()
+            stem = f"{self.label}-{os.getpid()}-{int(self.start * 1e6)}"
+            self.prof.dump_stats(os.path.join(self.dir, stem + ".prof"))
+        _timeline(self.label, self.start, time.time())
+
+
+_gc_started = [0.0]
+
+
+def _log_gc(phase: str, info: dict[str, Any]) -> None:
+    if phase == "start":
+        _gc_started[0] = time.time()
+    elif info.get("generation") == 2 or time.time() - _gc_started[0] > 0.01:
+        _timeline(f"gc{info.get('generation')}", _gc_started[0], time.time())
+
+
+class _Claims:
+    """Which slice runs which bucket.
+
+    Without a claims directory (a cluster, Spark Connect): slice ``i`` runs the buckets
+    ``b % slices == i``. With one (local mode: every task on this host): a bucket runs
+    in the task that first creates ``<dir>/<bucket>`` (``O_CREAT | O_EXCL``, atomic on a
+    local filesystem), so each bucket runs exactly once whatever the order; see
+    :func:`run_slice` for the order in which tasks claim.
+    """
+
+    def __init__(self, directory: str | None, index: int, slices: int) -> None:
+        self.dir = directory
+        self.index = index
+        self.slices = slices
+        self.mine: set[int] = set()
+
+    def claim(self, bucket: int) -> bool:
+        if bucket in self.mine:
+            return True
+        if self.dir is None:
+            won = bucket % self.slices == self.index
+        else:
             try:
-                read_meta, rows = read_file(task, _task_blob(url, env))
-            except Exception as exc:  # noqa: BLE001 - reported as one line on the driver
-                read_meta, rows = FileRead(file_error=f"{task.file.name}: {exc}"), None
-            yield _meta_batch(read_meta.to_json())
-            if rows is None or read_meta.file_error is not None:
+                os.close(os.open(os.path.join(self.dir, str(bucket)), os.O_CREAT | os.O_EXCL))
+                won = True
+            except FileExistsError:
+                won = False
+        if won:
+            self.mine.add(bucket)
+        return won
+
+
+def _claim_cached(task: FileTask, claims: _Claims, cache: StateCache) -> None:
+    """Claim (at most a fair share of) the buckets whose current state this worker holds.
+
+    SUBTLE: done before reading the file, so that every slice has claimed its cached
+    buckets before any slice, done reading, starts taking the unclaimed ones; only the
+    worker that ran a bucket last holds its state as of ``task.ts`` (``take`` removes
+    the entry it uses), so these claims rarely collide.
+    """
+    if claims.dir is None:
+        return
+    share = -(-task.buckets // claims.slices)
+    for bucket in range(task.buckets):
+        if len(claims.mine) >= share:
+            break
+        if cache.holds(cache_key(task, bucket), task.ts, task.history):
+            claims.claim(bucket)
+
+
+def run_slice(
+    task: FileTask,
+    url: str,
+    env: dict[str, str],
+    index: int,
+    slices: int,
+    claims_dir: str | None = None,
+) -> list[str]:
+    """Slice ``index`` of ``slices`` of one file's ingest (see the module docstring):
+    the result lines for the driver. Never raises.
+
+    With ``claims_dir`` the slice first claims the buckets whose state its worker holds,
+    then reads the file, runs its claimed buckets that have rows, and then claims and
+    runs the remaining buckets one at a time (its own ``b % slices == index`` first),
+    so a fast slice takes over work a slow one has not started."""
+    name = task.file.name
+    lines: list[str] = []
+    claims = _Claims(claims_dir, index, slices)
+    try:
+        cache = _worker_cache()
+        _claim_cached(task, claims, cache)
+        blob = _task_blob(url, env)
+        read, rows = read_file(task, blob, write_errors=index == 0)
+        if index == 0:
+            lines.append(f"{READ}:{read.to_json()}")
+        if read.file_error is not None:
+            return lines
+        groups = bucket_groups(task, rows)
+        if index == 0:
+            lines.append(f"{EXPECT}:{json.dumps(sorted(groups))}")
+        ordered = sorted(groups, key=lambda b: (b not in claims.mine, b % slices != index, b))
+        for bucket in ordered:
+            if not claims.claim(bucket):
                 continue
-            for batch in rows.to_batches(max_chunksize=64 * 1024):
-                meta = pa.nulls(batch.num_rows, pa.string())
-                yield pa.RecordBatch.from_arrays([*batch.columns, meta], schema=EXCHANGE_SCHEMA)
-            forced = task.forced_buckets()
-            if forced:
-                n = len(forced)
-                touch = [pa.array(forced, pa.int32())]
-                touch += [pa.nulls(n, f.type) for f in list(ROWS_SCHEMA)[1:]]
-                touch.append(pa.nulls(n, pa.string()))
-                yield pa.RecordBatch.from_arrays(touch, schema=EXCHANGE_SCHEMA)
-
-    return read
+            with _Profiled(f"bucket{bucket}"):
+                result = run_bucket(task, bucket, groups[bucket], blob, cache)
+            lines.append(f"{BUCKET}:{result.to_json()}")
+            if result.failure is not None:
+                break
+    except Exception as exc:  # noqa: BLE001 - reported as one line on the driver
+        lines.append(f"{ERROR}:{name}: {type(exc).__name__}: {exc}")
+    return lines
 
 
-def _bucket_step(task: FileTask, url: str, env: dict[str, str]) -> Any:
-    def step(table: pa.Table) -> pa.Table:
-        bucket = int(table.column("bucket")[0].as_py())
-        if bucket == META_BUCKET:
-            texts = [f"read:{m}" for m in table.column("meta").to_pylist()]
-            return pa.table({"result": pa.array(texts, pa.string())})
-        try:
-            rows = table.filter(pc.is_valid(table.column("key"))).select(ROWS_SCHEMA.names)
-            result = run_bucket(
-                task, bucket, rows.cast(ROWS_SCHEMA), _task_blob(url, env), _worker_cache()
-            )
-        except Exception as exc:  # noqa: BLE001 - reported as one line on the driver
-            result = BucketResult(bucket=bucket, failure=f"bucket {bucket}: {exc}")
-        return pa.table({"result": pa.array([f"bucket:{result.to_json()}"], pa.string())})
+def _rdd_slice(
+    task: FileTask, url: str, env: dict[str, str], slices: int, claims_dir: str | None
+) -> Callable[[int, Iterable[Any]], Iterator[str]]:
+    def run(index: int, items: Iterable[Any]) -> Iterator[str]:
+        for _ in items:  # one item per partition: its slice number
+            pass
+        with _frozen_after(), _Profiled(f"slice{index}", profile=True):
+            lines = run_slice(task, url, env, index, slices, claims_dir)
+        yield from lines
 
-    return step
+    return run
+
+
+def _arrow_slice(
+    task: FileTask, url: str, env: dict[str, str], slices: int
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:  # range(slices): each row is one slice number
+            for index in batch.column(0).to_pylist():
+                with _frozen_after(), _Profiled(f"slice{index}", profile=True):
+                    lines = run_slice(task, url, env, int(index), slices)
+                yield pa.RecordBatch.from_pydict({"result": pa.array(lines, pa.string())})
+
+    return run
+
+
+# --- driver ---------------------------------------------------------------------------------
 
 
 class SparkEngine:
-    """Runs each file's steps as one Spark job (see the module docstring)."""
+    """Runs each file's steps as one Spark stage (see the module docstring).
 
-    def __init__(self, spark: SparkSession, *, blob_url: str | None = None) -> None:
+    ``slices``: tasks per file (default: ``min(buckets, default parallelism)``).
+    """
+
+    def __init__(
+        self, spark: SparkSession, *, blob_url: str | None = None, slices: int | None = None
+    ) -> None:
+        if slices is not None and slices < 1:
+            raise ConfigError(f"slices must be at least 1, got {slices}")
         self.spark = spark
         self.blob_url = blob_url
+        self.slices = slices
+
+    def _context(self) -> Any:
+        """The SparkContext, or None for a Spark Connect session (no RDD API)."""
+        try:
+            return self.spark.sparkContext
+        except Exception:  # noqa: BLE001 - Connect raises its own "not supported" errors
+            return None
+
+    def _slices(self, task: FileTask, context: Any) -> int:
+        if self.slices is not None:
+            wanted = self.slices
+        elif context is not None:
+            wanted = int(context.defaultParallelism)
+        else:
+            wanted = int(self.spark.conf.get("spark.default.parallelism", "2") or 2)
+        return max(1, min(task.buckets, wanted))
 
     def run_file(self, task: FileTask, shard: ShardHandle) -> FileOutcome:
         url = self.blob_url or blob_url_of(shard.blob)
@@ -170,27 +352,65 @@ class SparkEngine:
         shipped = dataclasses.replace(
             task, shard_state=None, shard_state_bytes=encode_state(state)
         )
+        context = self._context()
+        slices = self._slices(task, context)
+        # Claims need one filesystem shared by every task: local mode only.
+        claims = None
+        if context is not None and slices > 1 and str(context.master).startswith("local"):
+            claims = tempfile.mkdtemp(prefix="upsert-claims-")
         try:
-            rows = (
-                self.spark.range(1, numPartitions=1)
-                .mapInArrow(_read_step(shipped, url, env), EXCHANGE_DDL)
-                .groupBy("bucket")
-                .applyInArrow(_bucket_step(shipped, url, env), RESULT_DDL)
-                .collect()
-            )
+            if context is not None:
+                results: list[str] = (
+                    context.parallelize(range(slices), slices)
+                    .mapPartitionsWithIndex(_rdd_slice(shipped, url, env, slices, claims))
+                    .collect()
+                )
+            else:
+                rows = (
+                    self.spark.range(slices, numPartitions=slices)
+                    .mapInArrow(_arrow_slice(shipped, url, env, slices), RESULT_DDL)
+                    .collect()
+                )
+                results = [r["result"] for r in rows]
         except Exception as exc:  # noqa: BLE001 - a failed job is one line for the user
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise IngestError(f"{task.file.name}: the Spark job failed: {first}") from exc
-        return _outcome(task, [r["result"] for r in rows])
+        finally:
+            if claims is not None:
+                shutil.rmtree(claims, ignore_errors=True)
+        return outcome_of(task, results)
 
 
-def _outcome(task: FileTask, results: list[str]) -> FileOutcome:
-    reads = [FileRead.from_json(r.removeprefix("read:")) for r in results if r.startswith("read:")]
+def _split(results: list[str], tag: str) -> list[str]:
+    prefix = f"{tag}:"
+    return [r[len(prefix):] for r in results if r.startswith(prefix)]
+
+
+def outcome_of(task: FileTask, results: list[str]) -> FileOutcome:
+    """The :class:`FileOutcome` of one file from its slices' result lines.
+
+    An ``error`` line (an unexpected failure inside a task) becomes the file's error, so
+    the driver deletes everything the slices wrote and reports one line. Otherwise every
+    bucket listed by slice 0 must have exactly one result."""
+    name = task.file.name
+    reads = [FileRead.from_json(r) for r in _split(results, READ)]
+    buckets = sorted(
+        (BucketResult.from_json(r) for r in _split(results, BUCKET)), key=lambda b: b.bucket
+    )
+    errors = _split(results, ERROR)
+    if errors:
+        read = reads[0] if reads else FileRead()
+        read.file_error = read.file_error or errors[0]
+        return FileOutcome(read=read, buckets=buckets)
     if len(reads) != 1:
-        raise IngestError(f"{task.file.name}: the Spark job returned {len(reads)} read results")
-    buckets = [
-        BucketResult.from_json(r.removeprefix("bucket:"))
-        for r in results
-        if r.startswith("bucket:")
-    ]
-    return FileOutcome(read=reads[0], buckets=sorted(buckets, key=lambda b: b.bucket))
+        raise IngestError(f"{name}: the Spark job returned {len(reads)} read results")
+    outcome = FileOutcome(read=reads[0], buckets=buckets)
+    if outcome.read.file_error is not None or outcome.failure is not None:
+        return outcome
+    expected = [int(b) for e in _split(results, EXPECT) for b in json.loads(e)]
+    ran = [b.bucket for b in buckets]
+    if ran != sorted(expected):
+        outcome.read.file_error = (
+            f"{name}: the Spark job ran buckets {ran}, expected {sorted(expected)}"
+        )
+    return outcome

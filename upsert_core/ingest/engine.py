@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Literal, Protocol
 
 import numpy as np
+import pyarrow as pa
 
 from upsert_core.ingest.buckets import split_rows
 from upsert_core.ingest.outcome import FileOutcome
@@ -46,6 +47,16 @@ class Engine(Protocol):
     def run_file(self, task: FileTask, shard: ShardHandle) -> FileOutcome: ...
 
 
+def bucket_groups(task: FileTask, rows: pa.Table) -> dict[int, pa.Table]:
+    """The rows of each bucket that must run for ``task`` (``read_file``'s output split by
+    bucket, file order kept), with an empty table for every forced bucket without rows."""
+    bucket_col = np.asarray(rows.column("bucket").to_numpy(), dtype=np.int64)
+    groups = split_rows(rows, bucket_col)
+    for bucket in task.forced_buckets():
+        groups.setdefault(bucket, ROWS_SCHEMA.empty_table())
+    return groups
+
+
 class InProcessEngine:
     """Runs every step in this process, bucket after bucket.
 
@@ -62,11 +73,9 @@ class InProcessEngine:
         outcome = FileOutcome(read=read)
         if read.file_error is not None:
             return outcome
-        bucket_col = np.asarray(rows.column("bucket").to_numpy(), dtype=np.int64)
-        groups = split_rows(rows, bucket_col)
-        empty = ROWS_SCHEMA.empty_table()
-        for bucket in sorted(set(groups) | set(task.forced_buckets())):
-            result = run_bucket(task, bucket, groups.get(bucket, empty), blob, self.cache)
+        groups = bucket_groups(task, rows)
+        for bucket in sorted(groups):
+            result = run_bucket(task, bucket, groups[bucket], blob, self.cache)
             outcome.buckets.append(result)
             if result.failure is not None:
                 break

@@ -67,6 +67,20 @@ class StateCache:
         self.hits = 0
         self.misses = 0
 
+    def _best(
+        self, key: CacheKey, ts: int, history: Mapping[int, str], exact: bool
+    ) -> tuple[CacheKey, str] | None:
+        best: tuple[CacheKey, str] | None = None
+        best_upper = -1
+        for (k, nonce), entry in self._entries.items():
+            if k != key or history.get(entry.upper) != nonce:
+                continue
+            if entry.upper > ts or (exact and entry.upper != ts):
+                continue
+            if entry.upper > best_upper:
+                best, best_upper = (k, nonce), entry.upper
+        return best
+
     def take(
         self, key: CacheKey, ts: int, history: Mapping[int, str], *, exact: bool
     ) -> CachedState | None:
@@ -75,20 +89,18 @@ class StateCache:
         ``exact``: only an entry at ``upper == ts`` is usable (no replay possible).
         """
         with self._lock:
-            best: tuple[CacheKey, str] | None = None
-            best_upper = -1
-            for (k, nonce), entry in self._entries.items():
-                if k != key or history.get(entry.upper) != nonce:
-                    continue
-                if entry.upper > ts or (exact and entry.upper != ts):
-                    continue
-                if entry.upper > best_upper:
-                    best, best_upper = (k, nonce), entry.upper
+            best = self._best(key, ts, history, exact)
             if best is None:
                 self.misses += 1
                 return None
             self.hits += 1
             return self._entries.pop(best)
+
+    def holds(self, key: CacheKey, ts: int, history: Mapping[int, str]) -> bool:
+        """Whether ``take(key, ts, history, exact=True)`` would return an entry (the
+        state as of ``ts`` itself, no replay needed); changes nothing."""
+        with self._lock:
+            return self._best(key, ts, history, True) is not None
 
     def put(self, key: CacheKey, entry: CachedState) -> None:
         """Keep ``entry`` (evicting old entries beyond the key budget)."""

@@ -167,9 +167,14 @@ class FileTask:
 # --- step 1: read and validate one file ---------------------------------------------------
 
 
-def read_file(task: FileTask, blob: Blob) -> tuple[FileRead, pa.Table]:
+def read_file(
+    task: FileTask, blob: Blob, *, write_errors: bool = True
+) -> tuple[FileRead, pa.Table]:
     """Read, validate and bucket one file; write its error part. Never raises a
-    platform error: problems come back in ``FileRead.file_error``."""
+    platform error: problems come back in ``FileRead.file_error``.
+
+    ``write_errors=False`` skips writing the error part (``error_batch`` stays None):
+    for engines where several tasks read the same file and one of them records it."""
     name = task.file.name
     try:
         schema = SourceSchema.from_json(task.schema_json)
@@ -183,7 +188,7 @@ def read_file(task: FileTask, blob: Blob) -> tuple[FileRead, pa.Table]:
         schema_json=batch.schema.to_json(), rows_read=batch.total_rows, good_rows=len(batch)
     )
     try:
-        if batch.errors:
+        if batch.errors and write_errors:
             eb = write_error_batch(
                 blob, task.shard_id, task.ts, batch.errors_to_arrow(),
                 inline_threshold=task.inline_threshold,
@@ -220,7 +225,8 @@ def _order_index(task: FileTask) -> int | None:
     return names.index(schema.order) if schema.order in names else None
 
 
-def _cache_key(task: FileTask, bucket: int) -> CacheKey:
+def cache_key(task: FileTask, bucket: int) -> CacheKey:
+    """The key of bucket ``bucket``'s state in a :class:`StateCache`."""
     return (task.shard_id, bucket, task.buckets, task.order_scope)
 
 
@@ -250,7 +256,7 @@ def _load_state(
             base = Base(task.ts, 0, base.rows, base.size)  # never replayed (see module doc)
         entry = None
         if cache is not None:
-            entry = cache.take(_cache_key(task, bucket), task.ts, task.history,
+            entry = cache.take(cache_key(task, bucket), task.ts, task.history,
                                exact=not replayable)
         try:
             if entry is not None and entry.checkpoint == ref and _intact(blob, ref, base):
@@ -396,7 +402,7 @@ def _run_bucket(
         raise
     if cache is not None and task.commit_nonce:
         cache.put(
-            _cache_key(task, bucket),
+            cache_key(task, bucket),
             CachedState(state, ts + 1, task.commit_nonce, result.checkpoint or ""),
         )
 
