@@ -208,7 +208,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def entry() -> NoReturn:
-    sys.exit(main())
+    """The console script: run, flush, and leave without interpreter teardown.
+
+    SUBTLE: by the time ``main`` returns, every result is committed and flushed below.
+    Native thread pools (pyarrow's, the Py4J gateway's) have been seen to abort the
+    process during interpreter teardown ("terminate called without an active
+    exception", exit -6) after a successful run, which would turn success into a
+    failure exit status; ``os._exit`` skips that teardown.
+    """
+    status = main()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BrokenPipeError:
+        status = status or EXIT_ERROR
+    os._exit(status)
 
 
 if __name__ == "__main__":
