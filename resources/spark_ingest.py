@@ -33,9 +33,10 @@ Invariants:
   committed upper) skips the checkpoint load, and one holding an older committed state
   catches up by replay (batch scope). Which worker runs which slice is up to Spark, so
   a miss is normal and only costs the load.
-- Python workers freeze their heap (``gc.freeze``) after every task: the cached states
-  are millions of long-lived objects, and without that every full collection re-scans
-  them (over a second per batch at 1M keys). See ``_frozen_after``.
+- Python workers run each task with the cyclic collector off and freeze their heap
+  (``gc.freeze``) after it: the cached states are millions of long-lived objects, and
+  without that every full collection re-scans them (over a second per batch at 1M
+  keys). See ``_frozen_after``.
 - ``AWS_*`` variables of the driver's environment are applied in the workers when
   they are missing there (local mode starts its workers before tests set them); on a
   cluster, configure the executors' environment instead.
@@ -126,19 +127,24 @@ def _task_blob(url: str, env: dict[str, str]) -> Blob:
 
 @contextmanager
 def _frozen_after() -> Iterator[None]:
-    """Run a task, then move every object alive in this worker into the collector's
-    permanent generation (``gc.freeze``).
+    """Run a task without cyclic garbage collection, then move every object alive in
+    this worker into the collector's permanent generation (``gc.freeze``).
 
-    SUBTLE: this is what keeps full collections cheap in a worker holding big cached
-    states: frozen objects are never scanned again, and reference counting still frees
-    them when a state drops them. The cost is that a reference cycle already garbage at
-    freeze time is never collected; the steps create almost none (the states hold no
-    cycles), so that is a few objects per task at most.
+    SUBTLE: this is what keeps collections cheap in a worker holding big cached states:
+    frozen objects are never scanned again, and reference counting still frees them
+    when a state drops them. The cost is that a reference cycle that is garbage by the
+    end of a task is never collected; the steps create none (an in-process ingest of the
+    bench workload with the collector off leaves zero unreachable objects), so nothing
+    accumulates. The collector's previous setting is restored.
     """
+    was_enabled = gc.isenabled()
+    gc.disable()
     try:
         yield
     finally:
         gc.freeze()
+        if was_enabled:
+            gc.enable()
 
 
 def _timeline(label: str, start: float, end: float) -> None:
@@ -196,9 +202,10 @@ class _Claims:
 
     Without a claims directory (a cluster, Spark Connect): slice ``i`` runs the buckets
     ``b % slices == i``. With one (local mode: every task on this host): a bucket runs
-    in the task that first creates ``<dir>/<bucket>`` (``O_CREAT | O_EXCL``, atomic on a
-    local filesystem), so each bucket runs exactly once whatever the order; see
-    :func:`run_slice` for the order in which tasks claim.
+    in the slice that first creates the symlink ``<dir>/<bucket> -> slice-<i>`` (atomic
+    on a local filesystem), so each bucket runs in exactly one slice whatever the order
+    (a retried attempt of that slice owns it again); see :func:`run_slice` for the
+    order in which slices claim.
     """
 
     def __init__(self, directory: str | None, index: int, slices: int) -> None:
@@ -213,11 +220,12 @@ class _Claims:
         if self.dir is None:
             won = bucket % self.slices == self.index
         else:
+            path, me = os.path.join(self.dir, str(bucket)), f"slice-{self.index}"
             try:
-                os.close(os.open(os.path.join(self.dir, str(bucket)), os.O_CREAT | os.O_EXCL))
+                os.symlink(me, path)  # atomic: fails if any slice claimed it first
                 won = True
             except FileExistsError:
-                won = False
+                won = os.readlink(path) == me
         if won:
             self.mine.add(bucket)
         return won
