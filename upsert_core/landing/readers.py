@@ -46,11 +46,13 @@ def read_batch(file: LandingFile) -> RawBatch:
 def read_parquet(name: str, data: bytes) -> RawBatch:
     try:
         table = pq.read_table(pa.BufferReader(data))
+        # Column names are decoded lazily: a damaged footer can hold invalid UTF-8.
+        column_names = table.column_names
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for bad files
         raise IngestError(f"{name}: unreadable or truncated Parquet file: {exc}") from exc
-    _check_unique(name, table.column_names)
+    _check_unique(name, column_names)
     columns: dict[str, Column] = {
-        col: table.column(col).combine_chunks() for col in table.column_names
+        col: table.column(col).combine_chunks() for col in column_names
     }
     positions = np.arange(1, table.num_rows + 1, dtype=np.int64)
     return RawBatch(name, SourceKind.TYPED, columns, positions)
