@@ -19,6 +19,7 @@ conflicts between files are exercised too.
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 from collections import Counter
@@ -75,9 +76,7 @@ JSON_VALUES = st.recursive(
     ),
     max_leaves=6,
 )
-COLUMN_NAMES = st.one_of(
-    st.sampled_from(["key", "offset", "__deleted", "v", "w", "k2"]), ODD_TEXT
-)
+COLUMN_NAMES = st.one_of(st.sampled_from(["key", "offset", "__deleted", "v", "w", "k2"]), ODD_TEXT)
 ROWS = st.dictionaries(COLUMN_NAMES, JSON_VALUES, max_size=5)
 
 
@@ -142,8 +141,6 @@ def csv_files(draw: st.DrawFn) -> bytes:
     )
     cells = st.one_of(st.integers(-5, 5).map(str), HUGE_INTS.map(str), ODD_TEXT)
     buf = io.StringIO()
-    import csv
-
     writer = csv.writer(buf)
     writer.writerow(header)
     for row in draw(st.lists(st.lists(cells, min_size=0, max_size=5), max_size=8)):
@@ -169,9 +166,7 @@ _PARQUET_COLUMNS: dict[str, tuple[pa.DataType, st.SearchStrategy[object]]] = {
 @st.composite
 def parquet_files(draw: st.DrawFn) -> bytes:
     n = draw(st.integers(0, 6))
-    names = draw(
-        st.lists(st.sampled_from(["key", "offset", "__deleted", "v", "w"]), unique=True)
-    )
+    names = draw(st.lists(st.sampled_from(["key", "offset", "__deleted", "v", "w"]), unique=True))
     arrays, fields = [], []
     for name in names:
         typ, values = _PARQUET_COLUMNS[draw(st.sampled_from(sorted(_PARQUET_COLUMNS)))]
@@ -239,7 +234,9 @@ def test_jsonl_any_bytes(
 
 @FUZZ
 @given(files=st.lists(csv_files(), min_size=1, max_size=3), schema=SCHEMAS)
-def test_csv_any_bytes(files: list[bytes], schema: SourceSchema, fuzz_counter: Counter[str]) -> None:
+def test_csv_any_bytes(
+    files: list[bytes], schema: SourceSchema, fuzz_counter: Counter[str]
+) -> None:
     for i, data in enumerate(files):
         raw, schema = _ingest(f"b{i}.csv", data, schema, fuzz_counter, "csv")
         if raw is not None:
