@@ -7,8 +7,9 @@ Invariants:
   this interpreter (the Spark config key is ignored in local mode, and workers running
   the system python cannot import pyarrow). Values already in the environment win.
 - The master is the argument, else ``SPARK_MASTER``, else ``local[*]``.
-- The UI is off unless asked for; shuffle partitions default to a small number, since
-  the ingest shuffles at most (buckets + 1) groups per file.
+- The UI is off unless asked for; shuffle partitions default to a small number (the
+  ingest itself runs one stage of a few tasks and shuffles nothing; see
+  ``resources/spark_ingest.py``).
 - ``getOrCreate`` semantics: a second call returns the running session.
 """
 

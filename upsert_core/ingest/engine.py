@@ -6,9 +6,11 @@ compare-and-append per file, retries and cleanup.
 
 Invariants every engine keeps:
 
-- It runs exactly :func:`read_file` once and :func:`run_bucket` once per bucket that has
-  rows or is forced (``FileTask.forced_buckets``), with the rows of that bucket in file
-  order, so all engines produce the same updates, checkpoints and counts.
+- It runs :func:`run_bucket` exactly once per bucket that has rows or is forced
+  (:func:`bucket_groups`), with the rows of that bucket in file order, and records the
+  file's error part exactly once (:func:`read_file` with ``write_errors`` in one task;
+  other tasks may read the same file without it), so all engines produce the same
+  updates, checkpoints, error rows and counts.
 - It never raises for a bad file or a failed bucket: those are in the outcome, with the
   blobs already written listed for cleanup.
 
