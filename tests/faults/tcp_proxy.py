@@ -8,6 +8,7 @@ listener and every proxied connection are closed; ``start()`` reuses the same po
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import threading
@@ -37,19 +38,15 @@ class TcpProxy:
         """Refuse new connections and reset every open one (like a server crash)."""
         listener, self._listener = self._listener, None
         if listener is not None:
-            try:
+            with contextlib.suppress(OSError):
                 listener.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             listener.close()
         with self._lock:
             open_sockets, self._sockets = self._sockets, set()
         for sock in open_sockets:
             # SO_LINGER 0: close sends RST, as a crashed server's kernel would.
-            try:
+            with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            except OSError:
-                pass
             sock.close()
 
     def _accept(self, listener: socket.socket) -> None:
@@ -83,7 +80,5 @@ class TcpProxy:
             pass
         finally:
             for sock in (src, dst):
-                try:
+                with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass

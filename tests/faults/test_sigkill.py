@@ -7,6 +7,7 @@ After every kill the shard must still pass its checks at its last committed uppe
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -38,8 +39,9 @@ def _open(home: Path) -> Shard:
 
 
 def _start(cli: Cli, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(cli.command(*args), env=cli.env, cwd=cli.cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    return subprocess.Popen(cli.command(*args), env=cli.env, cwd=cli.cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
 
 
 def _kill_after(procs: list[subprocess.Popen[str]], delays: list[float]) -> list[int]:
@@ -48,10 +50,8 @@ def _kill_after(procs: list[subprocess.Popen[str]], delays: list[float]) -> list
     for proc, delay in sorted(zip(procs, delays, strict=True), key=lambda p: p[1]):
         left = delay - (time.monotonic() - started)
         if left > 0:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=left)
-            except subprocess.TimeoutExpired:
-                pass
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     codes = []
