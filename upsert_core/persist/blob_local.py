@@ -4,8 +4,9 @@ Invariants kept:
 
 - A key maps to the file ``root/<key>``, ``/`` separating directories. A key can NEVER
   name a path outside ``root``: keys with ``..`` or ``.`` segments, empty segments
-  (leading, trailing or doubled ``/``), backslashes, NUL bytes, or segments that look
-  like our temporary files are rejected with ``ConfigError``.
+  (leading, trailing or doubled ``/``), backslashes, NUL bytes, lone surrogates, or
+  segments that look like our temporary files are rejected with ``ConfigError``, and
+  so is a key whose path resolves outside ``root`` through a symlink.
 - ``set`` is atomic and durable: the bytes go to a temporary file in the target's
   directory, are fsynced, renamed over the target (atomic on POSIX), and the directory
   is fsynced so the rename survives a crash. Readers see the old or the new bytes.
@@ -42,6 +43,10 @@ def key_segments(key: str) -> list[str]:
         raise ConfigError(f"blob key {key!r} contains a NUL byte or backslash")
     if key.startswith("/"):
         raise ConfigError(f"blob key {key!r} is absolute; keys are relative to the root")
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"blob key {key!r} is not valid Unicode text") from None
     segments = key.split("/")
     for seg in segments:
         if seg in ("", ".", ".."):
@@ -75,9 +80,10 @@ class LocalBlob:
 
     def _path(self, key: str) -> Path:
         path = self._root.joinpath(*key_segments(key))
-        # Belt and braces: the segment checks above already forbid escaping.
-        if not path.is_relative_to(self._root):
-            raise ConfigError(f"blob key {key!r} escapes the root {self._root}")
+        # Belt and braces: the segment checks above already forbid escaping lexically;
+        # resolving also refuses a symlink planted inside the root that points out.
+        if not Path(os.path.realpath(path)).is_relative_to(self._root):
+            raise ConfigError(f"blob key {key!r} resolves outside the root {self._root}")
         return path
 
     def get(self, key: str) -> bytes | None:

@@ -2,7 +2,8 @@
 
 Invariants kept:
 
-- Key ``k`` is the object ``<prefix>/<k>`` in ``bucket`` (no prefix: ``k`` itself);
+- Key ``k`` is the object ``<prefix>/<k>`` in ``bucket`` (no prefix: ``k`` itself); keys
+  follow the local store's rules (no ``.``, ``..`` or empty segments), so none leaves the prefix;
   ``list_keys`` strips the prefix again, so callers never see it.
 - ``set`` is one ``PutObject``: S3 replaces objects atomically.
 - ``get`` of a missing object returns ``None``; ``delete`` is idempotent (``None`` when
@@ -38,7 +39,8 @@ from botocore.exceptions import (
 )
 
 from upsert_core.errors import ConfigError, DeterminateError, IndeterminateError, LocationError
-from upsert_core.persist.blob_memory import check_blob_key, check_blob_value
+from upsert_core.persist.blob_local import key_segments
+from upsert_core.persist.blob_memory import check_blob_value
 from upsert_core.persist.location import BlobMetadata, BlobReader
 
 _MISSING_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
@@ -228,7 +230,10 @@ class S3Blob:
         return self._prefix
 
     def _name(self, key: str) -> str:
-        check_blob_key(key)
+        # The same key rules as the local store: no '.'/'..'/empty segments, so a key
+        # can never name an object outside the prefix, even on a server that
+        # normalises paths.
+        key_segments(key)
         return self._prefix + key
 
     def _where(self, key: str) -> str:
