@@ -82,7 +82,7 @@ def test_blob_budget_exhausted_mid_ingest(tmp_path: Path) -> None:
     reference = reference_shard(landing)
     consensus = SqlConsensus(f"sqlite:///{tmp_path}/consensus.db")
     disk = SpaceLimitedBlob(LocalBlob(tmp_path / "blob"), capacity=60_000)
-    shard = Shard.open(consensus, disk, "full")  # type: ignore[arg-type]
+    shard = Shard.open(consensus, disk, "full")
 
     with pytest.raises((UpsertPlatformError, OSError)) as info:
         ingest(shard, str(landing), REQUEST)
