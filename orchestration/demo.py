@@ -50,6 +50,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from orchestration.demo_landing import generate_landing
     from upsert_core.ingest import IngestRequest
     from upsert_core.persist.shard import Shard
+    from upsert_core.persist.urls import redact_url
 
     config = store_config(args)
     landing = config.home / LANDING_DIR
@@ -63,7 +64,9 @@ def run_demo(args: argparse.Namespace) -> int:
 
     out = sys.stdout
     out.write(f"upsertctl demo: shard {DEMO_SHARD!r}\n")
-    out.write(f"  consensus {config.consensus_url}\n  blob      {config.blob_url}\n")
+    # The URLs may carry a password (UPSERT_CONSENSUS_URL): never print it.
+    out.write(f"  consensus {redact_url(config.consensus_url)}\n")
+    out.write(f"  blob      {redact_url(config.blob_url)}\n")
     out.write(f"  landing   {landing}\n")
     if written:
         out.write(f"generated {len(written)} sample batch file(s): {', '.join(written)}\n")

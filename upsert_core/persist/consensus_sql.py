@@ -157,10 +157,15 @@ class SqlConsensus:
         max_retries: int = 6,
         backoff_s: float = 0.02,
     ) -> None:
+        # Imported here: ``urls`` imports this module. URLs may hold a password, so every
+        # message below shows them redacted.
+        from upsert_core.persist.urls import redact_url
+
+        shown = redact_url(repr(url))
         try:
             parsed = make_url(url)
-        except ArgumentError as e:
-            raise ConfigError(f"invalid consensus URL {url!r}: {e}") from e
+        except (ArgumentError, ValueError) as e:  # ValueError: e.g. a non-numeric port
+            raise ConfigError(f"invalid consensus URL {shown}: {redact_url(str(e))}") from None
         self._dialect = parsed.get_backend_name()
         self._max_retries = max_retries
         self._backoff_s = backoff_s
@@ -169,7 +174,7 @@ class SqlConsensus:
             db = parsed.database or ""
             if db in ("", ":memory:") or db.startswith("file::memory:"):
                 raise ConfigError(
-                    f"in-memory SQLite cannot be shared between connections ({url!r});"
+                    f"in-memory SQLite cannot be shared between connections ({shown});"
                     " use a file (sqlite:///path/consensus.db) or mem://"
                 )
             self._engine = _sqlite_engine(url, busy_timeout_s)
@@ -186,7 +191,7 @@ class SqlConsensus:
             )
         else:
             raise ConfigError(
-                f"unsupported consensus URL {url!r}: use sqlite:///... or postgresql+psycopg://..."
+                f"unsupported consensus URL {shown}: use sqlite:///... or postgresql+psycopg://..."
             )
         self._create_lock = threading.Lock()
         self._created = False

@@ -17,11 +17,16 @@ Blob URLs:
 - ``mem://`` / ``mem://NAME`` -> :class:`MemoryBlob` (fresh / shared by name).
 
 Anything else is a :class:`ConfigError` naming the accepted forms.
+
+Secrets: a URL may carry a password (``postgresql+psycopg://user:secret@host/db``).
+Nothing here or in :class:`SqlConsensus` puts one in an error message; text that may
+contain a URL goes through :func:`redact_url` first.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import threading
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -41,9 +46,27 @@ _memory_consensus: dict[str, MemoryConsensus] = {}
 _memory_blobs: dict[str, MemoryBlob] = {}
 
 
+_USERINFO_PASSWORD = re.compile(
+    r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s'\"]*):(?P<secret>[^\s'\"]*)@"
+)
+_QUERY_PASSWORD = re.compile(r"(?P<head>\b(?:password|passwd|pwd)=)[^&\s'\"]*", re.IGNORECASE)
+REDACTED = "***"
+
+
+def redact_url(text: str) -> str:
+    """``text`` with the password of every URL in it replaced by ``***``.
+
+    Handles ``scheme://user:password@host`` (the password may itself hold ``@`` or
+    ``/``: everything up to the token's last ``@`` is hidden) and ``password=`` query
+    parameters. Works on a bare URL and on a message that quotes one.
+    """
+    text = _USERINFO_PASSWORD.sub(lambda m: f"{m['head']}:{REDACTED}@", text)
+    return _QUERY_PASSWORD.sub(lambda m: f"{m['head']}{REDACTED}", text)
+
+
 def _scheme(url: str) -> str:
     if not isinstance(url, str) or "://" not in url:
-        raise ConfigError(f"not a URL: {url!r}")
+        raise ConfigError(f"not a URL: {redact_url(repr(url))}")
     return url.split("://", 1)[0].lower()
 
 
@@ -64,7 +87,9 @@ def open_consensus(url: str) -> Consensus:
         return SqlConsensus(url)
     if scheme in ("postgresql", "postgres", "postgresql+psycopg"):
         return SqlConsensus("postgresql+psycopg://" + url.split("://", 1)[1])
-    raise ConfigError(f"unsupported consensus URL {url!r}; use one of: {CONSENSUS_FORMS}")
+    raise ConfigError(
+        f"unsupported consensus URL {redact_url(repr(url))}; use one of: {CONSENSUS_FORMS}"
+    )
 
 
 def open_blob(url: str) -> Blob:
@@ -79,19 +104,27 @@ def open_blob(url: str) -> Blob:
     if scheme == "file":
         rest = unquote(url.split("://", 1)[1])
         if "?" in rest or "#" in rest:
-            raise ConfigError(f"file blob URL {url!r} must not have a query or fragment")
+            raise ConfigError(
+                f"file blob URL {redact_url(repr(url))} must not have a query or fragment"
+            )
         if not rest:
-            raise ConfigError(f"file blob URL {url!r} has no path; use {BLOB_FORMS}")
+            raise ConfigError(
+                f"file blob URL {redact_url(repr(url))} has no path; use {BLOB_FORMS}"
+            )
         # file:///abs -> "/abs" (absolute); file://rel/dir -> "rel/dir" (relative to cwd).
         return LocalBlob(rest)
     if scheme == "s3":
         parts = urlsplit(url)
         if not parts.netloc:
-            raise ConfigError(f"s3 blob URL {url!r} has no bucket; use s3://bucket/prefix")
+            raise ConfigError(
+                f"s3 blob URL {redact_url(repr(url))} has no bucket; use s3://bucket/prefix"
+            )
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         unknown = set(query) - {"endpoint_url", "region"}
         if unknown:
-            raise ConfigError(f"unknown s3 URL parameters {sorted(unknown)} in {url!r}")
+            raise ConfigError(
+                f"unknown s3 URL parameters {sorted(unknown)} in {redact_url(repr(url))}"
+            )
         endpoint = (
             query.get("endpoint_url")
             or os.environ.get("AWS_ENDPOINT_URL_S3")
@@ -104,4 +137,4 @@ def open_blob(url: str) -> Blob:
             endpoint,
             region_name=query.get("region"),
         )
-    raise ConfigError(f"unsupported blob URL {url!r}; use one of: {BLOB_FORMS}")
+    raise ConfigError(f"unsupported blob URL {redact_url(repr(url))}; use one of: {BLOB_FORMS}")
