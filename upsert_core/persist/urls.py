@@ -47,18 +47,19 @@ _memory_blobs: dict[str, MemoryBlob] = {}
 
 
 _USERINFO_PASSWORD = re.compile(
-    r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s'\"]*):(?P<secret>[^\s'\"]*)@"
+    r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s'\"]*):(?P<secret>\S*)@"
 )
-_QUERY_PASSWORD = re.compile(r"(?P<head>\b(?:password|passwd|pwd)=)[^&\s'\"]*", re.IGNORECASE)
+_QUERY_PASSWORD = re.compile(r"(?P<head>\b(?:password|passwd|pwd)=)[^&\s]*", re.IGNORECASE)
 REDACTED = "***"
 
 
 def redact_url(text: str) -> str:
     """``text`` with the password of every URL in it replaced by ``***``.
 
-    Handles ``scheme://user:password@host`` (the password may itself hold ``@`` or
-    ``/``: everything up to the token's last ``@`` is hidden) and ``password=`` query
-    parameters. Works on a bare URL and on a message that quotes one.
+    Handles ``scheme://user:password@host`` (the password may itself hold ``@``, ``/``
+    or quotes: everything up to the last ``@`` before whitespace is hidden, erring on
+    the side of hiding too much) and ``password=`` query parameters. Works on a bare
+    URL and on a message that quotes one.
     """
     text = _USERINFO_PASSWORD.sub(lambda m: f"{m['head']}:{REDACTED}@", text)
     return _QUERY_PASSWORD.sub(lambda m: f"{m['head']}{REDACTED}", text)
@@ -115,6 +116,11 @@ def open_blob(url: str) -> Blob:
         return LocalBlob(rest)
     if scheme == "s3":
         parts = urlsplit(url)
+        if "@" in parts.netloc:  # credentials come from boto3's chain, never the URL
+            raise ConfigError(
+                f"s3 blob URL {redact_url(repr(url))} must not carry credentials;"
+                " use AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile"
+            )
         if not parts.netloc:
             raise ConfigError(
                 f"s3 blob URL {redact_url(repr(url))} has no bucket; use s3://bucket/prefix"
