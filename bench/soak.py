@@ -380,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         "commit_latency_p99_s": round(percentile(latencies, 0.99), 4),
         "files_committed_by": [r["files"] for r in ingesters],
         "ingest_run_failures": sum(r["failures"] for r in ingesters),
+        "ingest_last_errors": sorted({r["last_error"] for r in ingesters if r["last_error"]}),
         "reads_verified": sum(r["reads"] for r in readers),
         "reads_not_readable": sum(r["not_readable"] for r in readers),
         "gc_runs": gc_result["runs"], "gc_failures": gc_result["failures"],
