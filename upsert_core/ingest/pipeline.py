@@ -187,6 +187,20 @@ def _ingest_one(
         task = plan_file(state, options, file, request)
         started = time.monotonic()
         outcome = engine.run_file(task, shard)
+        if outcome.read.file_error is None and outcome.failure is not None:
+            # SUBTLE: a bucket step reads the shard as of the planned state (replaying
+            # changes since a checkpoint base, or rehydrating). A concurrent GC may
+            # delete parts that only states older than its truncation point reference,
+            # so the step fails with a "missing part" although nothing is wrong. If the
+            # shard moved meanwhile, plan again on the fresh state; a failure that
+            # repeats on an unchanged state is reported.
+            fresh = shard.state()
+            if fresh.seqno != state.seqno and attempt < attempts:
+                _delete_new_blobs(shard.blob, outcome, fresh)
+                state = fresh
+                if file.name in state.ingested_files:
+                    return state, None
+                continue
         if outcome.read.file_error is not None or outcome.failure is not None:
             _delete_new_blobs(shard.blob, outcome)
             message = outcome.read.file_error or f"{file.name}: {outcome.failure}"
