@@ -14,11 +14,12 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from upsert_core.codec import UPSERT_KEY_LEN
 from upsert_core.errors import InvalidUsage
@@ -67,3 +68,25 @@ def split_rows(table: pa.Table, bucket_column: IntArray) -> dict[int, pa.Table]:
         idx = np.flatnonzero(bucket_column == b)
         out[int(b)] = table.take(pa.array(idx, type=pa.int64()))
     return out
+
+
+def bucket_updates(
+    batches: Iterable[pa.RecordBatch], bucket: int, buckets: int
+) -> list[tuple[bytes, bytes, int]]:
+    """The ``(key, row, diff)`` updates of ``bucket`` among the shard updates ``batches``
+    (a snapshot or changes read), ready for ``UpsertState.consolidate_chunk``."""
+    updates: list[tuple[bytes, bytes, int]] = []
+    for batch in batches:
+        in_bucket = bucket_of_keys(batch.column("key"), buckets) == bucket
+        if not in_bucket.any():
+            continue
+        mine = batch.filter(pa.array(in_bucket))
+        updates.extend(
+            zip(
+                mine.column("key").to_pylist(),
+                mine.column("row").to_pylist(),
+                pc.cast(mine.column("diff"), pa.int64()).to_pylist(),
+                strict=True,
+            )
+        )
+    return updates

@@ -23,14 +23,11 @@ from __future__ import annotations
 
 import datetime as dt
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from upsert_core.backends import InMemoryBackend
 from upsert_core.codec import decode_datums
 from upsert_core.drain import GLOBAL_POSITION, OrderScope
 from upsert_core.errors import CodecError, CorruptData, NotReadable
-from upsert_core.ingest.buckets import bucket_of_keys
+from upsert_core.ingest.buckets import bucket_updates
 from upsert_core.ingest.checkpoint import new_state
 from upsert_core.persist.location import Blob
 from upsert_core.persist.read import snapshot
@@ -80,20 +77,7 @@ def rehydrate_bucket(
             f"shard {shard_state.shard_id}: cannot rehydrate upsert state bucket {bucket}: "
             f"the latest snapshot (ts {as_of}) is before since {shard_state.since}"
         )
-    updates: list[tuple[bytes, bytes, int]] = []
-    for batch in snapshot(blob, shard_state, as_of):
-        in_bucket = bucket_of_keys(batch.column("key"), buckets) == bucket
-        if not in_bucket.any():
-            continue
-        mine = batch.filter(pa.array(in_bucket))
-        updates.extend(
-            zip(
-                mine.column("key").to_pylist(),
-                mine.column("row").to_pylist(),
-                pc.cast(mine.column("diff"), pa.int64()).to_pylist(),
-                strict=True,
-            )
-        )
+    updates = bucket_updates(snapshot(blob, shard_state, as_of), bucket, buckets)
     state = new_state_pending()
     state.consolidate_chunk(updates, completes_snapshot=True)
     if scope is OrderScope.GLOBAL and len(state):

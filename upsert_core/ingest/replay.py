@@ -22,10 +22,7 @@ Invariants:
 
 from __future__ import annotations
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
-from upsert_core.ingest.buckets import bucket_of_keys
+from upsert_core.ingest.buckets import bucket_updates
 from upsert_core.persist.location import Blob
 from upsert_core.persist.read import changes
 from upsert_core.persist.state import ShardState
@@ -47,20 +44,7 @@ def replay_bucket(
     """
     if lower >= upper:
         return 0
-    updates: list[tuple[bytes, bytes, int]] = []
-    for batch in changes(blob, shard_state, lower, upper):
-        in_bucket = bucket_of_keys(batch.column("key"), buckets) == bucket
-        if not in_bucket.any():
-            continue
-        mine = batch.filter(pa.array(in_bucket))
-        updates.extend(
-            zip(
-                mine.column("key").to_pylist(),
-                mine.column("row").to_pylist(),
-                pc.cast(mine.column("diff"), pa.int64()).to_pylist(),
-                strict=True,
-            )
-        )
+    updates = bucket_updates(changes(blob, shard_state, lower, upper), bucket, buckets)
     if updates:
         state.consolidate_chunk(updates, completes_snapshot=False)
     return len(updates)
