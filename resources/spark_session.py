@@ -11,6 +11,12 @@ Invariants:
   ingest itself runs one stage of a few tasks and shuffles nothing; see
   ``resources/spark_ingest.py``).
 - ``getOrCreate`` semantics: a second call returns the running session.
+- On a non-local master (a standalone or other cluster), executors do not inherit the
+  driver's environment: every ``AWS_*`` variable of the driver (endpoint, credentials,
+  region) is passed on as ``spark.executorEnv.*`` so tasks reach the same blob store, and
+  ``PYTHONPATH`` is passed on with this checkout first so tasks import the same code as
+  the driver. Explicit ``conf`` entries win. Spark redacts ``*secret*`` keys in its UI
+  and logs.
 """
 
 from __future__ import annotations
@@ -18,10 +24,12 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
 DEFAULT_SHUFFLE_PARTITIONS = 8
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def prepare_environment() -> None:
@@ -41,14 +49,30 @@ def get_spark(
 ) -> SparkSession:
     """A SparkSession for ``master`` (or ``SPARK_MASTER``, or ``local[*]``)."""
     prepare_environment()
+    master_url = master or os.environ.get("SPARK_MASTER") or "local[*]"
     builder = (
-        SparkSession.builder.master(master or os.environ.get("SPARK_MASTER") or "local[*]")
+        SparkSession.builder.master(master_url)
         .appName(app_name)
         .config("spark.ui.enabled", "true" if ui else "false")
         .config("spark.ui.showConsoleProgress", "true" if ui else "false")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
     )
-    for key, value in (conf or {}).items():
+    settings = {} if master_url.startswith("local") else executor_env(os.environ)
+    settings.update(conf or {})
+    for key, value in settings.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def executor_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """``spark.executorEnv.*`` settings that give cluster executors the driver's blob
+    store settings (``AWS_*``) and code (``PYTHONPATH``, this checkout first)."""
+    settings = {
+        f"spark.executorEnv.{name}": value
+        for name, value in environ.items()
+        if name.startswith("AWS_")
+    }
+    paths = [str(REPO_ROOT)] + [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    settings["spark.executorEnv.PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    return settings

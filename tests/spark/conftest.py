@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -12,7 +13,8 @@ from resources.spark_session import get_spark
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    session = get_spark("local[2]", app_name="upsert-tests", shuffle_partitions=4)
+    master = os.environ.get("SPARK_MASTER", "local[2]")  # a cluster when one is configured
+    session = get_spark(master, app_name="upsert-tests", shuffle_partitions=4)
     try:
         yield session
     finally:
