@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# A whole "beyond one machine" configuration on 127.0.0.1, for tests and demos:
+#   - a Spark standalone master and one worker (from the venv's pyspark package),
+#   - a moto S3 server with one bucket (the blob store and an S3 landing area),
+#   - a PostgreSQL database for consensus AND Dagster's run storage (dagster-postgres).
+#
+# Usage: deploy/cluster.sh start|stop|status|env
+#   eval "$(deploy/cluster.sh env)"   # exports SPARK_MASTER, UPSERT_*, AWS_*, DAGSTER_HOME
+#
+# Invariants:
+#   - Everything listens on 127.0.0.1 only, on free ports chosen at start.
+#   - State (logs, pids, env file, DAGSTER_HOME, Spark work dir) lives under
+#     $UPSERT_CLUSTER_DIR (default ./.cluster); `start` is refused while it is running.
+#   - Every process is started in a session of its own; `stop` signals those process
+#     groups (TERM, then KILL) and nothing else. The database is kept (data, not a process).
+#   - `start` returns only when each service answers (or fails, printing its log tail).
+# Settings: UPSERT_PYTHON (default: the repo's .venv, else /work/main/.venv, else python3),
+#   UPSERT_CLUSTER_PG (default postgresql://postgres@127.0.0.1:5432),
+#   UPSERT_CLUSTER_DB (default upsert_cluster), UPSERT_CLUSTER_BUCKET (default upsert),
+#   UPSERT_CLUSTER_CORES (default 2), UPSERT_CLUSTER_MEMORY (default 1g).
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DIR="${UPSERT_CLUSTER_DIR:-./.cluster}"
+mkdir -p "$DIR"
+DIR="$(cd "$DIR" && pwd)"
+PG="${UPSERT_CLUSTER_PG:-postgresql://postgres@127.0.0.1:5432}"
+DB="${UPSERT_CLUSTER_DB:-upsert_cluster}"
+BUCKET="${UPSERT_CLUSTER_BUCKET:-upsert}"
+CORES="${UPSERT_CLUSTER_CORES:-2}"
+MEMORY="${UPSERT_CLUSTER_MEMORY:-1g}"
+if [[ -n "${UPSERT_PYTHON:-}" ]]; then PY="$UPSERT_PYTHON"
+elif [[ -x "$REPO/.venv/bin/python" ]]; then PY="$REPO/.venv/bin/python"
+elif [[ -x /work/main/.venv/bin/python ]]; then PY=/work/main/.venv/bin/python
+else PY="$(command -v python3)"; fi
+SERVICES=(spark-master spark-worker moto)
+
+die() { echo "cluster.sh: $*" >&2; exit 1; }
+free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+alive() { local f="$DIR/$1.pid"; [[ -f "$f" ]] && kill -0 "$(cat "$f")" 2>/dev/null; }
+
+# launch NAME CMD...: start CMD in a new session (its pid is its process group id).
+launch() {
+  local name="$1"; shift
+  setsid "$@" >"$DIR/$name.log" 2>&1 < /dev/null &
+  echo $! > "$DIR/$name.pid"
+}
+
+# wait_for NAME TIMEOUT_S CHECK...: poll CHECK until it succeeds; fail with the log tail.
+wait_for() {
+  local name="$1" timeout="$2"; shift 2
+  local deadline=$((SECONDS + timeout))
+  until "$@" >/dev/null 2>&1; do
+    if ! alive "$name" || (( SECONDS >= deadline )); then
+      echo "cluster.sh: $name did not come up; last lines of $DIR/$name.log:" >&2
+      tail -n 30 "$DIR/$name.log" >&2 || true
+      do_stop >/dev/null 2>&1 || true
+      exit 1
+    fi
+    sleep 0.3
+  done
+}
+
+http_ok() { "$PY" -c 'import sys,urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' "$1"; }
+log_has() { grep -q "$2" "$DIR/$1.log"; }
+
+do_start() {
+  for s in "${SERVICES[@]}"; do alive "$s" && die "already running ($s); run stop first"; done
+  local spark_home; spark_home="$("$PY" -c 'import os,pyspark; print(os.path.dirname(pyspark.__file__))')"
+  local master_port master_ui worker_ui moto_port
+  master_port="$(free_port)"; master_ui="$(free_port)"; worker_ui="$(free_port)"; moto_port="$(free_port)"
+  export SPARK_LOCAL_IP=127.0.0.1 SPARK_MASTER_HOST=127.0.0.1 SPARK_HOME="$spark_home"
+  export SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false"
+  export PYSPARK_PYTHON="$PY" SPARK_LOG_DIR="$DIR" SPARK_WORKER_DIR="$DIR/spark-work"
+  mkdir -p "$SPARK_WORKER_DIR" "$DIR/dagster"
+
+  # PostgreSQL: one database for consensus and Dagster (created once, kept across runs).
+  psql "$PG/postgres" -tAc "SELECT 1" >/dev/null || die "PostgreSQL does not answer at $PG"
+  if [[ -z "$(psql "$PG/postgres" -tAc "SELECT 1 FROM pg_database WHERE datname = '$DB'")" ]]; then
+    createdb -d "$PG/postgres" "$DB" 2>/dev/null || psql "$PG/postgres" -qc "CREATE DATABASE \"$DB\""
+  fi
+
+  launch spark-master "$spark_home/bin/spark-class" org.apache.spark.deploy.master.Master \
+    --host 127.0.0.1 --port "$master_port" --webui-port "$master_ui"
+  launch moto "$(dirname "$PY")/moto_server" -H 127.0.0.1 -p "$moto_port"
+  wait_for spark-master 60 log_has spark-master "I have been elected leader"
+  launch spark-worker "$spark_home/bin/spark-class" org.apache.spark.deploy.worker.Worker \
+    --host 127.0.0.1 --webui-port "$worker_ui" --cores "$CORES" --memory "$MEMORY" \
+    --work-dir "$SPARK_WORKER_DIR" "spark://127.0.0.1:$master_port"
+  wait_for moto 30 http_ok "http://127.0.0.1:$moto_port/moto-api/"
+  AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_DEFAULT_REGION=us-east-1 \
+    "$PY" -c 'import sys,boto3; boto3.client("s3", endpoint_url=sys.argv[1]).create_bucket(Bucket=sys.argv[2])' \
+    "http://127.0.0.1:$moto_port" "$BUCKET"
+  wait_for spark-worker 60 log_has spark-worker "Successfully registered with master"
+
+  cp "$REPO/deploy/dagster.yaml" "$DIR/dagster/dagster.yaml"
+  local pg_sa="${PG/postgresql:\/\//postgresql+psycopg://}/$DB"
+  cat > "$DIR/env.sh" <<ENV
+export SPARK_MASTER=spark://127.0.0.1:$master_port
+export SPARK_LOCAL_IP=127.0.0.1
+export PYSPARK_PYTHON=$PY
+export UPSERT_CONSENSUS_URL=$pg_sa
+export UPSERT_BLOB_URL=s3://$BUCKET/shards
+export UPSERT_CLUSTER_LANDING=s3://$BUCKET/landing
+export AWS_ENDPOINT_URL=http://127.0.0.1:$moto_port
+export AWS_ACCESS_KEY_ID=testing
+export AWS_SECRET_ACCESS_KEY=testing
+export AWS_DEFAULT_REGION=us-east-1
+export DAGSTER_HOME=$DIR/dagster
+export DAGSTER_PG_URL=$PG/$DB
+ENV
+  echo "cluster up: master spark://127.0.0.1:$master_port (UI :$master_ui), moto :$moto_port, db $DB"
+  echo "  eval \"\$($0 env)\"  # to use it"
+}
+
+do_stop() {
+  local s pid
+  for s in "${SERVICES[@]}"; do
+    [[ -f "$DIR/$s.pid" ]] || continue
+    pid="$(cat "$DIR/$s.pid")"
+    kill -TERM -- "-$pid" 2>/dev/null || true
+  done
+  for s in "${SERVICES[@]}"; do
+    [[ -f "$DIR/$s.pid" ]] || continue
+    pid="$(cat "$DIR/$s.pid")"
+    for _ in $(seq 50); do kill -0 -- "-$pid" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL -- "-$pid" 2>/dev/null || true
+    rm -f "$DIR/$s.pid"
+    echo "stopped $s"
+  done
+  rm -f "$DIR/env.sh"
+}
+
+do_status() {
+  local s rc=0
+  for s in "${SERVICES[@]}"; do
+    if alive "$s"; then echo "$s: running (pid $(cat "$DIR/$s.pid"))"; else echo "$s: stopped"; rc=3; fi
+  done
+  return $rc
+}
+
+case "${1:-}" in
+  start) do_start ;;
+  stop) do_stop ;;
+  status) do_status ;;
+  env) [[ -f "$DIR/env.sh" ]] || die "not running (no $DIR/env.sh); run start first"; cat "$DIR/env.sh" ;;
+  *) die "usage: $0 start|stop|status|env" ;;
+esac
