@@ -12,11 +12,13 @@ Invariants:
   ``resources/spark_ingest.py``).
 - ``getOrCreate`` semantics: a second call returns the running session.
 - On a non-local master (a standalone or other cluster), executors do not inherit the
-  driver's environment: every ``AWS_*`` variable of the driver (endpoint, credentials,
-  region) is passed on as ``spark.executorEnv.*`` so tasks reach the same blob store, and
-  ``PYTHONPATH`` is passed on with this checkout first so tasks import the same code as
-  the driver. Explicit ``conf`` entries win. Spark redacts ``*secret*`` keys in its UI
-  and logs.
+  driver's environment: ``PYTHONPATH`` is passed on as ``spark.executorEnv.PYTHONPATH``
+  with this checkout first, so tasks import the same code as the driver. Explicit
+  ``conf`` entries win. The blob store's ``AWS_*`` settings are NOT frozen into the
+  executors here: the Spark engine ships the driver's current ``AWS_*`` values with every
+  task (``resources/spark_ingest.py``, applied where the executor has none), which also
+  follows a driver whose environment changes after the session started; fixing them at
+  executor start would shadow those shipped values.
 """
 
 from __future__ import annotations
@@ -66,13 +68,7 @@ def get_spark(
 
 
 def executor_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """``spark.executorEnv.*`` settings that give cluster executors the driver's blob
-    store settings (``AWS_*``) and code (``PYTHONPATH``, this checkout first)."""
-    settings = {
-        f"spark.executorEnv.{name}": value
-        for name, value in environ.items()
-        if name.startswith("AWS_")
-    }
+    """``spark.executorEnv.*`` settings that give cluster executors the driver's code
+    (``PYTHONPATH``, this checkout first)."""
     paths = [str(REPO_ROOT)] + [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    settings["spark.executorEnv.PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    return settings
+    return {"spark.executorEnv.PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
