@@ -22,8 +22,8 @@ set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DIR="${UPSERT_CLUSTER_DIR:-./.cluster}"
-mkdir -p "$DIR"
-DIR="$(cd "$DIR" && pwd)"
+[[ "${1:-}" == start ]] && mkdir -p "$DIR"
+[[ -d "$DIR" ]] && DIR="$(cd "$DIR" && pwd)"
 PG="${UPSERT_CLUSTER_PG:-postgresql://postgres@127.0.0.1:5432}"
 DB="${UPSERT_CLUSTER_DB:-upsert_cluster}"
 BUCKET="${UPSERT_CLUSTER_BUCKET:-upsert}"
