@@ -37,9 +37,10 @@ Invariants:
   (``gc.freeze``) after it: the cached states are millions of long-lived objects, and
   without that every full collection re-scans them (over a second per batch at 1M
   keys). See ``_frozen_after``.
-- ``AWS_*`` variables of the driver's environment are applied in the workers when
-  they are missing there (local mode starts its workers before tests set them); on a
-  cluster, configure the executors' environment instead.
+- ``AWS_*`` variables set in the driver's environment are shipped with every task and
+  override the worker's (reused workers must not keep an earlier task's endpoint);
+  variables the driver does not set are left as the executors' environment has them
+  (e.g. credentials configured on a cluster).
 - With ``UPSERT_SPARK_PROFILE_DIR`` set in the workers' environment, each task writes
   a cProfile dump and a timeline line there (see ``_Profiled``); off by default.
 """
@@ -87,7 +88,7 @@ RESULT_DDL = "result string"
 # Result lines a task returns, each "<tag>:<payload>".
 READ, EXPECT, BUCKET, ERROR = "read", "expect", "bucket", "error"
 
-_blobs: dict[str, Blob] = {}
+_blobs: dict[tuple[str, tuple[tuple[str, str], ...]], Blob] = {}
 _cache: StateCache | None = None
 
 
@@ -114,11 +115,16 @@ def blob_url_of(blob: Blob) -> str:
 
 
 def _task_blob(url: str, env: dict[str, str]) -> Blob:
+    # SUBTLE: Python workers are reused across tasks and sessions' jobs, so the driver's
+    # AWS_* shipped with THIS task must win over whatever an earlier task left in the
+    # worker's environment (a stale endpoint would point at another S3 server); the
+    # blob cache is keyed by those settings too.
     for name, value in env.items():
-        os.environ.setdefault(name, value)
-    blob = _blobs.get(url)
+        os.environ[name] = value
+    cache_key = (url, tuple(sorted(env.items())))
+    blob = _blobs.get(cache_key)
     if blob is None:
-        blob = _blobs[url] = open_blob(url)
+        blob = _blobs[cache_key] = open_blob(url)
     return blob
 
 
