@@ -41,6 +41,11 @@ Invariants:
   override the worker's (reused workers must not keep an earlier task's endpoint);
   variables the driver does not set are left as the executors' environment has them
   (e.g. credentials configured on a cluster).
+- The driver's writer token (``UPSERT_WRITER_TOKEN``, see ``upsert_core.persist.keys``)
+  is shipped with every task too and always mirrored: set when the driver has one,
+  removed when it has none. Executors of a cluster do not inherit the driver's
+  environment, and a reused worker must never name a new blob after an earlier
+  driver: GC deletes the uncommitted blobs of a writer it can prove dead.
 - With ``UPSERT_SPARK_PROFILE_DIR`` set in the workers' environment, each task writes
   a cProfile dump and a timeline line there (see ``_Profiled``); off by default.
 """
@@ -70,6 +75,7 @@ from upsert_core.ingest.tasks import FileTask, cache_key, read_file, run_bucket
 from upsert_core.persist.blob_local import LocalBlob
 from upsert_core.persist.blob_s3 import S3Blob
 from upsert_core.persist.codec_state import encode_state
+from upsert_core.persist.keys import WRITER_TOKEN_ENV
 from upsert_core.persist.location import Blob
 from upsert_core.persist.urls import open_blob
 
@@ -118,10 +124,14 @@ def _task_blob(url: str, env: dict[str, str]) -> Blob:
     # SUBTLE: Python workers are reused across tasks and sessions' jobs, so the driver's
     # AWS_* shipped with THIS task must win over whatever an earlier task left in the
     # worker's environment (a stale endpoint would point at another S3 server); the
-    # blob cache is keyed by those settings too.
+    # blob cache is keyed by those settings too. The writer token names the blobs this
+    # task writes: the driver's, or none (an earlier driver's would be a lie).
     for name, value in env.items():
-        os.environ[name] = value
-    cache_key = (url, tuple(sorted(env.items())))
+        if name == WRITER_TOKEN_ENV and not value:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    cache_key = (url, tuple(sorted(i for i in env.items() if i[0] != WRITER_TOKEN_ENV)))
     blob = _blobs.get(cache_key)
     if blob is None:
         blob = _blobs[cache_key] = open_blob(url)
@@ -362,6 +372,7 @@ class SparkEngine:
     def run_file(self, task: FileTask, shard: ShardHandle) -> FileOutcome:
         url = self.blob_url or blob_url_of(shard.blob)
         env = {name: os.environ[name] for name in SHIPPED_ENV if name in os.environ}
+        env[WRITER_TOKEN_ENV] = os.environ.get(WRITER_TOKEN_ENV, "")
         state = task.load_shard_state()
         shipped = dataclasses.replace(
             task, shard_state=None, shard_state_bytes=encode_state(state)
