@@ -10,59 +10,24 @@ passes; ``stop`` ends every process group it started and ``status`` then says so
 
 from __future__ import annotations
 
-import os
-import shlex
-import subprocess
-import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
-import psycopg
 import pytest
 
-from tests.e2e.helpers import REPO, Cli, jsonl_bytes
-from tests.services import PG_ADMIN_DSN
-
-SCRIPT = REPO / "deploy" / "cluster.sh"
-
-
-def _script(cluster_env: dict[str, str], *args: str, rc: int | None = 0) -> str:
-    proc = subprocess.run(
-        ["bash", str(SCRIPT), *args], env=cluster_env, capture_output=True, text=True,
-        timeout=120,
-    )
-    if rc is not None:
-        assert proc.returncode == rc, f"cluster.sh {args}: rc={proc.returncode}\n{proc.stderr}"
-    return proc.stdout
-
-
-def _exports(text: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        name, _, value = line.removeprefix("export ").partition("=")
-        out[name] = shlex.split(value)[0] if value else ""
-    return out
+from tests.clusterctl import run_script, running
+from tests.e2e.helpers import Cli, jsonl_bytes
 
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[dict[str, str], Path]]:
-    """A started cluster: (its exports, its directory); stopped and its database dropped."""
+    """A started cluster: (its exports, its directory); then stopped, and checked to be."""
     directory = tmp_path / "cluster"
-    db = f"upsert_cluster_test_{uuid.uuid4().hex[:10]}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("UPSERT_", "AWS_"))}
-    env.update(UPSERT_CLUSTER_DIR=str(directory), UPSERT_CLUSTER_DB=db,
-               UPSERT_PYTHON=sys.executable)
-    env.pop("SPARK_MASTER", None)
-    try:
-        _script(env, "start")
-        yield _exports(_script(env, "env")), directory
-    finally:
-        _script(env, "stop", rc=None)
-        with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
-    status = _script(env, "status", rc=3)
+    with running(directory) as handle:
+        env = handle.script_env
+        yield handle.exports, directory
+    status = run_script(env, "status", rc=3)
     assert status.count(": stopped") == 3, status
     pids = [p.read_text() for p in directory.glob("*.pid")]
     assert pids == []

@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,7 +65,12 @@ def base_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 class Cli:
-    """``upsertctl`` with a fixed environment (UPSERT_HOME, URLs) and global options."""
+    """``upsertctl`` with a fixed environment (UPSERT_HOME, URLs) and global options.
+
+    ``landing_url`` turns the test's local landing directory into the LANDING argument
+    (identity by default; the cluster deployment mirrors it to S3 first); ``stores`` are
+    the (consensus, blob) URLs the commands use, for tests that look inside them.
+    """
 
     def __init__(
         self,
@@ -75,12 +80,29 @@ class Cli:
         global_args: Sequence[str] = (),
         engine: str = "local",
         cwd: Path | None = None,
+        landing_url: Callable[[Path | str], str] = str,
+        stores: tuple[str, str] | None = None,
     ) -> None:
         self.home = home
+        self.extra_env = dict(env or {})
         self.env = base_env({"UPSERT_HOME": str(home), **(env or {})})
         self.global_args = list(global_args)
         self.engine = engine
         self.cwd = cwd or REPO
+        self.landing_url = landing_url
+        self.stores = stores or (f"sqlite:///{home / 'consensus.db'}", f"file://{home / 'blob'}")
+
+    def derive(
+        self, *, env: Mapping[str, str] | None = None, global_args: Sequence[str] = ()
+    ) -> Cli:
+        """The same deployment with more environment and/or global options."""
+        return Cli(self.home, env={**self.extra_env, **(env or {})},
+                   global_args=[*self.global_args, *global_args], engine=self.engine,
+                   cwd=self.cwd, landing_url=self.landing_url, stores=self.stores)
+
+    def service_env(self) -> dict[str, str]:
+        """The ``AWS_*`` settings the commands see (to open the same S3 from a test)."""
+        return {k: v for k, v in self.env.items() if k.startswith("AWS_")}
 
     def command(self, *args: str) -> list[str]:
         return [*CLI, *self.global_args, *args]
@@ -120,10 +142,13 @@ class Cli:
 
     def ingest(self, landing: Path | str, *options: str, shard: str = "s", rc: int | None = 0,
                engine: str | None = None) -> Result:
-        return self.run(
-            "ingest", str(landing), "--shard", shard, "--engine", engine or self.engine,
-            "--no-progress", *options, rc=rc,
-        )
+        return self.run(*self.ingest_args(landing, *options, shard=shard, engine=engine),
+                        rc=rc)
+
+    def ingest_args(self, landing: Path | str, *options: str, shard: str = "s",
+                    engine: str | None = None) -> list[str]:
+        return ["ingest", self.landing_url(landing), "--shard", shard,
+                "--engine", engine or self.engine, "--no-progress", *options]
 
     def snapshot(self, shard: str = "s", as_of: int | None = None) -> list[dict[str, Any]]:
         extra = [] if as_of is None else ["--as-of", str(as_of)]

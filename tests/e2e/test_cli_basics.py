@@ -10,6 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tests.e2e.deployment import Deployment
 from tests.e2e.helpers import Cli, write_jsonl, write_parquet
 
 
@@ -18,28 +19,23 @@ def _one_file(landing: Path) -> None:
 
 
 def test_global_options_before_and_after_the_command_and_from_the_environment(
-    tmp_path: Path, landing: Path
+    cli: Cli, deployment: Deployment, tmp_path: Path, landing: Path
 ) -> None:
     _one_file(landing)
-    consensus = f"sqlite:///{tmp_path / 'elsewhere' / 'c.db'}"
-    (tmp_path / "elsewhere").mkdir()
-    blob = f"file://{tmp_path / 'elsewhere' / 'blob'}"
-    cli = Cli(tmp_path / "home")
+    consensus, blob = deployment.fresh_stores(tmp_path)
     # After the subcommand.
-    cli.run("ingest", str(landing), "--shard", "s", "--engine", "local",
-            "--consensus", consensus, "--blob", blob)
+    cli.ingest(landing, "--consensus", consensus, "--blob", blob)
     # Before the subcommand.
-    before = Cli(tmp_path / "home", global_args=["--consensus", consensus, "--blob", blob])
+    before = cli.derive(global_args=["--consensus", consensus, "--blob", blob])
     assert before.snapshot() == [{"key": 1, "offset": 1, "v": "x"}]
     # From the environment.
-    from_env = Cli(tmp_path / "home",
-                   env={"UPSERT_CONSENSUS_URL": consensus, "UPSERT_BLOB_URL": blob})
+    from_env = cli.derive(env={"UPSERT_CONSENSUS_URL": consensus, "UPSERT_BLOB_URL": blob})
     assert from_env.inspect()["upper"] == 1
     # A flag after the subcommand wins over one before it and over the environment.
-    other = f"sqlite:///{tmp_path / 'home-other.db'}"
+    other, _ = deployment.fresh_stores(tmp_path)
     r = from_env.run("--consensus", other, "snapshot", "--shard", "s", "--consensus", consensus)
     assert r.jsonl() == [{"key": 1, "offset": 1, "v": "x"}]
-    # The defaults (UPSERT_HOME) hold no such shard.
+    # The deployment's own stores (embedded: the UPSERT_HOME defaults) hold no such shard.
     r = cli.run("snapshot", "--shard", "s", rc=1)
     assert "'s'" in r.error_line() and "not been initialised" in r.error_line()
     assert r.out == ""
@@ -48,6 +44,7 @@ def test_global_options_before_and_after_the_command_and_from_the_environment(
 def test_defaults_live_under_dot_upsert_in_the_working_directory(
     tmp_path: Path, landing: Path
 ) -> None:
+    # The embedded defaults only: every other deployment sets its stores explicitly.
     _one_file(landing)
     work = tmp_path / "work"
     work.mkdir()
@@ -75,7 +72,7 @@ def test_failures_are_one_line_on_stderr_with_a_non_zero_exit(cli: Cli, landing:
     assert "Traceback" not in bad_url.err
     debug = cli.run("--debug", "inspect", "--shard", "s", "--consensus", "ftp://x/y", rc=1)
     assert "Traceback" in debug.err and debug.err_lines[-1] == debug.error_line()
-    env_debug = Cli(cli.home, env={"UPSERT_DEBUG": "1"})
+    env_debug = cli.derive(env={"UPSERT_DEBUG": "1"})
     r = env_debug.run("inspect", "--shard", "s", "--consensus", "ftp://x/y", rc=1)
     assert "Traceback" in r.err
 
@@ -161,7 +158,7 @@ def test_inspect_check_and_errors(cli: Cli, landing: Path) -> None:
 
 
 def test_reads_outside_since_upper_say_what_is_readable(cli: Cli, landing: Path) -> None:
-    cli.run("ingest", str(landing), "--shard", "s", "--engine", "local")  # empty landing
+    cli.ingest(landing)  # empty landing
     r = cli.run("snapshot", "--shard", "s", rc=1)
     assert "nothing is readable" in r.error_line()
     for i in range(4):

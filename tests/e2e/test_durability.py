@@ -11,6 +11,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.e2e.helpers import Cli, UpsertModel, bag, write_jsonl
 from upsert_core.errors import ShardNotFound
 from upsert_core.persist.keys import shard_prefix
@@ -19,10 +21,6 @@ from upsert_core.persist.urls import open_blob, open_consensus
 
 POLL_S = 0.005
 WATCH_TIMEOUT_S = 120
-
-
-def _stores(home: Path) -> tuple[str, str]:
-    return f"sqlite:///{home / 'consensus.db'}", f"file://{home / 'blob'}"
 
 
 def _batches(n: int) -> list[list[dict[str, object]]]:
@@ -42,7 +40,7 @@ def test_two_concurrent_ingests_apply_every_file_exactly_once(cli: Cli, landing:
     batches = _batches(10)
     for i, rows in enumerate(batches):
         write_jsonl(landing, f"{i:02d}.jsonl", rows)
-    args = ["ingest", str(landing), "--shard", "s", "--engine", "local", "--no-progress"]
+    args = cli.ingest_args(landing)
     procs = [cli.popen(*args) for _ in range(2)]
     results = [(p.wait(timeout=WATCH_TIMEOUT_S), *p.communicate()) for p in procs]
     for rc, _out, err in results:
@@ -74,8 +72,11 @@ def _unreferenced(shard: Shard) -> set[str]:
     return listed - referenced
 
 
-def _watch_shard(home: Path) -> Shard:
-    consensus, blob = _stores(home)
+def _watch_shard(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> Shard:
+    """The shard ``cli`` ingests into, opened in this process (once it exists)."""
+    for name, value in cli.service_env().items():
+        monkeypatch.setenv(name, value)
+    consensus, blob = cli.stores
     deadline = time.monotonic() + WATCH_TIMEOUT_S
     while True:
         try:
@@ -87,15 +88,15 @@ def _watch_shard(home: Path) -> Shard:
 
 
 def test_sigkill_mid_ingest_then_rerun_completes_and_gc_removes_leaked_blobs(
-    cli: Cli, landing: Path
+    cli: Cli, landing: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     write_jsonl(landing, "1-small.jsonl", [{"key": -1, "offset": 0, "v": "first"}])
     big = [{"key": i, "offset": i, "v": f"value-{i:06d}"} for i in range(60_000)]
     write_jsonl(landing, "2-big.jsonl", big)
     write_jsonl(landing, "3-small.jsonl", [{"key": -1, "offset": 1, "v": "last"}])
-    proc = cli.popen("ingest", str(landing), "--shard", "s", "--engine", "local")
+    proc = cli.popen(*cli.ingest_args(landing))
     try:
-        shard = _watch_shard(cli.home)
+        shard = _watch_shard(cli, monkeypatch)
         deadline = time.monotonic() + WATCH_TIMEOUT_S
         # Kill after the first file committed, once the big file's blobs are being
         # written but before its compare-and-append: unreferenced blobs exist.
