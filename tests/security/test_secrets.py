@@ -113,8 +113,10 @@ def test_cli_never_shows_or_stores_credentials(secrets: Secrets, tmp_path: Path)
         "bad port": secrets.consensus_url.replace(":5432/", ":notaport/"),
         "bad scheme": secrets.consensus_url.replace("postgresql+psycopg", "mysql"),
     }
+    # The unreachable port is retried for the reconnect window; keep that short here.
+    impatient = cli.derive(env={"UPSERT_CONSENSUS_RECONNECT_S": "0.3"})
     for what, url in broken.items():
-        result = cli.run("--consensus", url, "inspect", "--shard", "s", rc=None)
+        result = impatient.run("--consensus", url, "inspect", "--shard", "s", rc=None)
         assert result.rc != 0, what
         assert "upsertctl: error:" in result.err and "***" in result.err, result.err
         outputs.append(result)

@@ -18,8 +18,13 @@ Invariants kept:
 
 Errors (``upsert_core.errors``):
 
-- Failing to connect (refused, unknown host, bad credentials) is a
-  :class:`DeterminateError`: nothing was sent.
+- Failing to connect to PostgreSQL (refused, reset, timed out: a restart, a failover,
+  a network blip) is retried with capped exponential backoff for ``reconnect_s``
+  seconds (default 15) counted from the first failure of that call, then reported as a
+  :class:`DeterminateError` saying how long it tried: nothing was sent either way. A
+  pooled connection the server dropped is found by a ping at checkout and replaced.
+  Refusals that need the user (authentication, unknown database or role, an unknown
+  host) and SQLite failing to open its file are reported at once.
 - SQLite "database is locked"/"busy" and PostgreSQL serialization failures or
   deadlocks are retried with backoff, then reported as :class:`DeterminateError`.
 - A write whose connection dropped or timed out after the statement was sent is an
@@ -106,8 +111,36 @@ _PG_RETRYABLE = frozenset({"40001", "40P01"})
 _PG_UNCERTAIN = frozenset({"57014", "57P01", "57P02", "57P03"})
 
 
+DEFAULT_RECONNECT_S = 15.0
+_RECONNECT_BACKOFF_S = (0.05, 1.0)  # first and largest pause between connect attempts
+
+
+# Connect failures the server reports (``FATAL: ...``) are the user's to fix (unknown
+# database or role, authentication, pg_hba) unless they say the server is between states.
+_PG_TRANSIENT_FATAL = (
+    "starting up", "shutting down", "in recovery", "not yet accepting connections",
+    "too many clients", "remaining connection slots", "terminating connection",
+)
+
+
+def pg_connect_is_transient(message: str) -> bool:
+    """Whether a failed PostgreSQL connect may succeed if tried again shortly: refused,
+    reset, timed out, or a server that is starting, stopping or full. DNS failures and
+    the server's own refusals (auth, unknown database) are not: they need the user."""
+    lowered = message.lower()
+    if "could not translate host name" in lowered:
+        return False
+    if "fatal:" in lowered:
+        return any(phrase in lowered for phrase in _PG_TRANSIENT_FATAL)
+    return True
+
+
 class _Retry(Exception):
     """Internal: the attempt definitely failed for a transient reason; try again."""
+
+
+class _Unreachable(Exception):
+    """Internal: no connection could be made (nothing was sent); try again for a while."""
 
 
 def _sqlite_busy(exc: BaseException) -> bool:
@@ -145,7 +178,8 @@ class SqlConsensus:
 
     ``busy_timeout_s``: how long one SQLite attempt waits for the write lock;
     ``max_retries``: how many times a transiently failed attempt (lock, serialization
-    failure) is retried with jittered exponential backoff before a DeterminateError.
+    failure) is retried with jittered exponential backoff before a DeterminateError;
+    ``reconnect_s``: how long a call keeps trying to connect to PostgreSQL (0: once).
     """
 
     def __init__(
@@ -156,6 +190,7 @@ class SqlConsensus:
         connect_timeout_s: float = 10.0,
         max_retries: int = 6,
         backoff_s: float = 0.02,
+        reconnect_s: float = DEFAULT_RECONNECT_S,
     ) -> None:
         # Imported here: ``urls`` imports this module. URLs may hold a password, so every
         # message below shows them redacted.
@@ -169,6 +204,9 @@ class SqlConsensus:
         self._dialect = parsed.get_backend_name()
         self._max_retries = max_retries
         self._backoff_s = backoff_s
+        if not reconnect_s >= 0:  # also rejects NaN
+            raise ConfigError(f"reconnect_s must be >= 0 seconds, got {reconnect_s!r}")
+        self._reconnect_s = reconnect_s
         self._url_for_errors = parsed.render_as_string(hide_password=True)
         if self._dialect == "sqlite":
             db = parsed.database or ""
@@ -298,9 +336,22 @@ class SqlConsensus:
 
     def _retrying(self, op: Callable[[Connection], T], *, wrote: bool) -> T:
         attempt = 0
+        unreachable_since: float | None = None
+        pause = _RECONNECT_BACKOFF_S[0]
         while True:
             try:
                 return self._run_once(op, wrote=wrote)
+            except _Unreachable as u:
+                now = time.monotonic()
+                unreachable_since = now if unreachable_since is None else unreachable_since
+                waited = now - unreachable_since
+                if waited >= self._reconnect_s:
+                    tried = f" (retried for {waited:.1f} s)" if self._reconnect_s > 0 else ""
+                    raise DeterminateError(
+                        f"cannot connect to consensus {self._url_for_errors}{tried}: {u}"
+                    ) from None
+                time.sleep(min(pause, self._reconnect_s - waited) * (0.5 + random.random() / 2))
+                pause = min(pause * 2, _RECONNECT_BACKOFF_S[1])
             except _Retry as r:
                 attempt += 1
                 if attempt > self._max_retries:
@@ -317,6 +368,8 @@ class SqlConsensus:
         except DBAPIError as e:
             if self._dialect == "sqlite" and _sqlite_busy(e.orig or e):
                 raise _Retry(str(e.orig)) from e
+            if self._dialect == "postgresql" and pg_connect_is_transient(str(e.orig)):
+                raise _Unreachable(str(e.orig)) from e
             raise DeterminateError(
                 f"cannot connect to consensus {self._url_for_errors}: {e.orig}"
             ) from e

@@ -8,6 +8,9 @@ Consensus URLs:
 - ``mem://`` -> a fresh :class:`MemoryConsensus`; ``mem://NAME`` -> the one shared in
   this process under ``NAME`` (so separately opened handles see the same data).
 
+``UPSERT_CONSENSUS_RECONNECT_S`` (seconds, default 15) sets how long a PostgreSQL
+consensus keeps trying to connect through a restart or network blip before it fails.
+
 Blob URLs:
 
 - ``file:///absolute/path`` or ``file://relative/path`` -> :class:`LocalBlob`
@@ -35,7 +38,7 @@ from upsert_core.persist.blob_local import LocalBlob
 from upsert_core.persist.blob_memory import MemoryBlob
 from upsert_core.persist.blob_s3 import S3Blob
 from upsert_core.persist.consensus_memory import MemoryConsensus
-from upsert_core.persist.consensus_sql import SqlConsensus
+from upsert_core.persist.consensus_sql import DEFAULT_RECONNECT_S, SqlConsensus
 from upsert_core.persist.location import Blob, Consensus
 
 CONSENSUS_FORMS = "sqlite:///path.db, postgresql+psycopg://user@host/db, mem://[name]"
@@ -87,10 +90,29 @@ def open_consensus(url: str) -> Consensus:
     if scheme.startswith("sqlite"):
         return SqlConsensus(url)
     if scheme in ("postgresql", "postgres", "postgresql+psycopg"):
-        return SqlConsensus("postgresql+psycopg://" + url.split("://", 1)[1])
+        return SqlConsensus(
+            "postgresql+psycopg://" + url.split("://", 1)[1], reconnect_s=reconnect_seconds()
+        )
     raise ConfigError(
         f"unsupported consensus URL {redact_url(repr(url))}; use one of: {CONSENSUS_FORMS}"
     )
+
+
+RECONNECT_ENV = "UPSERT_CONSENSUS_RECONNECT_S"
+
+
+def reconnect_seconds() -> float:
+    """``UPSERT_CONSENSUS_RECONNECT_S`` as seconds (the default when unset)."""
+    raw = os.environ.get(RECONNECT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_RECONNECT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise ConfigError(f"{RECONNECT_ENV} must be a number of seconds >= 0, got {raw!r}")
+    return value
 
 
 def open_blob(url: str) -> Blob:
