@@ -49,6 +49,8 @@ from assets.spec import SourceSpec
 from resources.spark import SparkResource
 from resources.stores import BlobStoreResource, ConsensusResource, open_shard
 from upsert_core.errors import ConcurrentModification, ShardNotFound, UpsertPlatformError
+from upsert_core.ingest import ProgressEvent
+from upsert_core.persist.keys import claim_writer_token
 
 RACE_RETRIES = 3
 SNAPSHOT, STATE, OUTPUT, GC = "source_snapshot", "upsert_state", "output_shard", "rollup_gc"
@@ -123,12 +125,26 @@ def build_source_assets(spec: SourceSpec) -> SourceAssets:
         blob_store: BlobStoreResource, spark: SparkResource,
     ) -> MaterializeResult:
         started = time.monotonic()
+        # Name the blobs this run writes after its process, so that if the run is
+        # killed, GC can prove them abandoned and delete them without the grace period.
+        claim_writer_token()
         shard = open_shard(consensus, blob_store, spec.shard, create=True)
         engine = spark.ingest_engine()
+
+        def log_progress(event: ProgressEvent) -> None:
+            if event.kind == "file_done" and event.report is not None:
+                r = event.report
+                context.log.info(
+                    f"[{event.index}/{event.total}] {r.name}: ts {r.ts}, {r.rows_read} row(s)"
+                    f" read, {r.inserts} insert(s), {r.retractions} retraction(s), {r.errors}"
+                    f" error row(s), {r.seconds:.2f}s"
+                )
+
         for attempt in range(1, RACE_RETRIES + 1):
             try:
                 result = ingest_through(
-                    shard, spec.landing, spec.request(), context.partition_key, engine=engine
+                    shard, spec.landing, spec.request(), context.partition_key, engine=engine,
+                    progress=log_progress,
                 )
                 break
             except ConcurrentModification as exc:

@@ -11,23 +11,19 @@ shard ends exactly as after one sequential ingest:
 - F already ingested: nothing is read or written; the result says at which ts it was.
 - F not in the landing: :class:`IngestError` naming F (nothing is applied).
 
-Invariants: the stop happens before the engine sees the first file after F, so
+Invariants: the driver's ``through=F`` stops before the first file after F, so
 nothing of it is read or written; a file-level error in a file <= F raises the
 pipeline's one-line :class:`IngestError` with earlier files committed (as the CLI).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from upsert_core.errors import IngestError, UpsertPlatformError
+from upsert_core.errors import IngestError
 from upsert_core.ingest import Engine, FileReport, IngestRequest, IngestShard, ProgressEvent, ingest
 from upsert_core.landing import LandingFile, list_landing, pending
-
-
-class _PastPartition(UpsertPlatformError):
-    """Raised from the progress callback to stop the driver before a file after F."""
 
 
 @dataclass
@@ -75,8 +71,10 @@ def ingest_through(
     partition: str,
     *,
     engine: Engine | None = None,
+    progress: Callable[[ProgressEvent], None] | None = None,
 ) -> PartitionIngest:
-    """Ingest every pending file of ``landing`` whose name is <= ``partition``."""
+    """Ingest every pending file of ``landing`` whose name is <= ``partition``
+    (``progress`` receives the driver's events, e.g. to log each file)."""
     state = shard.state()
     result = PartitionIngest(partition=partition, start_upper=state.upper)
     if partition in state.ingested_files:
@@ -85,21 +83,11 @@ def ingest_through(
         return result
     find_file(list_landing(landing), partition, landing)
 
-    def progress(event: ProgressEvent) -> None:
-        # SUBTLE: "file_started" is announced before the driver plans or reads the file,
-        # so raising here leaves it untouched; every file before it is already committed.
-        if event.kind == "file_started" and event.file is not None and event.file > partition:
-            raise _PastPartition(event.file)
-        if event.kind == "file_done" and event.report is not None:
-            result.files.append(event.report)
-        if event.kind == "file_skipped" and event.file is not None:
-            result.ingested_elsewhere.append(event.file)
-
-    try:
-        report = ingest(shard, landing, request, engine=engine, progress=progress)
-        result.warnings.extend(report.warnings)
-    except _PastPartition:
-        pass
+    report = ingest(shard, landing, request, engine=engine, progress=progress,
+                    through=partition)
+    result.files.extend(report.files)
+    result.ingested_elsewhere.extend(report.ingested_elsewhere)
+    result.warnings.extend(report.warnings)
     state = shard.state()
     result.upper, result.seqno = state.upper, state.seqno
     if partition in state.ingested_files and not any(f.name == partition for f in result.files):

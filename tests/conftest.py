@@ -8,7 +8,9 @@ selected when ``CI`` is set). Service fixtures (PostgreSQL, the moto S3 server) 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -27,3 +29,11 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 from tests.services import *  # noqa: E402,F403  (service fixtures: PostgreSQL, moto S3)
+
+
+@pytest.fixture(autouse=True)
+def _writer_token_stays_in_its_test(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Code under test may claim a writer token (``os.environ``) in this process, as
+    ``upsertctl ingest`` and Dagster ingest runs do; each test starts without one."""
+    monkeypatch.delenv("UPSERT_WRITER_TOKEN", raising=False)
+    yield

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 from dagster import AssetKey, materialize
 
 from orchestration.backfill import failure_message
 from tests.dagster.helpers import Platform, shard_contents
 from upsert_core.ingest import InProcessEngine, ingest
+from upsert_core.persist.keys import host_id, writer_of
 
 
 def _meta(result, key: AssetKey) -> dict[str, object]:  # type: ignore[no-untyped-def]
@@ -54,6 +57,14 @@ def test_partition_run_applies_pending_files_through_it(plat: Platform) -> None:
         "state_matches_shard": True,
         "error_rows_did_not_grow": False,  # b-03 has a null key: a WARN, not a block
     }
+
+    # The run named its blobs after its process (a killed run's leftovers are then
+    # provably abandoned), and logged each file it applied.
+    keys = [m.key for m in plat.shard(spec.shard).blob.list_keys(f"{spec.shard}/")]
+    assert keys and all(writer_of(k) == (host_id(), os.getpid()) for k in keys), keys
+    logged = [e.user_message for e in plat.instance.all_logs(result.run_id)]
+    for i, name in enumerate(names[:3], 1):
+        assert any(f"[{i}/3] {name}: ts {i - 1}" in m for m in logged), name
 
     # The same three files ingested by the pipeline directly give the same shard.
     ref = plat.shard("ref", stores="ref")

@@ -150,3 +150,24 @@ def test_bad_option_values_are_config_errors(tmp_path: Path) -> None:
         ingest(shard, str(tmp_path), IngestRequest(order_scope="sometimes"))
     with pytest.raises(ConfigError, match="bucket count"):
         ingest(shard, str(tmp_path), IngestRequest(buckets=0))
+
+
+def test_through_stops_before_later_names_without_reading_them(tmp_path: Path) -> None:
+    shard = memory_shard()
+    _good(tmp_path, "a.jsonl", 1, 1)
+    _good(tmp_path, "b.jsonl", 2, 1)
+    _truncated_parquet(tmp_path, "c.parquet")  # after `through`: never read, no error
+    events: list[ProgressEvent] = []
+    report = ingest(shard, str(tmp_path), IngestRequest(), progress=events.append,
+                    through="b.jsonl")
+    assert [f.name for f in report.files] == ["a.jsonl", "b.jsonl"]
+    assert shard.state().ingested_files == {"a.jsonl": 0, "b.jsonl": 1}
+    assert events[0].kind == "start" and events[0].total == 2
+    assert all(e.file != "c.parquet" for e in events)
+    # A late file sorting before `through` is pending and applied; c still waits.
+    _good(tmp_path, "0.jsonl", 3, 1)
+    again = ingest(shard, str(tmp_path), IngestRequest(), through="b.jsonl")
+    assert [f.name for f in again.files] == ["0.jsonl"] and again.upper == 3
+    with pytest.raises(IngestError, match="c.parquet"):
+        ingest(shard, str(tmp_path), IngestRequest())
+    assert shard.state().upper == 3

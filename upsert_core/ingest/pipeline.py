@@ -19,6 +19,9 @@ Invariants:
   at most ``IngestRequest.max_attempts`` times, then raises
   :class:`ConcurrentModification` ("concurrently modified").
 - Nothing pending: nothing is written and the upper does not move.
+- ``through=NAME`` (one Dagster partition) stops before the first pending file whose
+  name sorts after NAME: such files are never planned or read, and the progress total
+  counts only the files it will apply.
 - Options are checked against the stored ones before any file is read, and again on
   every attempt (a racing first ingest may have fixed them meanwhile).
 """
@@ -248,13 +251,17 @@ def ingest(
     *,
     engine: Engine | None = None,
     progress: Progress | None = None,
+    through: str | None = None,
 ) -> IngestReport:
-    """Ingest every pending file of ``landing_url`` into ``shard``; see the module docstring."""
+    """Ingest every pending file of ``landing_url`` into ``shard`` (with ``through``: only
+    those whose names sort at or before it); see the module docstring."""
     engine = engine if engine is not None else InProcessEngine()
     notify = progress if progress is not None else (lambda event: None)
     state = shard.state()
     resolve_options(state.config, options)
     todo = pending(list_landing(landing_url), state.ingested_files.keys())
+    if through is not None:
+        todo = [f for f in todo if f.name <= through]
     report = IngestReport(shard=shard.shard_id, start_upper=state.upper)
     total = len(todo)
     notify(ProgressEvent("start", 0, total))
