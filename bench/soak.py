@@ -1,6 +1,8 @@
 """A bounded soak: concurrent ingesters, readers and a GC/compaction loop on one shard.
 
-Loopback only (SQLite + local files by default, ``--postgres URL`` for the consensus),
+Loopback only (SQLite + local files by default, ``--postgres URL`` for the consensus,
+``--blob s3://bucket/prefix`` for an S3 blob store such as a loopback moto server with
+``AWS_ENDPOINT_URL`` set),
 bounded in time (``--seconds``, default 120) and in count (``--max-files``). Runs:
 
 - a generator (this process) writing landing files in name order, each a batch of
@@ -313,6 +315,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gc-every", type=float, default=2.0, help="seconds between GC runs")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--postgres", metavar="URL", help="PostgreSQL consensus URL (loopback)")
+    p.add_argument("--blob", metavar="URL",
+                   help="blob store URL (default: files in the work dir); e.g. s3://bucket/soak")
     p.add_argument("--workdir", type=Path, help="default: a fresh temp dir, removed after")
     return p.parse_args(argv)
 
@@ -324,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     (workdir / "landing").mkdir(exist_ok=True)
     cfg: dict[str, Any] = {
         "consensus": args.postgres or f"sqlite:///{workdir / 'consensus.db'}",
-        "blob": f"file://{workdir / 'blob'}",
+        "blob": args.blob or f"file://{workdir / 'blob'}",
         "shard": f"soak-{uuid.uuid4().hex[:8]}",
         "landing": str(workdir / "landing"),
         "digests": str(workdir / "digests.jsonl"),
@@ -373,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {
         "seconds": round(load_seconds, 1),
         "consensus": "postgres" if args.postgres else "sqlite",
+        "blob": args.blob.split("://", 1)[0] if args.blob else "file",
         "ingesters": args.ingesters, "readers": args.readers,
         "files": gen.files, "rows": gen.rows,
         "rows_per_s": round(gen.rows / load_seconds, 1),

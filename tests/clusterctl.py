@@ -92,5 +92,7 @@ def running(directory: Path) -> Iterator[ClusterHandle]:
         run_script(env, "start")
         yield ClusterHandle(parse_exports(run_script(env, "env")), directory, database, env)
     finally:
-        run_script(env, "stop", rc=None)
-        drop_database(database)
+        try:
+            run_script(env, "stop", rc=None)
+        finally:
+            drop_database(database)

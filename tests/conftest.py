@@ -37,3 +37,4 @@ def _writer_token_stays_in_its_test(monkeypatch: pytest.MonkeyPatch) -> Iterator
     ``upsertctl ingest`` and Dagster ingest runs do; each test starts without one."""
     monkeypatch.delenv("UPSERT_WRITER_TOKEN", raising=False)
     yield
+    os.environ.pop("UPSERT_WRITER_TOKEN", None)  # monkeypatch restores only what existed

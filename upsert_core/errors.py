@@ -8,6 +8,8 @@ next.
 Persist location errors follow the reference's split by what the caller can know:
 
 - :class:`DeterminateError`: the operation definitely did not happen; retrying is safe.
+  Its subclass :class:`LocationUnreachable` says the store already retried for its
+  whole reconnect window: callers report it instead of retrying again.
 - :class:`IndeterminateError`: the operation may or may not have happened (a timeout,
   a dropped connection after the request was sent). The caller must find out, e.g.
   by re-reading the head, before assuming either outcome.
@@ -60,6 +62,11 @@ class LocationError(UpsertPlatformError):
 
 class DeterminateError(LocationError):
     """The operation definitely did not take effect; it is safe to retry."""
+
+
+class LocationUnreachable(DeterminateError):
+    """The store could not be reached for the whole of its own retry window. Nothing
+    happened; callers should not retry again at once (the window already covered that)."""
 
 
 class IndeterminateError(LocationError):

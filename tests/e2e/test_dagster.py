@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,9 @@ from orchestration.jobs import ingest_job_name
 from tests.e2e.deployment import Deployment
 from tests.e2e.helpers import REPO, Cli, UpsertModel, bag, write_jsonl
 
-SOURCE = "orders"
+# The cluster's Dagster instance is shared by every test on it: a source (and so its
+# partitions and sensor cursor) of this test's own.
+SOURCE = f"orders_{uuid.uuid4().hex[:8]}"
 TIMEOUT_S = 300
 BATCHES: dict[str, list[dict[str, Any]]] = {
     "b-01.jsonl": [{"key": "a", "offset": 1, "v": "a1"}, {"key": "b", "offset": 2, "v": "b1"},

@@ -11,13 +11,16 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from tests.faults.tcp_proxy import TcpProxy
-from upsert_core.errors import ConfigError, DeterminateError
+from upsert_core.errors import ConfigError, DeterminateError, LocationUnreachable
+from upsert_core.persist.blob_memory import MemoryBlob
 from upsert_core.persist.consensus_sql import SqlConsensus, pg_connect_is_transient
 from upsert_core.persist.location import CasCommitted, VersionedData
+from upsert_core.persist.shard import Shard
 from upsert_core.persist.urls import RECONNECT_ENV, open_consensus, reconnect_seconds
 
 UPSTREAM = ("127.0.0.1", 5432)
@@ -48,6 +51,10 @@ def _url(port: int, database: str = "test") -> str:
         ('FATAL:  password authentication failed for user "u"', False),
         ('FATAL:  role "nouser" does not exist', False),
         ('could not translate host name "db.invalid" to address', False),
+        ("failed to resolve host 'db.invalid': [Errno -2] Name or service not known", False),
+        ('invalid sslmode value: "bogus"', False),
+        ("fe_sendauth: no password supplied", False),
+        ("server does not support SSL, but SSL was required", False),
     ],
 )
 def test_which_connect_failures_are_retried(message: str, transient: bool) -> None:
@@ -90,6 +97,33 @@ def test_an_unknown_database_fails_at_once_without_retrying() -> None:
     with pytest.raises(DeterminateError) as info:
         consensus.head("k")
     assert "does not exist" in str(info.value) and "retried for" not in str(info.value)
+
+
+@pytest.mark.timeout(120)
+def test_an_unknown_host_fails_at_once_without_retrying() -> None:
+    consensus = SqlConsensus("postgresql+psycopg://u@db.invalid:5432/x", reconnect_s=3600)
+    with pytest.raises(DeterminateError) as info:
+        consensus.head("k")
+    assert "retried for" not in str(info.value)
+
+
+@pytest.mark.postgres
+def test_the_shard_does_not_multiply_the_window(proxy: TcpProxy) -> None:
+    """A consensus that waited out its window is reported, not retried again above it."""
+    consensus = SqlConsensus(_url(proxy.port), reconnect_s=0.3)
+    calls = 0
+    inner = consensus._retrying
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return inner(*args, **kwargs)
+
+    consensus._retrying = counting  # type: ignore[method-assign]
+    proxy.stop()
+    with pytest.raises(LocationUnreachable, match="retried for"):
+        Shard.open(consensus, MemoryBlob(), "s", create=True)
+    assert calls == 1
 
 
 def test_the_window_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,12 +19,14 @@ Invariants kept:
 Errors (``upsert_core.errors``):
 
 - Failing to connect to PostgreSQL (refused, reset, timed out: a restart, a failover,
-  a network blip) is retried with capped exponential backoff for ``reconnect_s``
-  seconds (default 15) counted from the first failure of that call, then reported as a
-  :class:`DeterminateError` saying how long it tried: nothing was sent either way. A
-  pooled connection the server dropped is found by a ping at checkout and replaced.
-  Refusals that need the user (authentication, unknown database or role, an unknown
-  host) and SQLite failing to open its file are reported at once.
+  a network blip) is retried with capped, jittered exponential backoff until
+  ``reconnect_s`` seconds (default 15) have passed since the call started, then
+  reported as :class:`LocationUnreachable` saying how long it tried (callers do not
+  retry that again): nothing was sent either way. One attempt that hangs (packets
+  dropped) can add up to ``connect_timeout_s`` on top. A pooled connection the server
+  dropped is found by a ping at checkout and replaced. Refusals that need the user
+  (authentication, unknown database, role or host, bad options) and SQLite failing to
+  open its file are reported at once.
 - SQLite "database is locked"/"busy" and PostgreSQL serialization failures or
   deadlocks are retried with backoff, then reported as :class:`DeterminateError`.
 - A write whose connection dropped or timed out after the statement was sent is an
@@ -57,7 +59,13 @@ from sqlalchemy import (
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, SQLAlchemyError
 
-from upsert_core.errors import ConfigError, DeterminateError, IndeterminateError, LocationError
+from upsert_core.errors import (
+    ConfigError,
+    DeterminateError,
+    IndeterminateError,
+    LocationError,
+    LocationUnreachable,
+)
 from upsert_core.persist.consensus_memory import (
     check_cas_args,
     check_key,
@@ -115,24 +123,25 @@ DEFAULT_RECONNECT_S = 15.0
 _RECONNECT_BACKOFF_S = (0.05, 1.0)  # first and largest pause between connect attempts
 
 
-# Connect failures the server reports (``FATAL: ...``) are the user's to fix (unknown
-# database or role, authentication, pg_hba) unless they say the server is between states.
-_PG_TRANSIENT_FATAL = (
+# Connect failures worth retrying: the network or the server is between states (a
+# restart, a failover, a full server). Anything else (authentication, an unknown
+# database, role or host, a bad URL option, SSL settings) needs the user: fail at once.
+_PG_TRANSIENT_CONNECT = (
+    "connection refused", "connection reset", "connection timed out", "timeout expired",
+    "timed out", "server closed the connection", "could not receive data",
+    "could not send data", "no route to host", "network is unreachable",
     "starting up", "shutting down", "in recovery", "not yet accepting connections",
     "too many clients", "remaining connection slots", "terminating connection",
+    "consuming input failed", "eof detected", "ssl syscall error",
 )
 
 
 def pg_connect_is_transient(message: str) -> bool:
     """Whether a failed PostgreSQL connect may succeed if tried again shortly: refused,
-    reset, timed out, or a server that is starting, stopping or full. DNS failures and
-    the server's own refusals (auth, unknown database) are not: they need the user."""
+    reset or timed out, or a server that is starting, stopping or full. Everything
+    else (authentication, unknown database/role/host, bad options) needs the user."""
     lowered = message.lower()
-    if "could not translate host name" in lowered:
-        return False
-    if "fatal:" in lowered:
-        return any(phrase in lowered for phrase in _PG_TRANSIENT_FATAL)
-    return True
+    return any(phrase in lowered for phrase in _PG_TRANSIENT_CONNECT)
 
 
 class _Retry(Exception):
@@ -336,21 +345,20 @@ class SqlConsensus:
 
     def _retrying(self, op: Callable[[Connection], T], *, wrote: bool) -> T:
         attempt = 0
-        unreachable_since: float | None = None
+        started = time.monotonic()
         pause = _RECONNECT_BACKOFF_S[0]
         while True:
             try:
                 return self._run_once(op, wrote=wrote)
             except _Unreachable as u:
-                now = time.monotonic()
-                unreachable_since = now if unreachable_since is None else unreachable_since
-                waited = now - unreachable_since
+                waited = time.monotonic() - started
                 if waited >= self._reconnect_s:
                     tried = f" (retried for {waited:.1f} s)" if self._reconnect_s > 0 else ""
-                    raise DeterminateError(
+                    raise LocationUnreachable(
                         f"cannot connect to consensus {self._url_for_errors}{tried}: {u}"
                     ) from None
-                time.sleep(min(pause, self._reconnect_s - waited) * (0.5 + random.random() / 2))
+                jittered = pause * (0.5 + random.random() / 2)
+                time.sleep(min(jittered, self._reconnect_s - waited))
                 pause = min(pause * 2, _RECONNECT_BACKOFF_S[1])
             except _Retry as r:
                 attempt += 1

@@ -11,8 +11,9 @@ Every module that names a blob builds the name here, so the layout has one defin
 
 Writer identity. When the process that writes a blob has claimed a *writer token*
 (:func:`claim_writer_token`: ``<host id>.<pid>`` of the committing process, kept in the
-``UPSERT_WRITER_TOKEN`` environment variable so Spark's local Python workers inherit the
-driver's token), the unique part of every generated key starts with it:
+``UPSERT_WRITER_TOKEN`` environment variable; the Spark engine ships the driver's value
+with every task, so executors, local or on a cluster, name their blobs after the
+driver), the unique part of every generated key starts with it:
 ``{shard}/part/<host id>.<pid>-<uuid>.parquet``. GC uses it to recognise blobs leaked by a
 writer that is provably dead (same host, pid no longer running) and deletes them without
 waiting for the leak grace period (:func:`writer_is_dead`). Keys without a token (or from
@@ -47,18 +48,24 @@ _UNIQUE_IN_KEY_RE = re.compile(r"(?:^|/|-)" + _UNIQUE + r"(?:\.[a-z]+)?$")
 
 
 def host_id() -> str:
-    """A short id of this host: hostname and kernel boot id, hashed.
+    """A short id of where this process's pids mean something: hostname, kernel boot id
+    and PID namespace, hashed.
 
-    Two containers sharing a kernel but not a PID namespace have different hostnames,
-    so they get different ids; a reboot changes the boot id, so pids of a previous boot
-    are never mistaken for running processes.
+    Two containers that share a hostname and kernel (host networking) but not a PID
+    namespace get different ids, so neither takes the other's live writer for dead; a
+    reboot changes the boot id, so pids of a previous boot are never mistaken for
+    running processes.
     """
     try:
         with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
             boot = f.read().strip()
     except OSError:
         boot = ""
-    digest = hashlib.sha1(f"{socket.gethostname()}|{boot}".encode()).hexdigest()
+    try:
+        pid_ns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        pid_ns = ""
+    digest = hashlib.sha1(f"{socket.gethostname()}|{boot}|{pid_ns}".encode()).hexdigest()
     return digest[:12]
 
 
@@ -66,7 +73,8 @@ def claim_writer_token() -> str:
     """Mark this process (and the Spark workers it starts) as the writer of new blobs.
 
     Returns the token ``<host id>.<pid>``. Call it once at the start of a writing command
-    (``upsertctl ingest``, a Dagster ingest run), before any Spark session starts.
+    (``upsertctl ingest``, a Dagster ingest run); the Spark engine ships it with every
+    task, so it may be claimed before or after a session starts.
     """
     token = f"{host_id()}.{os.getpid()}"
     os.environ[WRITER_TOKEN_ENV] = token
@@ -74,7 +82,7 @@ def claim_writer_token() -> str:
 
 
 def current_writer_token() -> str | None:
-    """The claimed writer token of this process (or inherited from the driver), if any."""
+    """This process's claimed writer token (or the driver's, in a Spark task), if any."""
     token = os.environ.get(WRITER_TOKEN_ENV, "")
     return token if _TOKEN_RE.match(token) else None
 
@@ -107,11 +115,12 @@ def _pid_running(pid: int) -> bool:
 
 
 def writer_is_dead(key: str) -> bool:
-    """True only when ``key`` names a writer on THIS host whose process has ended.
+    """True only when ``key`` names a writer on THIS host (and PID namespace) whose
+    process has ended.
 
     SUBTLE: "dead" must never be said of a writer that may still commit the blob. The
-    token is the committing process's (the driver's, inherited by its local Spark
-    workers), so a worker exiting early does not make its blobs look dead; a reused pid
+    token is the committing process's (the driver's, shipped with every Spark task), so
+    an executor exiting early does not make its blobs look dead; a reused pid
     only makes a dead writer look alive, which merely delays the deletion.
     """
     writer = writer_of(key)

@@ -53,6 +53,7 @@ from upsert_core.errors import (
     InvalidUsage,
     InvariantViolation,
     LocationError,
+    LocationUnreachable,
     ShardError,
     ShardNotFound,
 )
@@ -128,6 +129,10 @@ class StateVersions:
             except LocationError as exc:
                 attempt += 1
                 retryable = isinstance(exc, DeterminateError) or idempotent
+                # A store that already waited out its own reconnect window is down:
+                # retrying here would only multiply that window.
+                if isinstance(exc, LocationUnreachable):
+                    raise
                 if not retryable or attempt >= self.location_attempts:
                     raise
                 log.debug("shard %s: %s failed (%s), retrying", self.shard_id, what, exc)
