@@ -16,7 +16,10 @@ and the user's re-run (+ ``gc`` with grace 0), the shard
 from __future__ import annotations
 
 import random
+import subprocess
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -93,3 +96,15 @@ def assert_recovered(shard: Shard, reference: Shard) -> None:
     assert errors == error_rows(reference)
     assert all(n == 1 for n in errors.values()), "an error row was recorded twice"
     assert not unreferenced_blobs(shard)
+
+
+@contextmanager
+def reaped(proc: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]:
+    """``proc`` for the ``with`` block; killed and waited for if still running after it
+    (a failing test must not leave an ingest running into the next one)."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()

@@ -28,7 +28,7 @@ from upsert_core.persist.consensus_sql import SqlConsensus
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.urls import open_blob
 
-from .helpers import assert_recovered, make_landing, reference_shard
+from .helpers import assert_recovered, make_landing, reaped, reference_shard
 from .tcp_proxy import TcpProxy
 
 PG = ("127.0.0.1", 5432)
@@ -99,18 +99,13 @@ def test_proxy_restart_mid_ingest(
     landing = make_landing(tmp_path / "landing", files=12, rows=800, keys=300, seed=21)
     reference = reference_shard(landing)
     cli = _cli(tmp_path, f"postgresql+psycopg://postgres@127.0.0.1:{proxy.port}/test")
-    proc = cli.popen(*_ingest_args(landing, shard_name))
-    try:
+    with reaped(cli.popen(*_ingest_args(landing, shard_name))) as proc:
         watcher = _shard(tmp_path, shard_name)
         _wait_for_upper(watcher, 3)
         proxy.stop()
         time.sleep(down_s)
         proxy.start()
         out, err = proc.communicate(timeout=WAIT_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 0, f"a {down_s} s outage needed the user:\n{err}"
     assert_recovered(_shard(tmp_path, shard_name), reference)
     _finish(cli, landing, shard_name, tmp_path, reference)
@@ -124,16 +119,11 @@ def test_database_coming_up_after_the_ingest_started_is_waited_for(
     reference = reference_shard(landing)
     cli = _cli(tmp_path, f"postgresql+psycopg://postgres@127.0.0.1:{proxy.port}/test")
     proxy.stop()
-    proc = cli.popen(*_ingest_args(landing, shard_name))
-    try:
+    with reaped(cli.popen(*_ingest_args(landing, shard_name))) as proc:
         time.sleep(1.0)
         assert proc.poll() is None, "the ingest gave up while the database was restarting"
         proxy.start()
         out, err = proc.communicate(timeout=WAIT_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 0, err
     assert_recovered(_shard(tmp_path, shard_name), reference)
 
@@ -179,17 +169,14 @@ def test_backends_terminated_mid_ingest(tmp_path: Path, shard_name: str) -> None
                     " WHERE application_name = %s", (app,)).fetchall()
                 terminated.extend(1 for r in rows if r[0])
 
-    proc = cli.popen(*_ingest_args(landing, shard_name))
     killer = threading.Thread(target=terminate_loop, daemon=True)
-    try:
-        _wait_for_upper(_shard(tmp_path, shard_name), 1)
-        killer.start()
-        out, err = proc.communicate(timeout=WAIT_S)
-    finally:
-        stop.set()
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    with reaped(cli.popen(*_ingest_args(landing, shard_name))) as proc:
+        try:
+            _wait_for_upper(_shard(tmp_path, shard_name), 1)
+            killer.start()
+            out, err = proc.communicate(timeout=WAIT_S)
+        finally:
+            stop.set()
     killer.join(timeout=10)
     assert terminated, "no backend was terminated: the test proves nothing"
     _outcome_is_clear(proc.returncode, err)

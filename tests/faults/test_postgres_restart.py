@@ -35,7 +35,7 @@ from upsert_core.persist.consensus_sql import SqlConsensus
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.urls import open_blob
 
-from .helpers import assert_recovered, make_landing, reference_shard
+from .helpers import assert_recovered, make_landing, reaped, reference_shard
 
 WAIT_S = 120
 OPTIONS = ("--key", "key", "--order", "offset")
@@ -124,9 +124,8 @@ def test_server_restart_mid_ingest_is_ridden_out(
     blob_url = f"file://{tmp_path / 'blob'}"
     cli = Cli(tmp_path / "home", env={"UPSERT_CONSENSUS_URL": server.url,
                                       "UPSERT_BLOB_URL": blob_url})
-    proc = cli.popen("ingest", str(landing), "--shard", name, *OPTIONS, "--engine", "local",
-                     "--no-progress")
-    try:
+    with reaped(cli.popen("ingest", str(landing), "--shard", name, *OPTIONS, "--engine", "local",
+                     "--no-progress")) as proc:
         watcher = Shard.open(SqlConsensus(server.url), open_blob(blob_url), name, create=True)
         while watcher.upper < 2:
             assert proc.poll() is None, "the ingest ended before the restart"
@@ -134,10 +133,6 @@ def test_server_restart_mid_ingest_is_ridden_out(
         upper_at_restart = watcher.upper
         server.pg_ctl("-m", mode, "restart")
         out, err = proc.communicate(timeout=WAIT_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert upper_at_restart < 12, "the restart came after the ingest's last commit"
     assert proc.returncode == 0, f"the ingest needed the user after a {mode} restart:\n{err}"
     shard = Shard.open(SqlConsensus(server.url), open_blob(blob_url), name, create=False)
