@@ -124,14 +124,14 @@ def _task_blob(url: str, env: dict[str, str]) -> Blob:
     # SUBTLE: Python workers are reused across tasks and sessions' jobs, so the driver's
     # AWS_* shipped with THIS task must win over whatever an earlier task left in the
     # worker's environment (a stale endpoint would point at another S3 server); the
-    # blob cache is keyed by those settings too. The writer token names the blobs this
-    # task writes: the driver's, or none (an earlier driver's would be a lie).
+    # blob cache is keyed by the S3 settings. An empty shipped value means "unset":
+    # that is how a driver without a writer token clears an earlier driver's.
     for name, value in env.items():
-        if name == WRITER_TOKEN_ENV and not value:
-            os.environ.pop(name, None)
-        else:
+        if value:
             os.environ[name] = value
-    cache_key = (url, tuple(sorted(i for i in env.items() if i[0] != WRITER_TOKEN_ENV)))
+        else:
+            os.environ.pop(name, None)
+    cache_key = (url, tuple(sorted((k, v) for k, v in env.items() if k in SHIPPED_ENV)))
     blob = _blobs.get(cache_key)
     if blob is None:
         blob = _blobs[cache_key] = open_blob(url)

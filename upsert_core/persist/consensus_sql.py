@@ -127,9 +127,9 @@ _RECONNECT_BACKOFF_S = (0.05, 1.0)  # first and largest pause between connect at
 # restart, a failover, a full server). Anything else (authentication, an unknown
 # database, role or host, a bad URL option, SSL settings) needs the user: fail at once.
 _PG_TRANSIENT_CONNECT = (
-    "connection refused", "connection reset", "connection timed out", "timeout expired",
-    "timed out", "server closed the connection", "could not receive data",
-    "could not send data", "no route to host", "network is unreachable",
+    "connection refused", "connection reset", "timeout expired", "timed out",
+    "server closed the connection", "could not receive data", "could not send data",
+    "no route to host", "network is unreachable",
     "starting up", "shutting down", "in recovery", "not yet accepting connections",
     "too many clients", "remaining connection slots", "terminating connection",
     "consuming input failed", "eof detected", "ssl syscall error",

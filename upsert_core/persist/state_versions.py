@@ -127,12 +127,12 @@ class StateVersions:
             try:
                 return op()
             except LocationError as exc:
-                attempt += 1
-                retryable = isinstance(exc, DeterminateError) or idempotent
                 # A store that already waited out its own reconnect window is down:
                 # retrying here would only multiply that window.
                 if isinstance(exc, LocationUnreachable):
                     raise
+                attempt += 1
+                retryable = isinstance(exc, DeterminateError) or idempotent
                 if not retryable or attempt >= self.location_attempts:
                     raise
                 log.debug("shard %s: %s failed (%s), retrying", self.shard_id, what, exc)
