@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -404,3 +406,27 @@ def test_a_dead_writers_leaked_part_goes_at_once_a_live_ones_waits(
     assert anonymous in remaining and live_keys <= remaining
     assert_reads(shard, snapshots)
     consensus.close()
+
+
+def test_writers_in_another_pid_namespace_are_never_taken_for_dead(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two containers with one hostname and kernel (host networking) but their own PID
+    namespaces: a pid that is not running HERE may be running THERE, so a key written
+    there must not name this host, and GC here must not call its writer dead."""
+    here = keys.host_id()
+    real_readlink = os.readlink
+
+    def other_namespace(path: str) -> str:
+        return "pid:[4000000001]" if path == "/proc/self/ns/pid" else real_readlink(path)
+
+    monkeypatch.setattr(keys.os, "readlink", other_namespace)
+    there = keys.host_id()
+    monkeypatch.undo()
+    assert there != here
+    finished = subprocess.Popen([sys.executable, "-c", "pass"])  # a pid that has ended
+    finished.wait()
+    key = f"s/part/{there}.{finished.pid}-{'0' * 32}.parquet"
+    assert keys.writer_of(key) == (there, finished.pid)
+    assert not keys.writer_is_dead(key)
+    assert keys.writer_is_dead(f"s/part/{here}.{finished.pid}-{'0' * 32}.parquet")
