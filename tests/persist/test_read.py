@@ -23,7 +23,7 @@ from upsert_core.persist.consolidate import (
 )
 from upsert_core.persist.location import Blob, BlobMetadata
 from upsert_core.persist.parts import write_parts
-from upsert_core.persist.read import changes, merge_sorted, read_all, snapshot
+from upsert_core.persist.read import changes, changes_after, merge_sorted, read_all, snapshot
 from upsert_core.persist.state import HollowBatch, ShardState, initial_state
 
 from .test_parts import Update, key, rows_of, updates_table
@@ -316,3 +316,27 @@ def test_reads_from_a_blob_without_ranged_reads_fetch_each_part_once() -> None:
     )
     assert rows_of(read_all(snapshot(blob, state, 0, batch_rows=3))) == sorted(rows)
     assert blob.gets == [part.key]  # type: ignore[union-attr]
+
+
+@given(shards(), st.data())
+def test_changes_after_catch_up_a_snapshot_or_refuse(shard: Shard, data: st.DataObject) -> None:
+    """A collection known at upper ``lower`` plus ``changes_after(lower, upper)`` is the
+    snapshot as of ``upper - 1``; where the shard cannot tell (the updates at ``since``
+    hold folded history), the read is refused instead of double counting it."""
+    state = shard.state
+    lower = data.draw(st.integers(0, state.upper))
+    upper = data.draw(st.integers(lower, state.upper))
+    if state.since >= lower and state.since > 0:
+        with pytest.raises(NotReadable):
+            changes_after(shard.blob, state, lower, upper)
+        return
+    acc: Counter[tuple[bytes, bytes]] = Counter()
+    if lower > 0:
+        for k, r, _t, d in model_snapshot(shard.updates, lower - 1, positive_only=False):
+            acc[(k, r)] += d
+    for k, r, _t, d in rows_of(read_all(changes_after(shard.blob, state, lower, upper))):
+        acc[(k, r)] += d
+    expected = Counter(
+        {(k, r): d for k, r, _t, d in model_snapshot(shard.updates, upper - 1, False)}
+    ) if upper > 0 else Counter()
+    assert +acc == +expected and -acc == -expected

@@ -16,15 +16,19 @@ Invariants:
   snapshot is complete, so every touched value is checksum-verified: changes that do
   not fit the state (a retraction of a value it does not hold) raise
   :class:`InvalidUpsertState` and the caller rehydrates instead.
-- Changes that are not readable any more (``since > lower``, after compaction) raise
-  :class:`NotReadable`; the caller rehydrates.
+- Changes that are not readable as pure changes any more raise :class:`NotReadable`
+  and the caller rehydrates: ``since > lower`` (compacted away), and also
+  ``since == lower > 0``, where the updates at ``since`` hold all history before it
+  folded there, which the state already contains (``read.changes_after``). Replaying
+  those would apply that history twice (an insert over a live key, a retraction of a
+  value already gone).
 """
 
 from __future__ import annotations
 
 from upsert_core.ingest.buckets import bucket_updates
 from upsert_core.persist.location import Blob
-from upsert_core.persist.read import changes
+from upsert_core.persist.read import changes_after
 from upsert_core.persist.state import ShardState
 from upsert_core.state import UpsertState
 
@@ -44,7 +48,7 @@ def replay_bucket(
     """
     if lower >= upper:
         return 0
-    updates = bucket_updates(changes(blob, shard_state, lower, upper), bucket, buckets)
+    updates = bucket_updates(changes_after(blob, shard_state, lower, upper), bucket, buckets)
     if updates:
         state.consolidate_chunk(updates, completes_snapshot=False)
     return len(updates)

@@ -14,7 +14,9 @@ Invariants:
 
 - A read is allowed only inside ``[since, upper)``: ``snapshot(as_of)`` needs
   ``since <= as_of < upper``; ``changes(lower, upper)`` needs
-  ``since <= lower <= upper <= shard upper``. Otherwise :class:`NotReadable` is raised
+  ``since <= lower <= upper <= shard upper``; ``changes_after(lower, upper)`` (catching
+  up a collection known at upper ``lower``) needs ``since < lower`` (or ``since == 0``).
+  Otherwise :class:`NotReadable` is raised
   at the call (not at the first ``next``) saying what is readable.
 - ``snapshot(as_of)``: every update with ``ts <= as_of``, times advanced to ``as_of``,
   consolidated; by default only rows with a positive multiplicity (``diff`` is kept so
@@ -542,6 +544,43 @@ def changes(
     transform_for = _changes_transform(state.since, lower, upper)
     sources = part_sources(blob, state.shard_id, relevant, transform_for, batch_rows=batch_rows)
     return _emit(consolidated(sources, batch_rows=batch_rows))
+
+
+def check_catch_up_readable(state: ShardState, lower: int, upper: int) -> None:
+    """Raise :class:`NotReadable` unless :func:`changes_after` may read ``[lower, upper)``.
+
+    ``changes`` reports updates from before ``since`` at ``since``, so its updates at
+    ``lower`` are the pure changes of ``lower`` only when nothing lies folded there:
+    ``since < lower``, or ``since == 0`` (nothing is before time 0).
+    """
+    check_changes_readable(state, lower, upper)
+    if state.since >= lower and state.since > 0:
+        raise NotReadable(
+            f"shard {state.shard_id}: cannot catch a state at upper {lower} up to {upper}:"
+            f" the shard's since {state.since} is not below {lower}, so the updates at"
+            f" {state.since} include history folded there from before it"
+        )
+
+
+def changes_after(
+    blob: Blob,
+    state: ShardState,
+    lower: int,
+    upper: int,
+    *,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+) -> Iterator[pa.RecordBatch]:
+    """The updates that bring a collection known at upper ``lower`` (i.e. the snapshot as
+    of ``lower - 1``, or nothing for ``lower == 0``) to upper ``upper``.
+
+    This is a Materialize *listen* from ``as_of = lower - 1``: it needs
+    ``since <= as_of``. Plain :func:`changes` would add the history before ``since``
+    a second time when ``since == lower``, because it reports it folded at ``since``.
+    Raises :class:`NotReadable` when the shard cannot say (see
+    :func:`check_catch_up_readable`); the caller then rebuilds from a snapshot.
+    """
+    check_catch_up_readable(state, lower, upper)
+    return changes(blob, state, lower, upper, batch_rows=batch_rows)
 
 
 def read_all(batches: Iterable[pa.RecordBatch]) -> pa.Table:
