@@ -138,3 +138,10 @@ class InvalidSeqNo(InvalidUsage, ValueError):
 
 class LeaseExpired(ShardError):
     """A reader or writer lease is no longer in the shard state (expired or released)."""
+
+
+class WriterFenced(LeaseExpired):
+    """A commit from a writer whose registration is gone (its lease expired, GC removed it
+    because its process is dead, or it released it). Determinate: nothing was committed.
+    The writer's unreferenced blobs may already be deleted; register a new writer id and
+    write again."""

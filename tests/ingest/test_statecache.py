@@ -18,9 +18,11 @@ from upsert_core.ingest.tasks import Base
 from upsert_core.persist.append import AppendResult
 from upsert_core.persist.blob_memory import MemoryBlob
 from upsert_core.persist.consensus_memory import MemoryConsensus
+from upsert_core.persist.leases import DEFAULT_LEASE_DURATION_MS
 from upsert_core.persist.location import Blob
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.state import ErrorBatch, HollowBatch, ShardState
+from upsert_core.persist.writers import WriterLease
 
 from .helpers import change_rows, contents, memory_shard, snapshot_rows, write_jsonl
 
@@ -91,14 +93,18 @@ class RacedShard:
         ingested_files: Mapping[str, int] | None = None,
         errors: Sequence[ErrorBatch] = (),
         config_updates: Mapping[str, str] | None = None,
+        writer_id: str | None = None,
     ) -> AppendResult:
         if self.armed:
             self.armed = False
             ingest(self.racer, str(self.racer_dir), IngestRequest())
         return self.shard.compare_and_append(
             batch, expected_upper, ingested_files=ingested_files, errors=errors,
-            config_updates=config_updates,
+            config_updates=config_updates, writer_id=writer_id,
         )
+
+    def writer_lease(self, lease_duration_ms: int = DEFAULT_LEASE_DURATION_MS) -> WriterLease:
+        return self.shard.writer_lease(lease_duration_ms)
 
 
 @pytest.mark.parametrize("scope", ["batch", "global"])

@@ -7,8 +7,9 @@ import threading
 import pyarrow as pa
 import pytest
 
+from tests.persist.writer_helpers import compare_and_append, registered_writer
 from upsert_core.errors import InvalidUsage, UpsertPlatformError
-from upsert_core.persist.append import compare_and_append, delete_uncommitted
+from upsert_core.persist.append import delete_uncommitted
 from upsert_core.persist.blob_memory import MemoryBlob
 from upsert_core.persist.consensus_memory import MemoryConsensus
 from upsert_core.persist.location import Blob, Consensus
@@ -38,6 +39,7 @@ def one_row_batch(blob: Blob, ts: int, name: str) -> HollowBatch:
 def test_append_commits_batch_files_errors_and_config_in_one_state() -> None:
     blob = MemoryBlob()
     machine = new_machine(MemoryConsensus(), blob)
+    registered_writer(machine)
     seqno = machine.state().seqno
     batch = one_row_batch(blob, 0, "f1")
     errors = write_error_batch(
@@ -63,7 +65,8 @@ def test_upper_mismatch_is_a_value_and_the_caller_deletes_its_parts() -> None:
     blob = MemoryBlob()
     consensus = MemoryConsensus()
     winner, loser = new_machine(consensus, blob), new_machine(consensus, blob)
-    loser.state()  # cache the empty state: the loser is about to be stale
+    registered_writer(loser)
+    loser.state()  # cache the state: the loser is about to be stale
     assert compare_and_append(winner, one_row_batch(blob, 0, "w"), 0).committed
     batch = one_row_batch(blob, 0, "l")
     errors = write_error_batch(

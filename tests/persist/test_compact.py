@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.persist.writer_helpers import compare_and_append
 from upsert_core.errors import InvalidUsage
-from upsert_core.persist.append import compare_and_append
 from upsert_core.persist.blob_memory import MemoryBlob
 from upsert_core.persist.compact import (
     batch_weight,

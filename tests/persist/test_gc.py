@@ -14,14 +14,15 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from upsert_core.errors import CorruptData, InvalidUsage, NotReadable
+from upsert_core.errors import CorruptData, InvalidUsage, NotReadable, WriterFenced
 from upsert_core.persist import keys
 from upsert_core.persist.blob_local import LocalBlob
 from upsert_core.persist.blob_memory import MemoryBlob
 from upsert_core.persist.consensus_memory import MemoryConsensus
 from upsert_core.persist.consensus_sql import SqlConsensus
 from upsert_core.persist.gc import leak_candidates_key, truncation_point
-from upsert_core.persist.keys import rollup_key, rollup_prefix
+from upsert_core.persist.keys import rollup_key, rollup_prefix, writer_id_of
+from upsert_core.persist.leases import DEFAULT_LEASE_DURATION_MS
 from upsert_core.persist.location import Blob, BlobMetadata, Consensus
 from upsert_core.persist.parts import write_batch
 from upsert_core.persist.read import read_all
@@ -147,24 +148,62 @@ def test_truncation_point_is_the_newest_rollup_at_or_below_every_hold() -> None:
         assert point == max(s for s in shard.state().rollups if s <= held)
 
 
-def test_leaked_blobs_wait_for_the_grace_period(stores: tuple[Consensus, Blob]) -> None:
+def test_legacy_leaked_blobs_wait_for_the_grace_period(stores: tuple[Consensus, Blob]) -> None:
+    """Blobs that name no writer id (written before registrations existed) keep the old
+    rule: deleted once seen unreferenced for the grace period."""
     clock = Clock()
     shard, recording, snapshots = filled(*stores, clock=clock)
     shard.gc(leak_grace_ms=0)
-    leaked = shard.write_batch(updates_table([(key(9), b"leak", 12, 1)]), 12, 13)
+    leaked = write_batch(recording, SHARD, updates_table([(key(9), b"leak", 12, 1)]), 12, 13,
+                         inline_threshold=0)
     leaked_keys = {p.key for p in leaked.parts}  # type: ignore[union-attr]
-    stray_rollup = rollup_key(SHARD, shard.seqno + 50)  # above earliest: needs the grace
-    recording.set(stray_rollup, b"not really a rollup")
+    assert all(writer_id_of(k) is None for k in leaked_keys)
     first = shard.gc(leak_grace_ms=1_000)
-    assert first.leak_candidates_pending == 2 and not first.deleted_keys
+    assert first.leak_candidates_pending == 1 and not first.deleted_keys
     assert recording.get(leak_candidates_key(SHARD)) is not None
     clock.now += 999
     assert not shard.gc(leak_grace_ms=1_000).deleted_keys
     clock.now += 1
     third = shard.gc(leak_grace_ms=1_000)
-    assert set(third.deleted_keys) == leaked_keys | {stray_rollup}
-    assert third.leaked_blobs_deleted == 2 and third.leak_candidates_pending == 0
+    assert set(third.deleted_keys) == leaked_keys
+    assert third.leaked_blobs_deleted == 1 and third.leak_candidates_pending == 0
     assert recording.get(leak_candidates_key(SHARD)) is None
+    assert_reads(shard, snapshots)
+
+
+def test_a_registered_writers_blobs_wait_for_its_registration_not_a_clock(
+    stores: tuple[Consensus, Blob],
+) -> None:
+    """However long a registered writer takes (GC's clock far past any grace), its
+    unreferenced blobs stay; once its registration is gone they go at the next GC, and
+    the writer can no longer commit them. An unrecorded rollup newer than every recorded
+    one waits until a newer rollup is recorded."""
+    clock = Clock()
+    shard, recording, snapshots = filled(*stores, clock=clock)
+    shard.gc(leak_grace_ms=0)
+    writer = Shard.open(stores[0], recording, SHARD, inline_threshold=0, clock_ms=clock)
+    pending = writer.write_batch(updates_table([(key(9), b"slow", 12, 1)]), 12, 13)
+    pending_keys = {p.key for p in pending.parts}  # type: ignore[union-attr]
+    assert {writer_id_of(k) for k in pending_keys} == {writer.writer_id()}
+    stray_rollup = rollup_key(SHARD, shard.seqno + 50)
+    recording.set(stray_rollup, b"not really a rollup")
+    for _ in range(3):
+        report = shard.gc(leak_grace_ms=0)
+        assert not (pending_keys | {stray_rollup}) & set(report.deleted_keys)
+        assert report.leak_candidates_pending == 2
+        # the writer heartbeats: GC's clock never expires it
+        writer.register_writer(writer.writer_id())
+        clock.now += 10 * DEFAULT_LEASE_DURATION_MS // 11
+    clock.now += 2 * DEFAULT_LEASE_DURATION_MS  # the writer stalls past its lease
+    report = shard.gc()  # expires the registration, then (same run) sweeps its blobs
+    assert report.leases_expired == 1 and pending_keys <= set(report.deleted_keys)
+    with pytest.raises(WriterFenced, match="fenced"):
+        writer.compare_and_append(pending, 12)
+    assert shard.upper == 12
+    for _ in range(60):  # move the seqno past the stray rollup; a newer one gets recorded
+        shard.register_writer("x")
+    report = shard.gc()
+    assert stray_rollup in report.deleted_keys
     assert_reads(shard, snapshots)
 
 
@@ -249,7 +288,9 @@ def test_an_unleased_read_restarts_when_gc_removed_its_parts() -> None:
     shard, _, snapshots = filled(consensus, inner)
     blob = GcOnFirstPartGet(inner)
     reader = Shard.open(consensus, blob, SHARD, create=False)
-    blob.other = Shard.open(consensus, inner, SHARD, create=False)
+    # Same clock as the writer's: GC on a clock far ahead would (rightly) expire the
+    # writer's registration and fence its next append.
+    blob.other = Shard.open(consensus, inner, SHARD, create=False, clock_ms=shard._clock_ms)
     seqno = reader.seqno
     assert rows_of(read_all(reader.snapshot(11))) == snapshots[11]
     assert blob.other is None and reader.seqno > seqno  # GC ran under the read

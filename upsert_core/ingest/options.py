@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from upsert_core.drain import OrderScope
 from upsert_core.errors import ConfigError
 from upsert_core.landing import SourceSchema
+from upsert_core.persist.leases import DEFAULT_LEASE_DURATION_MS
 from upsert_core.persist.parts import DEFAULT_INLINE_THRESHOLD
 
 CONFIG_SCHEMA = "ingest.schema"
@@ -44,7 +45,9 @@ class IngestRequest:
     """What one ingest run asks for. ``None`` means "the shard's value (or default)".
 
     ``buckets`` is the number of upsert state buckets (fixed per shard like the other
-    options). ``inline_threshold`` and ``max_attempts`` tune this run only.
+    options). ``inline_threshold``, ``max_attempts`` and ``writer_lease_ms`` (how long
+    the run's writer registration lives without a heartbeat, see ``persist.writers``)
+    tune this run only.
     """
 
     key: Sequence[str] | None = None
@@ -54,6 +57,7 @@ class IngestRequest:
     buckets: int | None = None
     inline_threshold: int = DEFAULT_INLINE_THRESHOLD
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    writer_lease_ms: int = DEFAULT_LEASE_DURATION_MS
 
 
 @dataclass(frozen=True)

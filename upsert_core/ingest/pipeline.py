@@ -24,6 +24,13 @@ Invariants:
   counts only the files it will apply.
 - Options are checked against the stored ones before any file is read, and again on
   every attempt (a racing first ingest may have fixed them meanwhile).
+- The run is a registered writer (``persist.writers``): it registers a fresh writer id
+  before the first file and heartbeats it while it works; every blob its steps write
+  names that id. If the registration is gone at commit time (the run stalled past its
+  lease and GC removed it, and may have deleted its blobs), the append is refused
+  (``WriterFenced``), nothing of the attempt is committed, and the driver deletes what
+  the attempt wrote, registers a new id and redoes the file: the user sees a retry.
+  The registration is released when the run ends.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-from upsert_core.errors import ConcurrentModification, IngestError
+from upsert_core.errors import ConcurrentModification, IngestError, WriterFenced
 from upsert_core.ingest.checkpoint import (
     CONFIG_CHECKPOINT_UPPER,
     checkpoint_base_name,
@@ -49,6 +56,7 @@ from upsert_core.landing import LandingFile, list_landing, pending
 from upsert_core.persist.append import AppendResult
 from upsert_core.persist.location import Blob
 from upsert_core.persist.state import ErrorBatch, HollowBatch, ShardState
+from upsert_core.persist.writers import WriterLease
 
 Progress = Callable[[ProgressEvent], None]
 
@@ -91,7 +99,10 @@ class IngestShard(Protocol):
         ingested_files: Mapping[str, int] | None = None,
         errors: Sequence[ErrorBatch] = (),
         config_updates: Mapping[str, str] | None = None,
+        writer_id: str | None = None,
     ) -> AppendResult: ...
+
+    def writer_lease(self, lease_duration_ms: int = ...) -> WriterLease: ...
 
 
 def checkpoints_current(state: ShardState) -> bool:
@@ -100,9 +111,13 @@ def checkpoints_current(state: ShardState) -> bool:
 
 
 def plan_file(
-    state: ShardState, options: ShardOptions, file: LandingFile, request: IngestRequest
+    state: ShardState,
+    options: ShardOptions,
+    file: LandingFile,
+    request: IngestRequest,
+    writer_id: str | None = None,
 ) -> FileTask:
-    """The task for ingesting ``file`` at the upper of ``state``."""
+    """The task for ingesting ``file`` at the upper of ``state``, written as ``writer_id``."""
     return FileTask(
         shard_id=state.shard_id,
         ts=state.upper,
@@ -123,6 +138,7 @@ def plan_file(
         },
         commit_nonce=uuid.uuid4().hex,
         history=commit_history(state.config),
+        writer_id=writer_id,
     )
 
 
@@ -182,12 +198,15 @@ def _ingest_one(
     request: IngestRequest,
     engine: Engine,
     report: IngestReport,
+    lease: WriterLease,
 ) -> tuple[ShardState, FileReport | None]:
     """Commit ``file`` (or notice another writer did); returns the new state."""
     attempts = max(1, request.max_attempts)
     for attempt in range(1, attempts + 1):
+        if lease.lost:  # the heartbeat found the registration gone: a new id first
+            lease.renew()
         options = resolve_options(state.config, request)
-        task = plan_file(state, options, file, request)
+        task = plan_file(state, options, file, request, lease.writer_id)
         started = time.monotonic()
         outcome = engine.run_file(task, shard)
         if outcome.read.file_error is None and outcome.failure is not None:
@@ -218,13 +237,27 @@ def _ingest_one(
         # SUBTLE: if the append fails indeterminately (an exception, e.g. a timeout), it
         # may have committed: the blobs are left alone (GC's leak sweep removes them if
         # not); they are deleted only on a definite "not committed".
-        result = shard.compare_and_append(
-            batch,
-            task.ts,
-            ingested_files={file.name: task.ts},
-            errors=errors,
-            config_updates=config,
-        )
+        try:
+            result = shard.compare_and_append(
+                batch,
+                task.ts,
+                ingested_files={file.name: task.ts},
+                errors=errors,
+                config_updates=config,
+                writer_id=task.writer_id,
+            )
+        except WriterFenced as exc:
+            # Determinate: nothing of this attempt was committed (and GC may have
+            # deleted some of its blobs). Redo the file under a fresh registration.
+            _delete_new_blobs(shard.blob, outcome)
+            report.warnings.append(
+                f"{file.name}: {exc}; redoing it as a new writer (attempt {attempt + 1})"
+            )
+            lease.renew()
+            state = shard.state()
+            if file.name in state.ingested_files:
+                return state, None
+            continue
         if result.committed and result.state.config.get(CONFIG_COMMIT_NONCE) == nonce:
             file_report = _file_report(task, outcome, time.monotonic() - started, attempt)
             for b in outcome.buckets:
@@ -265,19 +298,26 @@ def ingest(
     report = IngestReport(shard=shard.shard_id, start_upper=state.upper)
     total = len(todo)
     notify(ProgressEvent("start", 0, total))
-    for index, file in enumerate(todo, 1):
-        if file.name in state.ingested_files:
-            report.ingested_elsewhere.append(file.name)
-            notify(ProgressEvent("file_skipped", index, total, file.name))
-            continue
-        notify(ProgressEvent("file_started", index, total, file.name))
-        state, done = _ingest_one(shard, state, file, options, engine, report)
-        if done is None:
-            report.ingested_elsewhere.append(file.name)
-            notify(ProgressEvent("file_skipped", index, total, file.name))
-        else:
-            report.files.append(done)
-            notify(ProgressEvent("file_done", index, total, file.name, done))
+    if not todo:
+        report.upper, report.seqno = state.upper, state.seqno
+        notify(ProgressEvent("done", total, total))
+        return report
+    with shard.writer_lease(options.writer_lease_ms) as lease:
+        state = shard.state()
+        for index, file in enumerate(todo, 1):
+            if file.name in state.ingested_files:
+                report.ingested_elsewhere.append(file.name)
+                notify(ProgressEvent("file_skipped", index, total, file.name))
+                continue
+            notify(ProgressEvent("file_started", index, total, file.name))
+            state, done = _ingest_one(shard, state, file, options, engine, report, lease)
+            if done is None:
+                report.ingested_elsewhere.append(file.name)
+                notify(ProgressEvent("file_skipped", index, total, file.name))
+            else:
+                report.files.append(done)
+                notify(ProgressEvent("file_done", index, total, file.name, done))
+    state = shard.state()  # after the release of the registration
     report.upper = state.upper
     report.seqno = state.seqno
     notify(ProgressEvent("done", total, total))

@@ -66,6 +66,7 @@ from upsert_core.ingest.statecache import CachedState, CacheKey, StateCache
 from upsert_core.landing import LandingFile, SourceSchema, validate_file
 from upsert_core.persist.codec_state import decode_state
 from upsert_core.persist.consolidate import UPDATE_SCHEMA
+from upsert_core.persist.keys import writing_as
 from upsert_core.persist.location import Blob
 from upsert_core.persist.parts import delete_parts, write_error_batch, write_parts
 from upsert_core.persist.state import BlobPart, ShardState
@@ -122,9 +123,11 @@ class Base:
 class FileTask:
     """Everything the steps need for one file, as plain (picklable) data.
 
-    ``checkpoints`` maps bucket -> config value of its checkpoint ref (absent or "" =
-    empty state); ``checkpoints_current`` says whether those refs are valid at ``ts``
-    (the shard's upper). The shard's state is needed only to rehydrate: in-process it
+    ``writer_id`` is the driver's registered writer id: every blob the steps write
+    names it (``keys.writing_as``), wherever they run. ``checkpoints`` maps bucket ->
+    config value of its checkpoint ref (absent or "" = empty state);
+    ``checkpoints_current`` says whether those refs are valid at ``ts`` (the shard's
+    upper). The shard's state is needed only to rehydrate: in-process it
     is passed as an object, to Spark tasks as bytes (``encode_state``).
     """
 
@@ -142,6 +145,7 @@ class FileTask:
     bases: dict[int, str] = field(default_factory=dict)
     commit_nonce: str = ""
     history: dict[int, str] = field(default_factory=dict)
+    writer_id: str | None = None
 
     @property
     def scope(self) -> OrderScope:
@@ -175,6 +179,11 @@ def read_file(
 
     ``write_errors=False`` skips writing the error part (``error_batch`` stays None):
     for engines where several tasks read the same file and one of them records it."""
+    with writing_as(task.writer_id):
+        return _read_file(task, blob, write_errors=write_errors)
+
+
+def _read_file(task: FileTask, blob: Blob, *, write_errors: bool) -> tuple[FileRead, pa.Table]:
     name = task.file.name
     try:
         schema = SourceSchema.from_json(task.schema_json)
@@ -328,7 +337,8 @@ def run_bucket(
     platform error: it comes back in ``BucketResult.failure``."""
     result = BucketResult(bucket=bucket)
     try:
-        _run_bucket(task, bucket, rows, blob, result, cache)
+        with writing_as(task.writer_id):
+            _run_bucket(task, bucket, rows, blob, result, cache)
     except UpsertPlatformError as exc:
         result.failure = f"{type(exc).__name__}: bucket {bucket}: {exc}"
     return result

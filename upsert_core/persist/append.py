@@ -20,6 +20,11 @@ Invariants:
 - An append that already committed (e.g. the caller retries after an indeterminate
   failure) is recognised and reported as committed, never applied twice and never
   reported as a mismatch, so its parts are never deleted by mistake.
+- The writer must be registered (``persist.writers``) in the state the append commits
+  on, checked in the same transition; otherwise :class:`~upsert_core.errors.WriterFenced`
+  is raised and nothing is committed. GC deletes the blobs of writers it removed, so
+  this is what keeps a stalled writer from committing parts that are gone. The
+  transition also refreshes the writer's heartbeat.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from upsert_core.persist.location import Blob
 from upsert_core.persist.machine import Machine
 from upsert_core.persist.parts import delete_parts
 from upsert_core.persist.state import ErrorBatch, HollowBatch, ShardState
+from upsert_core.persist.writers import refresh_in
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,12 +114,16 @@ def compare_and_append(
     errors: Sequence[ErrorBatch] = (),
     config_updates: Mapping[str, str] | None = None,
     max_retries: int | None = None,
+    writer_id: str,
+    now_ms: int = 0,
 ) -> AppendResult:
     """Append ``batch`` (and record files, errors, config) iff upper == expected_upper.
 
     Raises :class:`InvalidUsage` for a malformed request (a batch that does not start
-    at ``expected_upper``, files or errors outside the batch). Races with other writers
-    are retried by the machine; a real mismatch is returned, not raised.
+    at ``expected_upper``, files or errors outside the batch), and
+    :class:`~upsert_core.errors.WriterFenced` when ``writer_id`` is not registered.
+    Races with other writers are retried by the machine; a real mismatch is returned,
+    not raised. ``now_ms`` refreshes the writer's heartbeat (never moves it back).
     """
     files = dict(ingested_files or {})
     config = dict(config_updates or {})
@@ -133,6 +143,10 @@ def compare_and_append(
         verdict.duplicates = tuple(sorted(n for n in files if n in state.ingested_files))
         if verdict.duplicates:
             return None
+        # SUBTLE: checked after "already applied" (a commit of ours that landed before
+        # the registration went is ours) and before any change: a writer that is not
+        # registered may have had its blobs deleted by GC, so it must never commit.
+        state = refresh_in(state, writer_id, now_ms)
         verdict.committed = True
         return state.evolve(
             upper=batch.upper,

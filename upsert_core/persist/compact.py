@@ -20,6 +20,11 @@ Invariants:
   the new parts (referenced by no state) are deleted.
 - Old parts are never deleted here: older live states may still reference them; GC
   deletes blobs once no live state does.
+- With a ``writer_id`` (every production caller: GC and ``Shard.compact`` register one),
+  the new parts name that writer and the replace transition requires it to be
+  registered (``persist.writers``), so a compactor stalled past its lease, whose parts
+  GC may have deleted, can never commit them. Without one the parts are unnamed and
+  GC's grace period protects them (kept for callers that write no other blobs).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import pyarrow.parquet as pq
 
 from upsert_core.errors import InvalidUsage
 from upsert_core.persist.consolidate import UPDATE_SCHEMA, advance_ts
-from upsert_core.persist.keys import part_key
+from upsert_core.persist.keys import part_key, writing_as
 from upsert_core.persist.location import Blob
 from upsert_core.persist.machine import Machine
 from upsert_core.persist.parts import (
@@ -44,6 +49,7 @@ from upsert_core.persist.parts import (
 )
 from upsert_core.persist.read import Transform, consolidated, part_sources
 from upsert_core.persist.state import BlobPart, HollowBatch, InlinePart, Part, ShardState
+from upsert_core.persist.writers import require_registered
 
 DEFAULT_MAX_BATCHES_PER_MERGE = 8
 MAX_FAILED_COMMITS = 3
@@ -82,6 +88,21 @@ def plan_merge(
 def compaction_frontier(state: ShardState) -> int:
     """The time updates may be advanced to: the since, lowered to any reader's since."""
     return min([state.since, *(r.since for r in state.leased_readers.values())])
+
+
+def has_work(
+    state: ShardState,
+    *,
+    merge_all: bool = False,
+    max_batches_per_merge: int = DEFAULT_MAX_BATCHES_PER_MERGE,
+) -> bool:
+    """Whether :func:`compact` on ``state`` would merge anything (so a caller registers a
+    writer only when it will write)."""
+    if merge_all:
+        batches = state.batches
+        target = compaction_frontier(state)
+        return len(batches) > 1 or (len(batches) == 1 and batches[0].since < target)
+    return plan_merge(state.batches, max_batches_per_merge=max_batches_per_merge) is not None
 
 
 # --- merging ----------------------------------------------------------------------------
@@ -154,8 +175,10 @@ def merge_batches(
     inline_threshold: int = DEFAULT_INLINE_THRESHOLD,
     part_rows: int = DEFAULT_PART_ROWS,
     batch_rows: int = DEFAULT_BATCH_ROWS,
+    writer_id: str | None = None,
 ) -> HollowBatch:
-    """Write the consolidated union of adjacent ``batches``, ts advanced to ``since``.
+    """Write the consolidated union of adjacent ``batches``, ts advanced to ``since``,
+    as parts named after ``writer_id``.
 
     Streams: parts are merged record batch by record batch and written as they fill.
     The result is referenced by no state yet; commit it with :func:`commit_merge`.
@@ -175,9 +198,10 @@ def merge_batches(
     sources = part_sources(blob, shard, batches, transform_for, batch_rows=batch_rows)
     writer = _PartWriter(blob, shard, part_rows, inline_threshold)
     try:
-        for table in consolidated(sources, batch_rows=batch_rows):
-            writer.add(table)
-        parts = writer.finish()
+        with writing_as(writer_id):
+            for table in consolidated(sources, batch_rows=batch_rows):
+                writer.add(table)
+            parts = writer.finish()
     except BaseException:
         delete_parts(blob, writer.parts)  # referenced by nothing yet
         raise
@@ -189,6 +213,7 @@ def commit_merge(
     blob: Blob,
     replaced: Sequence[HollowBatch],
     merged: HollowBatch,
+    writer_id: str | None = None,
 ) -> tuple[bool, ShardState]:
     """Replace ``replaced`` by ``merged`` iff they are still present, unchanged.
 
@@ -205,6 +230,8 @@ def commit_merge(
             if batch == run[0]:
                 if state.batches[start : start + len(run)] != run:
                     return None
+                if writer_id is not None:
+                    require_registered(state, writer_id)  # raises WriterFenced
                 committed = True
                 batches = (*state.batches[:start], merged, *state.batches[start + len(run) :])
                 return state.evolve(batches=batches)
@@ -244,6 +271,7 @@ def compact(
     inline_threshold: int = DEFAULT_INLINE_THRESHOLD,
     part_rows: int = DEFAULT_PART_ROWS,
     batch_rows: int = DEFAULT_BATCH_ROWS,
+    writer_id: str | None = None,
 ) -> CompactionResult:
     """Merge batches until the size tiers hold (or ``max_merges`` merges were done).
 
@@ -273,9 +301,9 @@ def compact(
         run = state.batches[plan[0] : plan[1]]
         merged = merge_batches(
             blob, state.shard_id, run, target, inline_threshold=inline_threshold,
-            part_rows=part_rows, batch_rows=batch_rows,
+            part_rows=part_rows, batch_rows=batch_rows, writer_id=writer_id,
         )
-        committed, state = commit_merge(machine, blob, run, merged)
+        committed, state = commit_merge(machine, blob, run, merged, writer_id)
         if committed:
             merges += 1
             merge_all = False

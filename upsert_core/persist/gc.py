@@ -3,7 +3,8 @@ truncate old diffs, and delete the blobs that no live state references.
 
 One :func:`gc` run does, in this order (each step is safe to crash after):
 
-1. Expire stale writer and reader leases.
+1. Expire stale writer and reader leases, and remove writers whose process is known dead
+   (on this host); both by compare-and-set, which fences those writers for good.
 2. With ``retain=N``: advance ``since`` to ``max(since, upper - N)``, but never past the
    upper, never backwards and never past a leased reader's since.
 3. Compact (size tiers; everything into one batch when step 2 moved the since).
@@ -26,28 +27,41 @@ the next GC) cannot read. Deleting after truncation loses nothing: a rollup belo
 ``earliest`` is recognisable from its key alone (``keys.parse_rollup_seqno``), so a crash
 leaves only blobs that the next run's step 9 removes.
 
-Leaked blobs. A crashed writer leaves parts (and checkpoints, rollups) that no state
-references; a live writer has the same kind of blobs between writing them and its
-compare-and-set. Both look alike, so age decides, measured by GC itself without relying
-on blob timestamps: each run lists the shard's part, error, rollup and checkpoint blobs
-FIRST, then reads every live state, and calls a listed blob *unreferenced* if no live
-state references it (rollups: if none lists it at a seqno at or above ``earliest``). The
-run records when it first saw each unreferenced blob in ``{shard}/gc/leak-candidates.json``
-and deletes a blob once it has been seen unreferenced for ``leak_grace_ms``
-(:data:`DEFAULT_LEAK_GRACE_MS`, one hour). Guarantees:
+Leaked blobs. A crashed or stalled writer leaves parts (and checkpoints, rollups) that
+no state references; a live writer has the same kind of blobs between writing them and
+its compare-and-set. Each run lists the shard's part, error, rollup and checkpoint blobs
+FIRST, then reads every live state (the newest of them is the *current* state), and calls
+a listed blob *unreferenced* if no live state references it (rollups: if none lists it at
+a seqno at or above ``earliest``). An unreferenced blob is deleted when it provably can
+never become referenced, decided without clocks:
+
+- A blob naming a writer id (``keys.writer_id_of``; every blob an ingest, a compaction
+  or a ``Shard`` handle writes): deleted iff that id is not registered in the current
+  state. Registration precedes the writing of any blob naming the id, and a removed
+  registration never returns and fences every commit of the id (``persist.writers``),
+  so such a blob is either referenced already or never will be. The blobs of a live,
+  registered writer are never deleted, however long it stalls; GC removes a stalled
+  writer's registration only by compare-and-set (lease expiry in step 1, or its
+  process being dead on this host), and deletes its blobs on a LATER read of the state.
+- A rollup: deleted iff its seqno is at or below the newest rollup recorded in the
+  current state (a rollup is recorded only if it is newer than every recorded one, and
+  that maximum never decreases) or below ``earliest``. A newer unrecorded rollup may
+  still be recorded and waits.
+- A legacy blob (no writer id: written before registrations existed, or by a caller
+  outside any writer): the old rule. The run records when it first saw it in
+  ``{shard}/gc/leak-candidates.json`` and deletes it once seen unreferenced for
+  ``leak_grace_ms`` (:data:`DEFAULT_LEAK_GRACE_MS`, one hour), or at once when its
+  legacy token names a process on this host that is not running.
+
+Guarantees:
 
 - A blob referenced by a live state is never swept: the listing precedes the read of
   the live states, so a blob committed in between is seen as referenced, and a blob
   written after the listing is not considered at all.
-- A writer that commits within ``leak_grace_ms`` of writing a blob never loses it.
-  ``leak_grace_ms=0`` deletes unreferenced blobs at first sight: only for a shard with
-  no concurrent writers (tests, a quiesced shard).
-- A blob whose key carries the writer token of a process on this host that is no longer
-  running (``keys.writer_is_dead``) is deleted at first sight: a dead process can never
-  commit it. This is what lets a plain ``gc`` after a crashed ingest remove the crashed
-  writer's blobs at once, while a live writer's blobs stay protected by the grace period.
-- Candidates that disappear are dropped from the record; racing GC runs at worst
-  forget a candidate (it is re-added later), which only delays its deletion.
+- No registered writer ever commits a blob GC deleted; a stalled writer past its lease
+  is refused at commit (``WriterFenced``) and redoes its work under a new id.
+- GC itself writes (compaction parts, rollups) as a registered writer, released before
+  the sweep, so its own failed writes are swept by the same rule.
 
 Invariants kept (with ``state_versions``):
 
@@ -65,8 +79,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from upsert_core.errors import CorruptData, InvalidUsage
-from upsert_core.persist.compact import compact
+from upsert_core.errors import CorruptData, InvalidUsage, WriterFenced
+from upsert_core.persist.compact import compact, has_work
 from upsert_core.persist.keys import (
     CHECKPOINT_DIR,
     ERRORS_DIR,
@@ -75,6 +89,7 @@ from upsert_core.persist.keys import (
     parse_rollup_seqno,
     rollup_prefix,
     shard_prefix,
+    writer_id_of,
     writer_is_dead,
 )
 from upsert_core.persist.leases import expire_leases, min_held_seqno, min_reader_since
@@ -82,6 +97,7 @@ from upsert_core.persist.location import Blob
 from upsert_core.persist.machine import Machine
 from upsert_core.persist.state import RollupRef, ShardState
 from upsert_core.persist.state_versions import StateVersions
+from upsert_core.persist.writers import WriterLease, expire_dead_local_writers
 
 log = logging.getLogger(__name__)
 
@@ -302,28 +318,45 @@ def sweep_leaked(
     earliest = versions.earliest_live_seqno()
     if earliest is None:
         return
+    live = list(versions.fetch_all_live_states())
+    if not live:
+        return
+    current = max(live, key=lambda st: st.seqno)
+    registered = set(current.writers)
+    newest_rollup = max(current.rollups, default=-1)
     referenced: set[str] = set()
-    for state in versions.fetch_all_live_states():
+    for state in live:
         referenced.update(state.referenced_blob_keys())
         referenced.update(ref.key for seqno, ref in state.rollups.items() if seqno >= earliest)
     record_key = leak_candidates_key(shard)
     before = _load_candidates(blob, record_key)
     pending: dict[str, int] = {}
+    waiting = 0
     for key in listed:
         if key in referenced:
             continue
         seqno = parse_rollup_seqno(key)
-        first_seen = before.get(key, now_ms)
-        obsolete = seqno is not None and seqno < earliest
-        if obsolete or now_ms - first_seen >= leak_grace_ms or writer_is_dead(key):
-            if report._delete(blob, key):
-                if obsolete:
+        if seqno is not None:
+            if seqno < earliest or seqno <= newest_rollup:
+                if report._delete(blob, key):
                     report.rollups_deleted += 1
-                else:
-                    report.leaked_blobs_deleted += 1
+            else:
+                waiting += 1  # may still be recorded (it is newer than every recorded one)
+            continue
+        writer = writer_id_of(key)
+        if writer is not None:
+            if writer in registered:
+                waiting += 1  # a registered writer may still commit it
+            elif report._delete(blob, key):
+                report.leaked_blobs_deleted += 1
+            continue
+        first_seen = before.get(key, now_ms)
+        if now_ms - first_seen >= leak_grace_ms or writer_is_dead(key):
+            if report._delete(blob, key):
+                report.leaked_blobs_deleted += 1
         else:
             pending[key] = first_seen
-    report.leak_candidates_pending = len(pending)
+    report.leak_candidates_pending = len(pending) + waiting
     if pending:
         doc = {"format": CANDIDATES_FORMAT, "first_seen_ms": dict(sorted(pending.items()))}
         blob.set(record_key, json.dumps(doc, separators=(",", ":")).encode())
@@ -356,16 +389,24 @@ def gc(
     report.since_before = state.since
     leases_before = len(state.writers) + len(state.leased_readers)
     state = machine.apply(lambda s: expire_leases(s, clock_ms()))
+    state = machine.apply(expire_dead_local_writers)
     report.leases_expired = max(0, leases_before - len(state.writers) - len(state.leased_readers))
 
     if retain is not None:
         state = machine.apply(advance_since(retain))
     report.since_after = state.since
 
-    if run_compaction:
-        moved = report.since_after > report.since_before
-        result = compact(machine, blob, merge_all=moved)
-        report.compaction_merges = result.merges
+    moved = report.since_after > report.since_before
+    if run_compaction and has_work(state, merge_all=moved):
+        with WriterLease(versions, clock_ms=clock_ms) as lease:
+            try:
+                result = compact(machine, blob, merge_all=moved, writer_id=lease.writer_id)
+                report.compaction_merges = result.merges
+            except WriterFenced as exc:
+                # This GC stalled past its own lease; its merged parts name a writer
+                # that is gone, so the sweep below (or the next GC) deletes them.
+                log.warning("%s", exc)
+        state = machine.state()
 
     if rollup_current(machine) is not None:
         report.rollups_written += 1

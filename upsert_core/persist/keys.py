@@ -9,15 +9,21 @@ Every module that names a blob builds the name here, so the layout has one defin
 - ``{shard}/errors/{uuid}.parquet``: error parts;
 - ``{shard}/checkpoint/...``: upsert state checkpoints.
 
-Writer identity. When the process that writes a blob has claimed a *writer token*
-(:func:`claim_writer_token`: ``<host id>.<pid>`` of the committing process, kept in the
-``UPSERT_WRITER_TOKEN`` environment variable; the Spark engine ships the driver's value
-with every task, so executors, local or on a cluster, name their blobs after the
-driver), the unique part of every generated key starts with it:
-``{shard}/part/<host id>.<pid>-<uuid>.parquet``. GC uses it to recognise blobs leaked by a
-writer that is provably dead (same host, pid no longer running) and deletes them without
-waiting for the leak grace period (:func:`writer_is_dead`). Keys without a token (or from
-another host) always wait for the grace period.
+Writer identity. A process that writes blobs it will commit first registers a *writer
+id* in the shard's state (``persist.writers``): ``<host id>.<pid>.<nonce>`` from
+:func:`new_writer_id`, fresh for every registration. While it writes, every generated key
+names it: the unique part starts with it, ``{shard}/part/<writer id>-<uuid>.parquet``
+(:func:`writing_as` sets it for the current thread or task; ingest tasks set it from
+``FileTask.writer_id``, so Spark executors, local or remote, name their blobs after the
+registration of the driver that will commit them). GC deletes an unreferenced blob
+naming a writer id only once that id is not registered in the shard; a writer whose
+registration is gone is fenced (``append`` refuses its commits), so such a blob can never
+become referenced (see ``persist.gc`` and ``persist.writers``).
+
+Older keys carry a *legacy token* ``<host id>.<pid>`` (no nonce; from
+:func:`claim_writer_token` and ``UPSERT_WRITER_TOKEN``) or nothing. They are never
+registered; GC keeps its grace-period rule for them (:func:`writer_is_dead` shortens it
+for a dead local process).
 
 Invariants: every key of a shard starts with :func:`shard_prefix`; shard names are
 validated (no ``/``, no ``..``) so no key escapes its prefix; every generated key of a
@@ -30,8 +36,12 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import secrets
 import socket
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 from upsert_core.persist.state import validate_shard_name
 
@@ -41,8 +51,11 @@ ERRORS_DIR = "errors"
 CHECKPOINT_DIR = "checkpoint"
 
 WRITER_TOKEN_ENV = "UPSERT_WRITER_TOKEN"
-_TOKEN_RE = re.compile(r"^(?P<host>[0-9a-f]{12})\.(?P<pid>[0-9]{1,10})$")
-_UNIQUE = r"(?:(?P<token>[0-9a-f]{12}\.[0-9]{1,10})-)?(?P<id>[0-9a-f]{32})"
+_TOKEN_RE = re.compile(
+    r"^(?P<host>[0-9a-f]{12})\.(?P<pid>[0-9]{1,10})(?:\.(?P<nonce>[0-9a-f]{16}))?$"
+)
+_UNIQUE = r"(?:(?P<token>[0-9a-f]{12}\.[0-9]{1,10}(?:\.[0-9a-f]{16})?)-)?(?P<id>[0-9a-f]{32})"
+_current_writer: ContextVar[str | None] = ContextVar("upsert_writer_id", default=None)
 _ROLLUP_KEY_RE = re.compile(r"^(?P<shard>[^/]+)/rollup/(?P<seqno>[0-9]{20})-" + _UNIQUE + "$")
 _UNIQUE_IN_KEY_RE = re.compile(r"(?:^|/|-)" + _UNIQUE + r"(?:\.[a-z]+)?$")
 
@@ -87,21 +100,79 @@ def current_writer_token() -> str | None:
     return token if _TOKEN_RE.match(token) else None
 
 
+def new_writer_id() -> str:
+    """A fresh writer id ``<host id>.<pid>.<nonce>`` to register in a shard.
+
+    Fresh on every call: a writer that lost its registration registers a NEW id, so a
+    stalled process holding the old one can never be mistaken for the new one.
+    """
+    return f"{host_id()}.{os.getpid()}.{secrets.token_hex(8)}"
+
+
+def is_writer_id(token: str) -> bool:
+    """Whether ``token`` is a registrable writer id (not a legacy token)."""
+    match = _TOKEN_RE.match(token)
+    return match is not None and match.group("nonce") is not None
+
+
+@contextmanager
+def writing_as(writer_id: str | None) -> Iterator[None]:
+    """Name the blobs generated in this thread (or task) after ``writer_id``.
+
+    ``None`` leaves the current naming alone. The caller must hold a registration of
+    ``writer_id`` in the shard BEFORE writing, or GC may delete the blobs at once.
+    """
+    if writer_id is None:
+        yield
+        return
+    if not is_writer_id(writer_id):
+        raise ValueError(f"not a writer id: {writer_id!r}")
+    reset = _current_writer.set(writer_id)
+    try:
+        yield
+    finally:
+        _current_writer.reset(reset)
+
+
+def current_writer_id() -> str | None:
+    """The registered writer id blobs are generated for here, if any."""
+    return _current_writer.get()
+
+
 def unique_name() -> str:
-    """A fresh unique name for a blob: ``[<writer token>-]<uuid4 hex>``."""
-    token = current_writer_token()
+    """A fresh unique name for a blob: ``[<writer id or legacy token>-]<uuid4 hex>``."""
+    token = current_writer_id() or current_writer_token()
     unique = uuid.uuid4().hex
     return f"{token}-{unique}" if token else unique
 
 
+def writer_id_of(key: str) -> str | None:
+    """The registrable writer id named by ``key`` (None: a legacy token or none)."""
+    match = _UNIQUE_IN_KEY_RE.search(key)
+    if match is None or match.group("token") is None:
+        return None
+    token = match.group("token")
+    return token if is_writer_id(token) else None
+
+
 def writer_of(key: str) -> tuple[str, int] | None:
-    """The (host id, pid) of the writer token embedded in ``key``, if it has one."""
+    """The (host id, pid) of the writer id or legacy token embedded in ``key``."""
     match = _UNIQUE_IN_KEY_RE.search(key)
     if match is None or match.group("token") is None:
         return None
     token = _TOKEN_RE.match(match.group("token"))
     assert token is not None  # the key regex only admits well-formed tokens
     return token.group("host"), int(token.group("pid"))
+
+
+def process_is_dead(token: str) -> bool:
+    """True only when writer id or legacy token ``token`` names a process on THIS host
+    (and PID namespace) that is no longer running; see :func:`writer_is_dead`."""
+    match = _TOKEN_RE.match(token)
+    if match is None:
+        return False
+    pid = int(match.group("pid"))
+    return match.group("host") == host_id() and pid != os.getpid() and not _pid_running(pid)
 
 
 def _pid_running(pid: int) -> bool:
@@ -123,11 +194,10 @@ def writer_is_dead(key: str) -> bool:
     an executor exiting early does not make its blobs look dead; a reused pid
     only makes a dead writer look alive, which merely delays the deletion.
     """
-    writer = writer_of(key)
-    if writer is None:
+    match = _UNIQUE_IN_KEY_RE.search(key)
+    if match is None or match.group("token") is None:
         return False
-    host, pid = writer
-    return host == host_id() and pid != os.getpid() and not _pid_running(pid)
+    return process_is_dead(match.group("token"))
 
 
 def consensus_key(shard: str) -> str:

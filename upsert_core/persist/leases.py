@@ -8,7 +8,9 @@ Invariants:
 
 - A writer is registered under an id with a heartbeat time and a lease duration; it is
   expired (removed) by :func:`expire_leases` once ``now > last_heartbeat + duration``.
-  Writers are informational (``inspect`` shows them); appends do not require one.
+  A writer's registration is what fences it: an append or compaction from a writer
+  that is not registered is refused (``persist.writers``), so GC may delete the
+  unreferenced blobs of a writer it has removed.
 - A leased reader holds a ``since`` (the earliest time it may still read) and a
   ``seqno`` (the oldest state version it may still be reading). While the lease lives:
   compaction never advances updates past the reader's since, ``gc --retain`` never

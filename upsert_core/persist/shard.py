@@ -21,6 +21,10 @@ Invariants:
   lease (:meth:`Shard.register_reader`), which GC honours.
 - ``append`` deletes its parts when its compare-and-append did not commit, so a lost
   race leaves no blobs behind.
+- A handle that writes is a registered writer (``persist.writers``): its first write
+  registers a fresh writer id before any blob is written, every blob it writes names
+  that id, and its commits are refused (:class:`WriterFenced`) once the registration
+  is gone; the next write then registers a new id. :meth:`release_writer` ends it.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from upsert_core.errors import CorruptData, InvalidUsage, NotReadable
+from upsert_core.errors import CorruptData, InvalidUsage, NotReadable, WriterFenced
 from upsert_core.persist import leases
 from upsert_core.persist.append import AppendResult, delete_uncommitted
 from upsert_core.persist.append import compare_and_append as _compare_and_append
@@ -42,7 +46,7 @@ from upsert_core.persist.compact import CompactionResult
 from upsert_core.persist.compact import compact as _compact
 from upsert_core.persist.gc import DEFAULT_LEAK_GRACE_MS, GcReport
 from upsert_core.persist.gc import gc as _gc
-from upsert_core.persist.keys import shard_prefix
+from upsert_core.persist.keys import new_writer_id, shard_prefix, writing_as
 from upsert_core.persist.location import Blob, Consensus
 from upsert_core.persist.machine import DEFAULT_ROLLUP_EVERY, Machine
 from upsert_core.persist.parts import (
@@ -57,6 +61,7 @@ from upsert_core.persist.read import read_all
 from upsert_core.persist.read import snapshot as _snapshot
 from upsert_core.persist.state import ErrorBatch, HollowBatch, ShardState
 from upsert_core.persist.state_versions import StateVersions
+from upsert_core.persist.writers import WriterLease
 
 if TYPE_CHECKING:
     from upsert_core.persist.check import CheckReport
@@ -107,6 +112,7 @@ class Shard:
         self.machine = Machine(versions, rollup_every=rollup_every, clock_ms=clock_ms)
         self.inline_threshold = inline_threshold
         self._clock_ms = clock_ms
+        self._writer_id: str | None = None
 
     @classmethod
     def open(
@@ -168,17 +174,41 @@ class Shard:
 
     # --- writes -----------------------------------------------------------------------
 
+    def writer_id(self) -> str:
+        """This handle's registered writer id, registering a fresh one if it has none."""
+        if self._writer_id is None:
+            writer_id = new_writer_id()
+            self.register_writer(writer_id)
+            self._writer_id = writer_id
+        return self._writer_id
+
+    def release_writer(self) -> None:
+        """End this handle's writer registration (its uncommitted blobs become garbage)."""
+        writer_id, self._writer_id = self._writer_id, None
+        if writer_id is not None:
+            self.machine.apply(lambda s: leases.expire_writer(s, writer_id))
+
+    def writer_lease(
+        self, lease_duration_ms: int = leases.DEFAULT_LEASE_DURATION_MS
+    ) -> WriterLease:
+        """A heartbeated writer registration for a long-running writer (an ingest)."""
+        return WriterLease(self.versions, lease_duration_ms=lease_duration_ms,
+                           clock_ms=self._clock_ms)
+
     def write_batch(self, data: pa.Table | pa.RecordBatch, lower: int, upper: int) -> HollowBatch:
         """Write updates with ``lower <= ts < upper`` as a batch (not yet appended)."""
-        return write_batch(
-            self.blob, self.shard_id, data, lower, upper, inline_threshold=self.inline_threshold
-        )
+        with writing_as(self.writer_id()):
+            return write_batch(
+                self.blob, self.shard_id, data, lower, upper,
+                inline_threshold=self.inline_threshold,
+            )
 
     def write_errors(self, ts: int, data: pa.Table | pa.RecordBatch) -> ErrorBatch:
         """Write error rows ``(file, row, reason)`` to be committed at ``ts``."""
-        return write_error_batch(
-            self.blob, self.shard_id, ts, data, inline_threshold=self.inline_threshold
-        )
+        with writing_as(self.writer_id()):
+            return write_error_batch(
+                self.blob, self.shard_id, ts, data, inline_threshold=self.inline_threshold
+            )
 
     def compare_and_append(
         self,
@@ -188,15 +218,25 @@ class Shard:
         ingested_files: Mapping[str, int] | None = None,
         errors: Sequence[ErrorBatch] = (),
         config_updates: Mapping[str, str] | None = None,
+        writer_id: str | None = None,
     ) -> AppendResult:
-        """Commit a written batch iff the upper is ``expected_upper`` (see ``append.py``).
+        """Commit a written batch iff the upper is ``expected_upper`` (see ``append.py``),
+        as ``writer_id`` (default: this handle's registration).
 
-        On ``committed=False`` the caller owns the batch's parts (delete them).
+        On ``committed=False`` the caller owns the batch's parts (delete them). Raises
+        :class:`WriterFenced` (nothing committed) when the writer is not registered.
         """
-        return _compare_and_append(
-            self.machine, batch, expected_upper, ingested_files=ingested_files,
-            errors=errors, config_updates=config_updates,
-        )
+        writer = writer_id if writer_id is not None else self.writer_id()
+        try:
+            return _compare_and_append(
+                self.machine, batch, expected_upper, ingested_files=ingested_files,
+                errors=errors, config_updates=config_updates, writer_id=writer,
+                now_ms=self._clock_ms(),
+            )
+        except WriterFenced:
+            if writer == self._writer_id:
+                self._writer_id = None  # the next write registers a fresh id
+            raise
 
     def append(
         self,
@@ -219,10 +259,14 @@ class Shard:
         error_batches = [] if errors is None else [self.write_errors(expected_upper, errors)]
         # SUBTLE: if this raises, the outcome is unknown (the commit may have happened),
         # so the parts are left to GC's leaked-blob sweep, which spares referenced blobs.
-        result = self.compare_and_append(
-            batch, expected_upper, ingested_files=ingested_files, errors=error_batches,
-            config_updates=config_updates,
-        )
+        try:
+            result = self.compare_and_append(
+                batch, expected_upper, ingested_files=ingested_files, errors=error_batches,
+                config_updates=config_updates,
+            )
+        except WriterFenced:
+            delete_uncommitted(self.blob, batch, error_batches)  # definitely not committed
+            raise
         if not result.committed:
             delete_uncommitted(self.blob, batch, error_batches)
         return result
@@ -345,8 +389,10 @@ class Shard:
     # --- maintenance ----------------------------------------------------------------------
 
     def compact(self, **options: object) -> CompactionResult:
-        """Size-tiered compaction (options as ``compact.compact``)."""
-        return _compact(self.machine, self.blob, **options)  # type: ignore[arg-type]
+        """Size-tiered compaction (options as ``compact.compact``) as this handle's writer."""
+        return _compact(
+            self.machine, self.blob, writer_id=self.writer_id(), **options  # type: ignore[arg-type]
+        )
 
     def gc(
         self,
