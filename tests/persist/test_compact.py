@@ -23,7 +23,7 @@ from upsert_core.persist.compact import (
 from upsert_core.persist.consensus_memory import MemoryConsensus
 from upsert_core.persist.consolidate import is_sorted
 from upsert_core.persist.location import Blob
-from upsert_core.persist.machine import Machine
+from upsert_core.persist.machine import Machine, Transition
 from upsert_core.persist.parts import read_part_table, write_batch
 from upsert_core.persist.read import changes, read_all, snapshot
 from upsert_core.persist.state import BlobPart, HollowBatch, ReaderState, ShardState
@@ -282,3 +282,35 @@ def test_compaction_under_unreliable_consensus_never_loses_a_referenced_blob(
         snaps, _ = contents(blob, current)
         assert snaps[-1] == model_snapshot(model, current.upper - 1, positive_only=False)
     assert flaky.injected["effect_then_timeout"] > 0 and flaky.stale_reads_served > 0
+
+
+class MisjudgingMachine(Machine):
+    """Commits the transition, then behaves as if it had not: it re-runs the transition
+    on the state its commit produced (which finds the run gone and asks for no change)
+    and returns the state from before, as an unsound "not committed" verdict would."""
+
+    def apply(self, fn: Transition, *, max_retries: int | None = None) -> ShardState:
+        before = self.cached_state()
+        after = super().apply(fn, max_retries=max_retries)
+        assert after.seqno == before.seqno + 1 and fn(after) is None
+        return before
+
+
+def test_cleanup_after_a_misjudged_commit_deletes_nothing_a_state_references() -> None:
+    """Whatever the commit path claims, the merged parts are deleted only when the
+    re-read states prove that no state references them."""
+    blob = MemoryBlob()
+    machine = new_machine(blob)
+    for ts in range(3):
+        append(machine, blob, [(key(ts), b"r", 0, 1)] * 40)
+    before = contents(blob, machine.state())
+    misjudging = MisjudgingMachine(machine.versions)
+    state = misjudging.state()
+    run = state.batches[0:2]
+    merged = merge_batches(blob, SHARD, run, state.since, inline_threshold=0)
+    committed, _ = commit_merge(misjudging, blob, run, merged)
+    assert not committed  # the misjudged answer ...
+    current = machine.state()
+    assert merged in current.batches  # ... yet the merge landed
+    assert all(blob.get(p.key) is not None for p in merged.parts if isinstance(p, BlobPart))
+    assert contents(blob, current) == before
