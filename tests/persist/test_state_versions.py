@@ -25,6 +25,7 @@ from upsert_core.persist.blob_memory import MemoryBlob
 from upsert_core.persist.codec_state import encode_diff
 from upsert_core.persist.consensus_memory import MemoryConsensus
 from upsert_core.persist.consensus_sql import SqlConsensus
+from upsert_core.persist.gc import rollup_current
 from upsert_core.persist.keys import parse_rollup_seqno, rollup_prefix
 from upsert_core.persist.location import (
     Blob,
@@ -240,6 +241,46 @@ def test_a_timeout_before_the_work_is_retried_with_the_same_bytes(stores: Stores
     assert flaky.injected["timeout"] > 0
     with flaky.reliable():
         assert versions.fetch_current_state() == state
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_machine_rollups_whose_recording_was_seen_late_are_kept(
+    stores: Stores, seed: int
+) -> None:
+    """Half the compare-and-sets commit, time out, and the next read misses them. A
+    rollup whose recording landed must not be deleted: the current state would name a
+    missing rollup and no one could read the shard (the old verdict did this on every
+    seed). The transitions are idempotent ("set n to i"): the old verdict also applied
+    a non-idempotent one again on the state its own commit produced."""
+    consensus, blob = stores
+    flaky = UnreliableConsensus(
+        consensus, seed=seed, rates=FaultRates(0, 0, 0.5), stale_reads=1
+    )
+    versions = StateVersions(flaky, blob, "late-machine")
+    with flaky.reliable():
+        versions.maybe_init_shard()
+    machine = Machine(versions, rollup_every=2)
+
+    def set_n(i: int) -> Callable[[ShardState], ShardState | None]:
+        def fn(state: ShardState) -> ShardState | None:
+            n = str(i)
+            return None if state.config.get("n") == n else state.evolve(config={"n": n})
+
+        return fn
+
+    for i in range(1, 21):
+        machine.apply(set_n(i))
+    machine.rollup_every = 100
+    machine.apply(set_n(21))
+    machine.apply(set_n(22))
+    ref = rollup_current(machine)
+    assert flaky.stale_reads_served > 0
+    plain = StateVersions(consensus, blob, "late-machine")
+    assert_invariants(plain)
+    current = plain.fetch_current_state()
+    assert current.config["n"] == "22"
+    assert ref is not None and current.rollups[ref.seqno] == ref
+    assert {r.key for r in current.rollups.values()} <= rollup_keys(blob, "late-machine")
 
 
 class BlackHoleConsensus:

@@ -33,6 +33,11 @@ Invariants (checked by :func:`check_invariants`):
   believed current proves that state is no longer current.
 - Diffs are applied strictly: a diff that does not apply raises ``InvalidStateDiff``
   and is never retried around.
+- A compare-and-set reported as not committed is not, and never will be, in the log:
+  an indeterminate outcome is settled only by seeing its seqno taken, else raised as
+  :class:`IndeterminateError`. Every cleanup that deletes blobs after "not committed"
+  relies on this (``Machine`` rollups, ``gc.rollup_current``, ``maybe_init_shard``,
+  the callers of ``append.delete_uncommitted``; ``compact`` re-checks it).
 """
 
 from __future__ import annotations
