@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import random
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.persist.writer_helpers import compare_and_append
-from upsert_core.errors import InvalidUsage
+from upsert_core.errors import InvalidUsage, LocationError
 from upsert_core.persist.blob_memory import MemoryBlob
 from upsert_core.persist.compact import (
     batch_weight,
@@ -21,11 +23,12 @@ from upsert_core.persist.compact import (
 from upsert_core.persist.consensus_memory import MemoryConsensus
 from upsert_core.persist.consolidate import is_sorted
 from upsert_core.persist.location import Blob
-from upsert_core.persist.machine import Machine
+from upsert_core.persist.machine import Machine, Transition
 from upsert_core.persist.parts import read_part_table, write_batch
 from upsert_core.persist.read import changes, read_all, snapshot
 from upsert_core.persist.state import BlobPart, HollowBatch, ReaderState, ShardState
 from upsert_core.persist.state_versions import StateVersions
+from upsert_core.persist.unreliable import FaultRates, UnreliableConsensus
 
 from .test_parts import Update, key, rows_of, updates_table
 from .test_read import model_changes, model_snapshot
@@ -193,3 +196,121 @@ def test_compaction_respects_leased_readers_and_rejects_since_beyond_frontier() 
     assert rows_of(read_all(snapshot(blob, result.state.evolve(since=1), 1))) == [
         (key(1), b"v0", 1, 1), (key(1), b"v1", 1, 1)
     ]
+
+
+# --- indeterminate commits ("Nothing lost, ever", item 3) ---------------------------------
+
+
+def flaky_machine(
+    blob: Blob, rates: FaultRates, *, seed: int = 0, stale_reads: int = 1
+) -> tuple[Machine, UnreliableConsensus, MemoryConsensus]:
+    """A machine on an unreliable consensus, its shard created with faults off."""
+    inner = MemoryConsensus()
+    flaky = UnreliableConsensus(inner, seed=seed, rates=rates, stale_reads=stale_reads)
+    with flaky.reliable():
+        versions = StateVersions(flaky, blob, SHARD)
+        versions.maybe_init_shard()
+    return Machine(versions, rollup_every=8), flaky, inner
+
+
+def assert_referenced_blobs_exist(inner: MemoryConsensus, blob: Blob) -> ShardState:
+    """Every blob a live state references exists; returns the current state."""
+    versions = StateVersions(inner, blob, SHARD)
+    for state in versions.fetch_all_live_states():
+        missing = [k for k in state.referenced_blob_keys() if blob.get(k) is None]
+        assert not missing, f"state {state.seqno} references deleted blobs {missing}"
+    return versions.fetch_current_state()
+
+
+def test_a_merge_that_committed_then_timed_out_keeps_its_parts_when_seen_late() -> None:
+    """The compare-and-set of the merge commits but reports a timeout, and the first
+    read after it does not see the commit yet. Compaction must not conclude "not
+    committed" and delete the parts the current state now references."""
+    blob = MemoryBlob()
+    machine, flaky, inner = flaky_machine(blob, FaultRates(0, 0, effect_then_timeout=1.0))
+    with flaky.reliable():
+        for ts in range(3):
+            append(machine, blob, [(key(ts), b"r", 0, 1)] * 40)
+        before = contents(blob, machine.state())
+    result = compact(machine, blob, merge_all=True, inline_threshold=0)
+    assert result.merges == 1 and result.failed_commits == 0
+    assert flaky.injected["effect_then_timeout"] >= 1 and flaky.stale_reads_served >= 1
+    current = assert_referenced_blobs_exist(inner, blob)
+    assert len(current.batches) == 1  # the merge did land
+    assert contents(blob, current) == before
+
+
+def test_commit_merge_reports_a_commit_seen_late_as_committed() -> None:
+    blob = MemoryBlob()
+    machine, flaky, inner = flaky_machine(blob, FaultRates(0, 0, effect_then_timeout=1.0))
+    with flaky.reliable():
+        for ts in range(3):
+            append(machine, blob, [(key(ts), b"r", 0, 1)] * 40)
+        state = machine.state()
+    run = state.batches[0:2]
+    merged = merge_batches(blob, SHARD, run, state.since, inline_threshold=0)
+    committed, current = commit_merge(machine, blob, run, merged)
+    assert committed and merged in current.batches
+    assert assert_referenced_blobs_exist(inner, blob) == current
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_compaction_under_unreliable_consensus_never_loses_a_referenced_blob(
+    seed: int,
+) -> None:
+    """Appends and compactions, each step under seeded consensus faults (failures,
+    timeouts, commits that time out and are then seen late); after every step every
+    blob a live state references exists and the contents are the model's."""
+    rng = random.Random(seed)
+    blob = MemoryBlob()
+    rates = FaultRates(fail=0.15, timeout=0.15, effect_then_timeout=0.2)
+    machine, flaky, inner = flaky_machine(blob, rates, seed=seed, stale_reads=rng.choice([1, 2]))
+    model: list[Update] = []
+    for step in range(14):
+        rows = [(key(rng.randrange(6)), rng.choice([b"x", b"y"]), 0, 1) for _ in range(6)]
+        with flaky.reliable():
+            upper = machine.state().upper
+            append(machine, blob, rows)
+            model.extend((k, r, upper, d) for k, r, _, d in rows)
+            if step % 3 == 2:
+                advance_since(machine, upper - 1)
+        # An honest "failed" or "cannot tell" may surface; what matters is what remains.
+        with contextlib.suppress(LocationError):
+            compact(machine, blob, merge_all=rng.random() < 0.3, inline_threshold=0,
+                    part_rows=5)
+        current = assert_referenced_blobs_exist(inner, blob)
+        snaps, _ = contents(blob, current)
+        assert snaps[-1] == model_snapshot(model, current.upper - 1, positive_only=False)
+    assert flaky.injected["effect_then_timeout"] > 0 and flaky.stale_reads_served > 0
+
+
+class MisjudgingMachine(Machine):
+    """Commits the transition, then behaves as if it had not: it re-runs the transition
+    on the state its commit produced (which finds the run gone and asks for no change)
+    and returns the state from before, as an unsound "not committed" verdict would."""
+
+    def apply(self, fn: Transition, *, max_retries: int | None = None) -> ShardState:
+        before = self.cached_state()
+        after = super().apply(fn, max_retries=max_retries)
+        assert after.seqno == before.seqno + 1 and fn(after) is None
+        return before
+
+
+def test_cleanup_after_a_misjudged_commit_deletes_nothing_a_state_references() -> None:
+    """Whatever the commit path claims, the merged parts are deleted only when the
+    re-read states prove that no state references them."""
+    blob = MemoryBlob()
+    machine = new_machine(blob)
+    for ts in range(3):
+        append(machine, blob, [(key(ts), b"r", 0, 1)] * 40)
+    before = contents(blob, machine.state())
+    misjudging = MisjudgingMachine(machine.versions)
+    state = misjudging.state()
+    run = state.batches[0:2]
+    merged = merge_batches(blob, SHARD, run, state.since, inline_threshold=0)
+    committed, _ = commit_merge(misjudging, blob, run, merged)
+    assert not committed  # the misjudged answer ...
+    current = machine.state()
+    assert merged in current.batches  # ... yet the merge landed
+    assert all(blob.get(p.key) is not None for p in merged.parts if isinstance(p, BlobPart))
+    assert contents(blob, current) == before

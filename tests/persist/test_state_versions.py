@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from upsert_core.errors import (
     CorruptData,
+    IndeterminateError,
     InvalidStateDiff,
     InvalidUsage,
     InvariantViolation,
@@ -24,8 +25,16 @@ from upsert_core.persist.blob_memory import MemoryBlob
 from upsert_core.persist.codec_state import encode_diff
 from upsert_core.persist.consensus_memory import MemoryConsensus
 from upsert_core.persist.consensus_sql import SqlConsensus
+from upsert_core.persist.gc import rollup_current
 from upsert_core.persist.keys import parse_rollup_seqno, rollup_prefix
-from upsert_core.persist.location import Blob, BlobMetadata, CasCommitted, Consensus, VersionedData
+from upsert_core.persist.location import (
+    Blob,
+    BlobMetadata,
+    CasCommitted,
+    CasMismatch,
+    Consensus,
+    VersionedData,
+)
 from upsert_core.persist.machine import Machine
 from upsert_core.persist.state import HollowBatch, InlinePart, ReaderState, ShardState
 from upsert_core.persist.state_diff import FieldDiff, StateDiff, Update
@@ -198,6 +207,118 @@ def test_compare_and_set_commits_or_returns_the_fresh_state(stores: Stores) -> N
         a.try_compare_and_set_current(s3, s3.evolve(seqno=5))
     with pytest.raises(InvalidUsage, match="shard"):
         a.try_compare_and_set_current(s3, ShardState("other", 4))
+
+
+@pytest.mark.parametrize("stale_reads", [0, 1, 3])
+def test_a_commit_that_timed_out_is_committed_even_when_reads_see_it_late(
+    stores: Stores, stale_reads: int
+) -> None:
+    """"Did it, then timed out", with the verification read not (yet) seeing it: the
+    outcome is settled by the taken seqno, never guessed from a read that lags."""
+    consensus, blob = stores
+    flaky = UnreliableConsensus(consensus, seed=0, rates=FaultRates(0, 0, 1.0),
+                                stale_reads=stale_reads)
+    versions = StateVersions(flaky, blob, "late")
+    with flaky.reliable():
+        s1 = versions.maybe_init_shard()
+    s2 = bump(s1).evolve(seqno=2)
+    assert versions.try_compare_and_set_current(s1, s2) == CasCommitted()
+    assert flaky.stale_reads_served >= min(stale_reads, 1)
+    assert [v.seqno for v in consensus.scan("late", 0, 10)] == [1, 2]
+    assert StateVersions(consensus, blob, "late").fetch_current_state() == s2
+
+
+def test_a_timeout_before_the_work_is_retried_with_the_same_bytes(stores: Stores) -> None:
+    consensus, blob = stores
+    flaky = UnreliableConsensus(consensus, seed=0, rates=FaultRates(0, 0.5, 0))
+    versions = StateVersions(flaky, blob, "retry")
+    with flaky.reliable():
+        state = versions.maybe_init_shard()
+    for _ in range(12):
+        new = bump(state).evolve(seqno=state.seqno + 1)
+        assert versions.try_compare_and_set_current(state, new) == CasCommitted()
+        state = new
+    assert flaky.injected["timeout"] > 0
+    with flaky.reliable():
+        assert versions.fetch_current_state() == state
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_machine_rollups_whose_recording_was_seen_late_are_kept(
+    stores: Stores, seed: int
+) -> None:
+    """Half the compare-and-sets commit, time out, and the next read misses them. A
+    rollup whose recording landed must not be deleted: the current state would name a
+    missing rollup and no one could read the shard (the old verdict did this on every
+    seed). The transitions are idempotent ("set n to i"): the old verdict also applied
+    a non-idempotent one again on the state its own commit produced."""
+    consensus, blob = stores
+    flaky = UnreliableConsensus(
+        consensus, seed=seed, rates=FaultRates(0, 0, 0.5), stale_reads=1
+    )
+    versions = StateVersions(flaky, blob, "late-machine")
+    with flaky.reliable():
+        versions.maybe_init_shard()
+    machine = Machine(versions, rollup_every=2)
+
+    def set_n(i: int) -> Callable[[ShardState], ShardState | None]:
+        def fn(state: ShardState) -> ShardState | None:
+            n = str(i)
+            return None if state.config.get("n") == n else state.evolve(config={"n": n})
+
+        return fn
+
+    for i in range(1, 21):
+        machine.apply(set_n(i))
+    machine.rollup_every = 100
+    machine.apply(set_n(21))
+    machine.apply(set_n(22))
+    ref = rollup_current(machine)
+    assert flaky.stale_reads_served > 0
+    plain = StateVersions(consensus, blob, "late-machine")
+    assert_invariants(plain)
+    current = plain.fetch_current_state()
+    assert current.config["n"] == "22"
+    assert ref is not None and current.rollups[ref.seqno] == ref
+    assert {r.key for r in current.rollups.values()} <= rollup_keys(blob, "late-machine")
+
+
+class BlackHoleConsensus:
+    """Every compare-and-set times out without effect; reads work."""
+
+    def __init__(self, inner: Consensus) -> None:
+        self.inner = inner
+        self.cas_calls = 0
+
+    def head(self, key: str) -> VersionedData | None:
+        return self.inner.head(key)
+
+    def compare_and_set(
+        self, key: str, expected: int | None, new: VersionedData
+    ) -> CasCommitted | CasMismatch:
+        self.cas_calls += 1
+        raise IndeterminateError("timed out")
+
+    def scan(self, key: str, from_seqno: int, limit: int) -> list[VersionedData]:
+        return self.inner.scan(key, from_seqno, limit)
+
+    def truncate(self, key: str, seqno: int) -> int:
+        return self.inner.truncate(key, seqno)
+
+    def list_keys(self) -> Iterator[str]:
+        return self.inner.list_keys()
+
+
+def test_an_outcome_that_stays_unknown_is_indeterminate_not_a_guess(stores: Stores) -> None:
+    consensus, blob = stores
+    s1 = StateVersions(consensus, blob, "hole").maybe_init_shard()
+    before = consensus.scan("hole", 0, 10)
+    hole = BlackHoleConsensus(consensus)
+    versions = StateVersions(hole, blob, "hole")
+    with pytest.raises(IndeterminateError, match="could not be established"):
+        versions.try_compare_and_set_current(s1, bump(s1).evolve(seqno=2))
+    assert hole.cas_calls == 1 + versions.location_attempts
+    assert consensus.scan("hole", 0, 10) == before
 
 
 def test_a_diff_that_does_not_apply_fails_loudly(stores: Stores) -> None:

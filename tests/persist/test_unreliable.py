@@ -157,3 +157,33 @@ def test_open_reader_faults_at_open_and_reads_through_to_the_inner_store() -> No
     reader.seek(3)
     assert reader.read(4) == b"3456"
     assert reliable.open_reader("missing") is None
+
+
+def test_stale_reads_hide_a_commit_that_timed_out_for_the_next_reads() -> None:
+    inner = MemoryConsensus()
+    c = UnreliableConsensus(inner, seed=0, rates=ONLY_AFTER, stale_reads=2)
+    with c.reliable():
+        assert c.compare_and_set("k", None, VersionedData(1, b"a")) == CasCommitted()
+    with pytest.raises(IndeterminateError, match="DID run"):
+        c.compare_and_set("k", 1, VersionedData(2, b"b"))
+    inner.compare_and_set("k", 2, VersionedData(3, b"c"))  # someone builds on it
+    # The next two reads see the log before version 2 (a consistent prefix) ...
+    assert c.scan("k", 0, 10) == [VersionedData(1, b"a")]
+    assert c.head("k") == VersionedData(1, b"a")
+    # ... then the truth.
+    assert c.head("k") == VersionedData(3, b"c")
+    assert [v.seqno for v in c.scan("k", 0, 10)] == [1, 2, 3]
+    assert c.stale_reads_served == 2
+    # A compare-and-set always sees the true head, and one that did not commit (or a
+    # plain timeout before the work) hides nothing.
+    with pytest.raises(IndeterminateError):
+        c.compare_and_set("k", 1, VersionedData(2, b"z"))
+    assert c.head("k") == VersionedData(3, b"c")
+    # With faults off the wrapper is transparent and stale reads are not consumed.
+    with pytest.raises(IndeterminateError):
+        c.compare_and_set("k", 3, VersionedData(4, b"d"))
+    with c.reliable():
+        assert c.head("k") == VersionedData(4, b"d")
+    assert c.head("k") == VersionedData(3, b"c")
+    with pytest.raises(ConfigError):
+        UnreliableConsensus(inner, seed=0, stale_reads=-1)

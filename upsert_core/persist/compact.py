@@ -16,8 +16,14 @@ Invariants:
 - The merge streams (``read.merge_sorted``) and writes parts as it goes, so memory is
   bounded by about (number of input parts x batch size) plus one output part.
 - The new batch replaces exactly the merged batches in ONE transition, and only if
-  they are all still present unchanged; otherwise the transition changes nothing and
-  the new parts (referenced by no state) are deleted.
+  they are all still present unchanged; otherwise the transition changes nothing.
+- The new parts are deleted after a failed commit only when re-read states PROVE that
+  no state references them: every seqno at which a state holding them was proposed
+  is now taken by a state that does not reference them (a taken seqno never changes,
+  so that proposal can never land later). Anything less (an error, a seqno not
+  visible yet, one truncated away) leaves them to GC's leaked-blob sweep, which only
+  deletes blobs no live state references. Deleting on a mistaken "not committed"
+  would break the current state; leaking only costs space until the next sweep.
 - Old parts are never deleted here: older live states may still reference them; GC
   deletes blobs once no live state does.
 - With a ``writer_id`` (every production caller: GC and ``Shard.compact`` register one),
@@ -29,13 +35,14 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from upsert_core.errors import InvalidUsage
+from upsert_core.errors import InvalidUsage, UpsertPlatformError
 from upsert_core.persist.consolidate import UPDATE_SCHEMA, advance_ts
 from upsert_core.persist.keys import part_key, writing_as
 from upsert_core.persist.location import Blob
@@ -50,6 +57,8 @@ from upsert_core.persist.parts import (
 from upsert_core.persist.read import Transform, consolidated, part_sources
 from upsert_core.persist.state import BlobPart, HollowBatch, InlinePart, Part, ShardState
 from upsert_core.persist.writers import require_registered
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BATCHES_PER_MERGE = 8
 MAX_FAILED_COMMITS = 3
@@ -218,32 +227,59 @@ def commit_merge(
     """Replace ``replaced`` by ``merged`` iff they are still present, unchanged.
 
     Returns (committed, current state). When not committed, ``merged``'s parts are
-    deleted (no state references them).
+    deleted if no state provably references them, else left for GC.
     """
     run = tuple(replaced)
-    committed = False
+    proposed: list[int] = []  # seqnos at which a state holding ``merged`` was proposed
 
     def replace(state: ShardState) -> ShardState | None:
-        nonlocal committed
-        committed = False
         for start, batch in enumerate(state.batches):
             if batch == run[0]:
                 if state.batches[start : start + len(run)] != run:
                     return None
                 if writer_id is not None:
                     require_registered(state, writer_id)  # raises WriterFenced
-                committed = True
+                proposed.append(state.seqno + 1)
                 batches = (*state.batches[:start], merged, *state.batches[start + len(run) :])
                 return state.evolve(batches=batches)
         return None
 
     # SUBTLE: if apply raises (e.g. an indeterminate store error) the new parts may or
     # may not be referenced now; they are left for GC, which only deletes unreferenced
-    # blobs. Only a definite "no change" lets us delete them here.
+    # blobs.
     state = machine.apply(replace)
-    if not committed:
+    # Judged by the state, not by which answer ``replace`` gave last: if an earlier
+    # proposal landed unnoticed, ``replace`` finds the run gone and answers "no change".
+    committed = merged in state.batches
+    if not committed and _provably_unreferenced(machine, merged, proposed):
         delete_parts(blob, merged.parts)
     return committed, state
+
+
+def _provably_unreferenced(machine: Machine, merged: HollowBatch, proposed: list[int]) -> bool:
+    """Whether no state references ``merged``'s blob parts, now or ever (see the module
+    docstring). False whenever in doubt."""
+    keys = {p.key for p in merged.parts if isinstance(p, BlobPart)}
+    if not keys or not proposed:
+        return True  # nothing to delete, or no state holding them was ever proposed
+    pending = set(proposed)
+    try:
+        for state in machine.versions.fetch_all_live_states():
+            if state.seqno < min(proposed):
+                continue
+            if not keys.isdisjoint(state.referenced_blob_keys()):
+                return False
+            pending.discard(state.seqno)
+    except UpsertPlatformError as exc:
+        log.info("shard %s: leaving merged parts to GC: %s", machine.shard_id, exc)
+        return False
+    if pending:
+        # Not visible (yet) or truncated away: a proposal there may still land, or
+        # may have landed; GC's sweep decides later, from the live states.
+        log.info("shard %s: leaving merged parts to GC: seqnos %s not settled",
+                 machine.shard_id, sorted(pending))
+        return False
+    return True
 
 
 # --- the driver -------------------------------------------------------------------------

@@ -33,6 +33,11 @@ Invariants (checked by :func:`check_invariants`):
   believed current proves that state is no longer current.
 - Diffs are applied strictly: a diff that does not apply raises ``InvalidStateDiff``
   and is never retried around.
+- A compare-and-set reported as not committed is not, and never will be, in the log:
+  an indeterminate outcome is settled only by seeing its seqno taken, else raised as
+  :class:`IndeterminateError`. Every cleanup that deletes blobs after "not committed"
+  relies on this (``Machine`` rollups, ``gc.rollup_current``, ``maybe_init_shard``,
+  the callers of ``append.delete_uncommitted``; ``compact`` re-checks it).
 """
 
 from __future__ import annotations
@@ -317,7 +322,9 @@ class StateVersions:
     ) -> tuple[bool, CasResult | None]:
         """Write the diff ``old -> new`` at ``new.seqno`` iff the head is ``expected_seqno``.
 
-        Returns (committed, the raw result when there was one).
+        Returns (committed, the raw result when there was one). ``False`` means the
+        diff is not, and never will be, at ``new.seqno``. Raises IndeterminateError when
+        that cannot be established (see :meth:`_resolve_indeterminate`).
         """
         data = encode_diff(StateDiff.from_states(old, new), nonce=uuid.uuid4().hex)
         entry = VersionedData(new.seqno, data)
@@ -327,18 +334,61 @@ class StateVersions:
                 lambda: self.consensus.compare_and_set(self._key, expected_seqno, entry),
                 idempotent=False,
             )
-        except IndeterminateError:
-            # SUBTLE: the write may or may not have happened. Look at what is stored at
-            # our seqno: the nonce makes our bytes unique, so equal bytes mean we won.
-            found = self._retry(
-                "scan", lambda: self.consensus.scan(self._key, new.seqno, 1), idempotent=True
-            )
-            if not found:
-                return False, None  # nothing at our seqno: we did not commit
-            if found[0].seqno == new.seqno:
-                return found[0].data == data, None
-            raise  # truncated past our seqno already: we cannot tell
+        except IndeterminateError as exc:
+            return self._resolve_indeterminate(expected_seqno, entry, exc)
         return isinstance(result, CasCommitted), result
+
+    def _resolve_indeterminate(
+        self, expected_seqno: int | None, entry: VersionedData, exc: IndeterminateError
+    ) -> tuple[bool, CasResult | None]:
+        """Settle a compare-and-set of ``entry`` that failed indeterminately.
+
+        SUBTLE: the write may have happened, may not, or may still be in flight, and a
+        read may not show it yet (a lagging replica). So "nothing at our seqno" proves
+        nothing; only a TAKEN seqno settles it: a version there never changes, and the
+        nonce makes our bytes unique, so equal bytes mean we won and other bytes mean
+        we lost for good. Until the seqno is seen taken, offer the identical bytes
+        again with the same expectation (as the reference retries its initial
+        compare-and-set): of the two attempts at most one can land, and which one does
+        not matter. If it stays unknown, raise IndeterminateError: callers then leave
+        their new blobs to GC's leaked-blob sweep instead of guessing.
+        """
+        for attempt in range(self.location_attempts):
+            try:
+                found = self._retry(
+                    "scan", lambda: self.consensus.scan(self._key, entry.seqno, 1),
+                    idempotent=True,
+                )
+                if found and found[0].seqno == entry.seqno:
+                    return found[0].data == entry.data, None
+                if found:
+                    break  # truncated past our seqno already: we cannot tell
+                result = self._retry(
+                    "compare_and_set",
+                    lambda: self.consensus.compare_and_set(self._key, expected_seqno, entry),
+                    idempotent=False,
+                )
+            except IndeterminateError as again:
+                exc = again
+                time.sleep(random.uniform(0, 0.002 * 2**attempt))
+                continue
+            except LocationError as failed:
+                # A determinate failure of THIS call says nothing about the first one.
+                raise IndeterminateError(
+                    f"shard {self.shard_id!r}: compare_and_set of seqno {entry.seqno} timed"
+                    f" out ({exc}) and checking its outcome failed: {failed}"
+                ) from failed
+            if isinstance(result, CasCommitted):
+                return True, result
+            # A mismatch: the head is past ``expected_seqno``, so our seqno is taken.
+            if result.current is not None and result.current.seqno == entry.seqno:
+                return result.current.data == entry.data, result
+            # Otherwise the next scan reads what holds it.
+        raise IndeterminateError(
+            f"shard {self.shard_id!r}: compare_and_set of seqno {entry.seqno} timed out and"
+            f" its outcome could not be established ({exc}); any blobs it would reference"
+            " are left for GC"
+        ) from exc
 
     def try_compare_and_set_current(
         self, expected: ShardState, new: ShardState

@@ -12,6 +12,14 @@ failing run replays with the same seed and the same call order. Three faults:
 ``UnreliableBlob.open_reader`` draws once when the reader is opened (a read); the
 reader it returns then reads the inner store reliably.
 
+``UnreliableConsensus(stale_reads=N)`` adds a fourth fault, *a commit seen late*: after
+a compare-and-set that committed and then reported a timeout, the next ``N`` reads of
+that key (``head``, ``scan``) see the log as it was before it, as a lagging replica
+would. Reads stay consistent prefixes of the log (the hidden version and every newer
+one are hidden together); compare-and-set itself always sees the true head, like a
+real store's conditional write. This is the case a verification read after an
+indeterminate write must not trust: "not visible yet" is not "did not happen".
+
 Invariants: a fault never corrupts the inner store; with faults disabled
 (``enabled = False`` or inside ``with wrapper.reliable():``) the wrapper is transparent.
 """
@@ -30,6 +38,7 @@ from upsert_core.persist.location import (
     Blob,
     BlobMetadata,
     BlobReader,
+    CasCommitted,
     CasResult,
     Consensus,
     SeqNo,
@@ -118,28 +127,84 @@ class _Switchable:
 
 
 class UnreliableConsensus(_Switchable):
-    """A :class:`Consensus` that injects seeded faults into calls to ``inner``."""
+    """A :class:`Consensus` that injects seeded faults into calls to ``inner``.
 
-    def __init__(self, inner: Consensus, seed: int, rates: FaultRates | None = None) -> None:
+    ``stale_reads``: how many reads of a key lag behind after a compare-and-set that
+    committed and then timed out (see the module docstring); 0 disables the fault.
+    """
+
+    def __init__(
+        self,
+        inner: Consensus,
+        seed: int,
+        rates: FaultRates | None = None,
+        *,
+        stale_reads: int = 0,
+    ) -> None:
+        if stale_reads < 0:
+            raise ConfigError(f"stale_reads must be >= 0, got {stale_reads}")
         self.inner = inner
         self._faults = _Faults(seed, rates or FaultRates())
+        self.stale_reads = stale_reads
+        self._lag_lock = threading.Lock()
+        # key -> (the first hidden seqno, how many more reads hide it)
+        self._hidden: dict[str, tuple[SeqNo, int]] = {}
+        self.stale_reads_served = 0
+
+    def _hidden_from(self, key: str) -> SeqNo | None:
+        """The seqno from which this read hides versions (consumes one lagging read)."""
+        if not self._faults.enabled:
+            return None
+        with self._lag_lock:
+            hidden = self._hidden.get(key)
+            if hidden is None:
+                return None
+            seqno, left = hidden
+            if left <= 1:
+                del self._hidden[key]
+            else:
+                self._hidden[key] = (seqno, left - 1)
+            self.stale_reads_served += 1
+            return seqno
+
+    def _head(self, key: str) -> VersionedData | None:
+        hidden = self._hidden_from(key)
+        if hidden is None:
+            return self.inner.head(key)
+        page = self.inner.scan(key, max(0, hidden - 1), 1)
+        return page[0] if page and page[0].seqno < hidden else None
+
+    def _scan(self, key: str, from_seqno: SeqNo, limit: int) -> list[VersionedData]:
+        hidden = self._hidden_from(key)
+        page = self.inner.scan(key, from_seqno, limit)
+        return page if hidden is None else [v for v in page if v.seqno < hidden]
 
     def head(self, key: str) -> VersionedData | None:
-        return self._faults.call(f"head({key!r})", lambda: self.inner.head(key), writes=False)
+        return self._faults.call(f"head({key!r})", lambda: self._head(key), writes=False)
 
     def compare_and_set(
         self, key: str, expected: SeqNo | None, new: VersionedData
     ) -> CasResult:
-        return self._faults.call(
-            f"compare_and_set({key!r}, {expected}, {new.seqno})",
-            lambda: self.inner.compare_and_set(key, expected, new),
-            writes=True,
-        )
+        results: list[CasResult] = []
+
+        def cas() -> CasResult:
+            results.append(self.inner.compare_and_set(key, expected, new))
+            return results[-1]
+
+        try:
+            return self._faults.call(
+                f"compare_and_set({key!r}, {expected}, {new.seqno})", cas, writes=True
+            )
+        except IndeterminateError:
+            if self.stale_reads and results and isinstance(results[-1], CasCommitted):
+                with self._lag_lock:
+                    self._hidden[key] = (new.seqno, self.stale_reads)
+            raise
 
     def scan(self, key: str, from_seqno: SeqNo, limit: int) -> list[VersionedData]:
         return self._faults.call(
             f"scan({key!r}, {from_seqno})",
-            lambda: self.inner.scan(key, from_seqno, limit),
+            lambda: self._scan(key, from_seqno, limit),
             writes=False,
         )
 
