@@ -41,6 +41,7 @@ from dagster import (
     MetadataValue,
     asset,
 )
+from pydantic import Field
 
 from assets.checks import build_checks
 from assets.ingest_step import ingest_through, pending_through
@@ -58,9 +59,19 @@ ASSET_NAMES = (SNAPSHOT, STATE, OUTPUT, GC)
 
 
 class RollupGcConfig(Config):
-    """``retain``: keep only the last N times readable (None: the source's ``gc_retain``)."""
+    """``retain``: keep only the last N times readable (None: the source's ``gc_retain``).
 
-    retain: int | None = None
+    N must be >= 1 (CONTRACT.md); Dagster's config schema has no numeric bounds, so the
+    bound is pydantic's: a run with ``retain: 0`` fails before the asset body runs, with
+    a message naming the field, and the shard is never opened.
+    """
+
+    retain: int | None = Field(
+        default=None,
+        ge=1,
+        description="keep only the last N timestamps readable (N >= 1); null: the"
+        " source's gc_retain (null there keeps all history)",
+    )
 
 
 @dataclass(frozen=True)

@@ -311,14 +311,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rows", type=int, default=2000, help="rows per landing file")
     p.add_argument("--keys", type=int, default=20_000, help="distinct keys")
     p.add_argument("--backlog", type=int, default=4, help="pending files kept ahead")
-    p.add_argument("--retain", type=int, default=20, help="gc --retain")
+    p.add_argument("--retain", type=int, default=20, help="gc --retain (N >= 1)")
     p.add_argument("--gc-every", type=float, default=2.0, help="seconds between GC runs")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--postgres", metavar="URL", help="PostgreSQL consensus URL (loopback)")
     p.add_argument("--blob", metavar="URL",
                    help="blob store URL (default: files in the work dir); e.g. s3://bucket/soak")
     p.add_argument("--workdir", type=Path, help="default: a fresh temp dir, removed after")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.retain < 1:  # the GC process would otherwise count every run as a failure
+        p.error(f"--retain must be >= 1, got {args.retain}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

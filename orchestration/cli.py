@@ -62,6 +62,16 @@ def _non_negative(text: str) -> int:
     return value
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+    return value
+
+
 def _non_negative_float(text: str) -> float:
     try:
         value = float(text)
@@ -144,7 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
     command("inspect", "the shard's metadata as one JSON object")
 
     p = command("gc", "rollup, compaction, truncation and deletion of unreferenced blobs")
-    p.add_argument("--retain", type=_non_negative, metavar="N", help="keep only N timestamps")
+    p.add_argument(
+        "--retain",
+        type=_positive,
+        metavar="N",
+        help="keep only the last N timestamps readable (N >= 1; default: all history)",
+    )
     p.add_argument(
         "--leak-grace",
         type=_non_negative_float,

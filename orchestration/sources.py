@@ -16,7 +16,7 @@ root)::
         deleted_col: __deleted
         order_scope: batch
         gc_cron: "0 * * * *"            # rollup_gc schedule
-        gc_retain: null                 # rollup_gc --retain (null keeps all history)
+        gc_retain: null                 # rollup_gc --retain, >= 1 (null keeps all history)
 
 ``${VAR}`` and ``${VAR:-default}`` expand from the environment; ``UPSERT_HOME``
 defaults to ``./.upsert`` made absolute, as for ``upsertctl``.
@@ -126,8 +126,8 @@ def parse_source(entry: object, where: str, env: Mapping[str, str]) -> SourceSpe
         raise ConfigError(f"{where}: source {name!r} needs a landing location")
     retain = entry.get("gc_retain")
     if retain is not None and (isinstance(retain, bool) or not isinstance(retain, int)
-                               or retain < 0):
-        raise ConfigError(f"{where}: gc_retain must be a non-negative integer or null")
+                               or retain < 1):
+        raise ConfigError(f"{where}: gc_retain must be an integer >= 1 or null, got {retain!r}")
     return SourceSpec(
         name=name,
         landing=landing,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from dagster import AssetKey, materialize
 
 from orchestration.backfill import failure_message
@@ -139,6 +140,52 @@ def test_rollup_gc_materializes_and_reports_what_it_removed(plat: Platform) -> N
     assert len(meta["deleted_blobs"]) > 0
     assert plat.shard().check().ok
     assert int(str(before["blob_bytes"])) > meta["shard_blob_bytes"]  # type: ignore[operator]
+
+
+def _error_chain(result) -> str:  # type: ignore[no-untyped-def]
+    """The failed step's error and its causes, as the run log shows them."""
+    [data] = [e.step_failure_data for e in result.all_events if e.is_step_failure]
+    error, messages = data.error, []
+    while error is not None:
+        messages.append(error.message.strip())
+        error = error.cause
+    return "\n".join(messages)
+
+
+@pytest.mark.parametrize("retain", [0, -1])
+def test_rollup_gc_refuses_retain_below_one_and_leaves_the_shard_alone(
+    plat: Platform, retain: int
+) -> None:
+    """``retain: 0`` would leave nothing readable (since == upper): the run config is
+    refused before the asset body runs, and a spec that bypassed the loader's check is
+    refused by the core before anything changes."""
+    names = plat.write_batches()
+    built, defs = plat.build(plat.spec())
+    plat.add_partitions(plat.spec(), names)
+    assert defs.resolve_job_def("feed_ingest").execute_in_process(
+        partition_key=names[-1], instance=plat.instance
+    ).success
+    before = plat.shard().state()
+
+    config = {"ops": {"feed__rollup_gc": {"config": {"retain": retain}}}}
+    result = materialize(
+        [*built.assets], selection=[built.key("rollup_gc")], instance=plat.instance,
+        resources=plat.resources(), run_config=config, raise_on_error=False,
+    )
+    assert not result.success
+    message = _error_chain(result)
+    assert "RollupGcConfig" in message and "retain" in message, message
+    assert "greater than or equal to 1" in message, message
+
+    unchecked, _ = plat.build(plat.spec(gc_retain=retain))
+    result = materialize(
+        [*unchecked.assets], selection=[unchecked.key("rollup_gc")], instance=plat.instance,
+        resources=plat.resources(), raise_on_error=False,
+    )
+    assert not result.success
+    assert "retain must be an integer >= 1" in failure_message(result)
+    after = plat.shard().state()
+    assert (after.seqno, after.since, after.upper) == (before.seqno, before.since, before.upper)
 
 
 def test_rollup_gc_before_the_shard_exists_says_so(plat: Platform) -> None:

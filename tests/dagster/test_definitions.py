@@ -94,6 +94,10 @@ def test_environment_source_replaces_a_file_source_of_the_same_shard(tmp_path: P
          "share the shard 'a'"),
         ("sources:\n  - {name: a, landing: '${NOPE}/x'}\n", "${NOPE} is not set"),
         ("sources: {name: a}\n", "must be a list"),
+        ("sources:\n  - {name: a, landing: /x, gc_retain: 0}\n",
+         "gc_retain must be an integer >= 1"),
+        ("sources:\n  - {name: a, landing: /x, gc_retain: -1}\n",
+         "gc_retain must be an integer >= 1"),
     ],
 )
 def test_malformed_sources_file(tmp_path: Path, text: str, message: str) -> None:

@@ -20,6 +20,7 @@ from upsert_core.persist.blob_local import LocalBlob
 from upsert_core.persist.blob_memory import MemoryBlob
 from upsert_core.persist.consensus_memory import MemoryConsensus
 from upsert_core.persist.consensus_sql import SqlConsensus
+from upsert_core.persist.gc import gc as run_gc
 from upsert_core.persist.gc import leak_candidates_key, truncation_point
 from upsert_core.persist.keys import rollup_key, rollup_prefix, writer_id_of
 from upsert_core.persist.leases import DEFAULT_LEASE_DURATION_MS
@@ -129,12 +130,27 @@ def test_retain_advances_since_and_reads_before_it_fail(stores: tuple[Consensus,
     with pytest.raises(NotReadable, match=r"readable times are \[8, 12\)"):
         shard.snapshot(7)
     assert shard.gc(retain=10, leak_grace_ms=0).since_after == 8  # never backwards
-    assert shard.gc(retain=0, leak_grace_ms=0).since_after == 12
-    with pytest.raises(NotReadable, match="nothing is readable"):
-        shard.snapshot(11)
-    with pytest.raises(InvalidUsage):
-        shard.gc(retain=-1)
+    assert shard.gc(retain=1, leak_grace_ms=0).since_after == 11  # the latest time stays
+    with pytest.raises(NotReadable, match=r"readable times are \[11, 12\)"):
+        shard.snapshot(10)
+    assert_reads(shard, snapshots)
     assert shard.check().ok
+
+
+@pytest.mark.parametrize("retain", [0, -1, True])
+def test_retain_below_one_is_refused_and_changes_nothing(
+    stores: tuple[Consensus, Blob], retain: int
+) -> None:
+    """``retain=0`` would set since to upper: nothing readable, no ingest could rehydrate."""
+    shard, _, snapshots = filled(*stores)
+    before = shard.state()
+    with pytest.raises(InvalidUsage, match=">= 1"):
+        shard.gc(retain=retain, leak_grace_ms=0)
+    with pytest.raises(InvalidUsage, match=">= 1"):
+        run_gc(shard.machine, shard.blob, retain=retain, leak_grace_ms=0)
+    after = shard.state()
+    assert (after.seqno, after.since, after.upper) == (before.seqno, before.since, before.upper)
+    assert_reads(shard, snapshots)
 
 
 def test_truncation_point_is_the_newest_rollup_at_or_below_every_hold() -> None:

@@ -9,7 +9,7 @@ from upsert_core.errors import InvalidUsage, LeaseExpired, NotReadable
 from upsert_core.persist import leases
 from upsert_core.persist.blob_memory import MemoryBlob
 from upsert_core.persist.consensus_memory import MemoryConsensus
-from upsert_core.persist.gc import retained_since
+from upsert_core.persist.gc import advance_since, retained_since
 from upsert_core.persist.read import read_all
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.state import ShardState
@@ -79,9 +79,12 @@ def test_retain_never_passes_a_readers_since_nor_goes_backwards() -> None:
     s = leases.downgrade_reader_since(s, "r", 5)
     assert s is not None and retained_since(s, 3) == 5
     assert retained_since(state(since=8, upper=10), 5) == 8  # never backwards
-    assert retained_since(state(since=2, upper=10), 0) == 10
-    with pytest.raises(InvalidUsage):
-        retained_since(state(), -1)
+    assert retained_since(state(since=2, upper=10), 1) == 9  # the latest time stays
+    for retain in (0, -1):  # since == upper would leave nothing readable
+        with pytest.raises(InvalidUsage, match=">= 1"):
+            retained_since(state(since=2, upper=10), retain)
+        with pytest.raises(InvalidUsage, match=">= 1"):
+            advance_since(retain)
     assert leases.min_held_seqno(s) == 5 and leases.min_reader_since(s) == 5
     assert leases.min_reader_since(state()) is None
 

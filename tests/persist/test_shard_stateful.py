@@ -175,7 +175,7 @@ class ShardModel(RuleBasedStateMachine):
             with pytest.raises(InvalidUsage, match="leased reader"):
                 versions.truncate(max(newer))
 
-    @rule(h=st.integers(0, 1), retain=st.one_of(st.none(), st.integers(0, 4)))
+    @rule(h=st.integers(0, 1), retain=st.one_of(st.none(), st.integers(1, 4)))
     def gc(self, h: int, retain: int | None) -> None:
         self.blob.deleted.clear()
         report = self.handles[h].gc(retain=retain, leak_grace_ms=0)

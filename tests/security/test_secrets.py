@@ -101,7 +101,7 @@ def test_cli_never_shows_or_stores_credentials(secrets: Secrets, tmp_path: Path)
         cli.run("snapshot", "--shard", "s"),
         cli.run("changes", "--shard", "s"),
         cli.run("check", "--shard", "s"),
-        cli.run("gc", "--shard", "s", "--retain", "0"),
+        cli.run("gc", "--shard", "s", "--retain", "1"),
         cli.run("demo", "--engine", "local", rc=None),
     ]
     (landing / "b-03.jsonl").write_text('{"offset": 5}\n')  # file-level: no key column

@@ -5,8 +5,10 @@ One :func:`gc` run does, in this order (each step is safe to crash after):
 
 1. Expire stale writer and reader leases, and remove writers whose process is known dead
    (on this host); both by compare-and-set, which fences those writers for good.
-2. With ``retain=N``: advance ``since`` to ``max(since, upper - N)``, but never past the
-   upper, never backwards and never past a leased reader's since.
+2. With ``retain=N`` (``N >= 1``: :func:`check_retain`): advance ``since`` to
+   ``max(since, upper - N)``, but never backwards and never past a leased reader's since.
+   ``N = 0`` is refused: ``since == upper`` on a non-empty shard leaves no readable time,
+   so no ingest could rehydrate its state again.
 3. Compact (size tiers; everything into one batch when step 2 moved the since).
 4. Write a rollup of the current state and record it (skipped when the newest rollup is
    already at the current seqno or the one before), dropping in the same transition the
@@ -169,10 +171,17 @@ class GcReport:
 # --- transitions ------------------------------------------------------------------------
 
 
+def check_retain(retain: int) -> None:
+    """Refuse a ``retain`` below 1 (see step 2 of the module docstring)."""
+    if isinstance(retain, bool) or not isinstance(retain, int) or retain < 1:
+        raise InvalidUsage(
+            f"retain must be an integer >= 1 (timestamps to keep readable), got {retain!r}"
+        )
+
+
 def retained_since(state: ShardState, retain: int) -> int:
     """The since ``gc --retain`` moves to: ``upper - retain`` within the bounds."""
-    if retain < 0:
-        raise InvalidUsage(f"retain must be >= 0 timestamps, got {retain}")
+    check_retain(retain)
     target = min(state.upper, max(state.since, state.upper - retain))
     reader_since = min_reader_since(state)
     if reader_since is not None:
@@ -182,6 +191,7 @@ def retained_since(state: ShardState, retain: int) -> int:
 
 def advance_since(retain: int) -> Callable[[ShardState], ShardState | None]:
     """A transition applying :func:`retained_since` (no change when it stays put)."""
+    check_retain(retain)
 
     def advance(state: ShardState) -> ShardState | None:
         since = retained_since(state, retain)
@@ -380,8 +390,8 @@ def gc(
     started = time.monotonic()
     versions = machine.versions
     report = GcReport(shard_id=versions.shard_id)
-    if retain is not None and retain < 0:
-        raise InvalidUsage(f"retain must be >= 0 timestamps, got {retain}")
+    if retain is not None:
+        check_retain(retain)
     if leak_grace_ms < 0:
         raise InvalidUsage(f"leak_grace_ms must be >= 0, got {leak_grace_ms}")
 

@@ -44,7 +44,7 @@ from upsert_core.persist.append import AppendResult, delete_uncommitted
 from upsert_core.persist.append import compare_and_append as _compare_and_append
 from upsert_core.persist.compact import CompactionResult
 from upsert_core.persist.compact import compact as _compact
-from upsert_core.persist.gc import DEFAULT_LEAK_GRACE_MS, GcReport
+from upsert_core.persist.gc import DEFAULT_LEAK_GRACE_MS, GcReport, check_retain
 from upsert_core.persist.gc import gc as _gc
 from upsert_core.persist.keys import new_writer_id, shard_prefix, writing_as
 from upsert_core.persist.location import Blob, Consensus
@@ -401,7 +401,9 @@ class Shard:
         leak_grace_ms: int = DEFAULT_LEAK_GRACE_MS,
         run_compaction: bool = True,
     ) -> GcReport:
-        """Garbage-collect the shard (see ``gc.py``)."""
+        """Garbage-collect the shard (see ``gc.py``); ``retain`` must be None or >= 1."""
+        if retain is not None:
+            check_retain(retain)  # InvalidUsage before anything changes
         return _gc(
             self.machine, self.blob, retain=retain, leak_grace_ms=leak_grace_ms,
             run_compaction=run_compaction, clock_ms=self._clock_ms,

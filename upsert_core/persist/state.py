@@ -6,8 +6,10 @@ Consensus with periodic full rollups in Blob (``state_diff``, ``state_versions``
 
 Invariants of a well-formed state (checked by :func:`ShardState.check_invariants`):
 
-- ``0 <= since <= upper`` (since may equal upper only while the shard is empty or when
-  ``gc --retain 0`` advanced it; reads need ``since <= ts < upper``).
+- ``0 <= since <= upper``; reads need ``since <= ts < upper``. Since equals upper only
+  while the shard is empty: ``gc --retain N`` requires ``N >= 1``, so it leaves at least
+  ``upper - 1`` readable (a shard whose since reached its upper could never be read or
+  rehydrated again; only older versions' ``gc --retain 0`` left one so).
 - ``batches`` are ordered by ``lower`` and tile ``[0, upper)`` exactly: the first starts
   at 0, each starts where the previous ended, the last ends at ``upper``; an empty
   shard (upper 0) has no batches.

@@ -1,0 +1,72 @@
+"""``gc --retain N`` needs N >= 1 (CONTRACT.md, "History and GC").
+
+``--retain 0`` used to set since to the upper: nothing stayed readable, and every later
+ingest and ``check`` failed ("cannot rehydrate ... before since") for good. Now 0 and
+negative values are refused with one line on stderr before the shard is touched, and
+``--retain 1`` (the least history there is) keeps the shard readable and ingestible.
+
+Embedded deployment only: the refusal happens in argument parsing, before any store is
+opened, so the cluster half would test nothing more.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.helpers import Cli, write_jsonl
+
+STATE_FIELDS = ("seqno", "since", "upper", "batches", "rollups", "live_diffs", "blob_bytes",
+                "ingested_files")
+
+
+def _fill(cli: Cli, landing: Path, files: range) -> None:
+    for i in files:
+        write_jsonl(landing, f"{i:02}.jsonl", [{"key": i % 3, "offset": i, "v": f"v{i}"}])
+    cli.ingest(landing)
+
+
+@pytest.mark.parametrize("deployment", ["embedded"], indirect=True)
+@pytest.mark.parametrize("retain", ["0", "-1", "-5"])
+def test_gc_retain_below_one_is_refused_and_changes_nothing(
+    cli: Cli, landing: Path, retain: str
+) -> None:
+    _fill(cli, landing, range(4))
+    before = cli.inspect()
+    snapshot, changes = cli.snapshot(), cli.changes()
+
+    for args in (["--retain", retain], [f"--retain={retain}"]):
+        r = cli.run("gc", "--shard", "s", *args, rc=2)
+        assert r.err_lines == [r.error_line()], r.err  # exactly one line on stderr
+        assert ">= 1" in r.error_line() and "--retain" in r.error_line()
+        assert r.out == ""
+
+    after = cli.inspect()
+    assert {k: after[k] for k in STATE_FIELDS} == {k: before[k] for k in STATE_FIELDS}
+    assert cli.snapshot() == snapshot and cli.changes() == changes
+    cli.check()
+    # Later ingests still work, and so does the smallest valid retain.
+    _fill(cli, landing, range(4, 6))
+    assert cli.inspect()["upper"] == 6
+    cli.check()
+
+
+@pytest.mark.parametrize("deployment", ["embedded"], indirect=True)
+def test_gc_retain_one_keeps_the_latest_time_and_ingests_continue(
+    cli: Cli, landing: Path
+) -> None:
+    _fill(cli, landing, range(4))
+    latest = cli.snapshot()
+    report = cli.run("gc", "--shard", "s", "--retain", "1").json()
+    assert (report["since_before"], report["since_after"]) == (0, 3)
+    assert cli.snapshot() == latest == cli.snapshot(as_of=3)
+    cli.check()
+    _fill(cli, landing, range(4, 7))
+    info = cli.inspect()
+    assert (info["since"], info["upper"]) == (3, 7)
+    assert sorted(r["key"] for r in cli.snapshot()) == [0, 1, 2]
+    assert cli.run("gc", "--shard", "s", "--retain", "1").json()["since_after"] == 6
+    _fill(cli, landing, range(7, 8))
+    cli.check()
+    assert {r["key"]: r["v"] for r in cli.snapshot()} == {0: "v6", 1: "v7", 2: "v5"}
