@@ -52,6 +52,7 @@ from resources.stores import BlobStoreResource, ConsensusResource, open_shard
 from upsert_core.errors import ConcurrentModification, ShardNotFound, UpsertPlatformError
 from upsert_core.ingest import ProgressEvent
 from upsert_core.persist.keys import claim_writer_token
+from upsert_core.redact import redact_url
 
 RACE_RETRIES = 3
 SNAPSHOT, STATE, OUTPUT, GC = "source_snapshot", "upsert_state", "output_shard", "rollup_gc"
@@ -103,7 +104,8 @@ def build_source_assets(spec: SourceSpec) -> SourceAssets:
                                                                              OUTPUT))
 
     @asset(name=SNAPSHOT, partitions_def=partitions, key_prefix=prefix, group_name=spec.name,
-           description=f"Landing file (partition) of {spec.landing} and what its run applies.")
+           description=f"Landing file (partition) of {redact_url(spec.landing)} and what its run"
+           " applies.")
     def source_snapshot(
         context: AssetExecutionContext, consensus: ConsensusResource,
         blob_store: BlobStoreResource,

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from upsert_core.errors import IngestError
 from upsert_core.ingest import Engine, FileReport, IngestRequest, IngestShard, ProgressEvent, ingest
 from upsert_core.landing import LandingFile, list_landing, pending
+from upsert_core.redact import redact_url
 
 
 @dataclass
@@ -52,7 +53,7 @@ def find_file(files: list[LandingFile], name: str, landing: str) -> LandingFile:
     for f in files:
         if f.name == name:
             return f
-    raise IngestError(f"{name}: no such file in the landing location {landing}")
+    raise IngestError(f"{name}: no such file in the landing location {redact_url(landing)}")
 
 
 def pending_through(

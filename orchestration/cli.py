@@ -8,10 +8,10 @@ turns failures into exit statuses. Invariants:
 - Data goes to stdout (or ``--out``); progress, summaries, warnings and errors go to
   stderr.
 - Exit 0 on success. Any failure exits non-zero with exactly one line
-  ``upsertctl: error: <message>`` on stderr: 1 for errors of the platform's hierarchy
-  (:class:`UpsertPlatformError`) and unexpected exceptions, 2 for bad usage, 130 for
-  Ctrl-C. A traceback is printed (before that line) only with ``--debug`` or
-  ``UPSERT_DEBUG=1``.
+  ``upsertctl: error: <message>`` on stderr (URL secrets redacted): 1 for errors of the
+  platform's hierarchy (:class:`UpsertPlatformError`) and unexpected exceptions, 2 for
+  bad usage, 130 for Ctrl-C. A traceback is printed (before that line, redacted too)
+  only with ``--debug`` or ``UPSERT_DEBUG=1``.
 - Heavy modules (pyarrow, the persist layer, Spark) are imported only by the command
   that needs them, so ``--help`` and usage errors are fast.
 """
@@ -182,7 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _report(message: str) -> None:
-    sys.stderr.write(f"{PROG}: error: {one_line(message)}\n")
+    # Last line of defence: the message may quote a URL from a library's own error.
+    from upsert_core.redact import redact_url
+
+    sys.stderr.write(f"{PROG}: error: {one_line(redact_url(message))}\n")
     sys.stderr.flush()
 
 
@@ -214,7 +217,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from upsert_core.errors import UpsertPlatformError
 
         if debug:
-            traceback.print_exc()
+            from upsert_core.redact import redact_url
+
+            sys.stderr.write(redact_url(traceback.format_exc()))
         if isinstance(exc, UpsertPlatformError):
             _report(str(exc) or type(exc).__name__)
         else:

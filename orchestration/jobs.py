@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from dagster import AssetSelection, define_asset_job
 
 from assets.factory import GC, SourceAssets
+from upsert_core.redact import redact_url
 
 if TYPE_CHECKING:
     from dagster._core.definitions.unresolved_asset_job_definition import (
@@ -33,7 +34,8 @@ def ingest_job(built: SourceAssets) -> UnresolvedAssetJobDefinition:
     return define_asset_job(
         name=ingest_job_name(built.spec.name),
         selection=AssetSelection.assets(*built.ingest_keys),
-        description=f"Ingest landing files of {built.spec.landing!r} through one partition.",
+        description=f"Ingest landing files of {redact_url(repr(built.spec.landing))} through one"
+        " partition.",
     )
 
 

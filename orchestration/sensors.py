@@ -39,6 +39,7 @@ from assets.factory import SourceAssets
 from resources.stores import BlobStoreResource, ConsensusResource, open_shard
 from upsert_core.errors import ShardNotFound, UpsertPlatformError
 from upsert_core.landing import list_landing
+from upsert_core.redact import redact_url
 
 DEFAULT_MAX_REQUESTS = 50
 DEFAULT_INTERVAL_SECONDS = 30
@@ -69,7 +70,7 @@ def landing_sensor(
         job=job,
         minimum_interval_seconds=interval_seconds,
         default_status=DefaultSensorStatus.STOPPED,
-        description=f"New files in {spec.landing} -> partitions and ingest runs.",
+        description=f"New files in {redact_url(spec.landing)} -> partitions and ingest runs.",
     )
     def landing(
         context: SensorEvaluationContext,
@@ -79,7 +80,7 @@ def landing_sensor(
         try:
             names = [f.name for f in list_landing(spec.landing)]
         except UpsertPlatformError as exc:
-            return SkipReason(f"cannot list {spec.landing}: {exc}")
+            return SkipReason(f"cannot list {redact_url(spec.landing)}: {redact_url(str(exc))}")
         known = set(context.instance.get_dynamic_partitions(spec.partitions_name))
         cursor = context.cursor or ""
         new: list[str] = []
@@ -91,7 +92,9 @@ def landing_sensor(
                 continue
             new.append(name)
         if not new:
-            return SkipReason(f"no new files in {spec.landing} ({len(names)} listed)")
+            return SkipReason(
+                f"no new files in {redact_url(spec.landing)} ({len(names)} listed)"
+            )
         new = new[:max_requests]
         try:
             ingested = open_shard(consensus, blob_store, spec.shard, create=False).state()

@@ -31,6 +31,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from upsert_core.errors import ConfigError, IngestError
+from upsert_core.redact import redact_url
 
 SUFFIXES: tuple[str, ...] = (".parquet", ".jsonl", ".csv")
 
@@ -123,10 +124,10 @@ def normalise_root(url: str) -> str:
     if url.startswith("file://"):
         parsed = urlparse(url)
         if parsed.netloc not in ("", "localhost"):
-            raise ConfigError(f"{url}: file URLs must name a local path (file:///dir)")
+            raise ConfigError(f"{redact_url(url)}: file URLs must name a local path (file:///dir)")
         path = unquote(parsed.path)
     elif "://" in url:
-        raise ConfigError(f"{url}: unsupported landing location (use a directory or s3://)")
+        raise ConfigError(f"{redact_url(url)}: unsupported landing location (use a directory or s3://)")
     else:
         path = url
     return os.path.abspath(path)
@@ -181,7 +182,7 @@ def _split_s3(url: str) -> tuple[str, str]:
     rest = url[len("s3://") :]
     bucket, _, prefix = rest.partition("/")
     if not bucket:
-        raise ConfigError(f"{url}: S3 landing location needs a bucket (s3://bucket/prefix)")
+        raise ConfigError(f"{redact_url(url)}: S3 landing location needs a bucket (s3://bucket/prefix)")
     return bucket, prefix.strip("/")
 
 

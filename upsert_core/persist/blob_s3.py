@@ -42,6 +42,7 @@ from upsert_core.errors import ConfigError, DeterminateError, IndeterminateError
 from upsert_core.persist.blob_local import key_segments
 from upsert_core.persist.blob_memory import check_blob_value
 from upsert_core.persist.location import BlobMetadata, BlobReader
+from upsert_core.redact import redact_url
 
 _MISSING_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
 _CHANGED_CODES = frozenset({"412", "PreconditionFailed"})
@@ -218,7 +219,10 @@ class S3Blob:
                 config=config,
             )
         except (BotoCoreError, ValueError) as e:
-            raise ConfigError(f"cannot configure S3 client for {endpoint_url!r}: {e}") from e
+            raise ConfigError(
+                f"cannot configure S3 client for {redact_url(repr(endpoint_url))}:"
+                f" {redact_url(str(e))}"
+            ) from e
 
     @property
     def bucket(self) -> str:

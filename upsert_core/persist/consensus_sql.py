@@ -74,6 +74,7 @@ from upsert_core.persist.consensus_memory import (
     truncate_error,
 )
 from upsert_core.persist.location import CasCommitted, CasMismatch, CasResult, SeqNo, VersionedData
+from upsert_core.redact import redact_url
 
 T = TypeVar("T")
 
@@ -201,10 +202,9 @@ class SqlConsensus:
         backoff_s: float = 0.02,
         reconnect_s: float = DEFAULT_RECONNECT_S,
     ) -> None:
-        # Imported here: ``urls`` imports this module. URLs may hold a password, so every
-        # message below shows them redacted.
-        from upsert_core.persist.urls import redact_url
-
+        # URLs may hold a password (userinfo or ``?password=``), so every message below
+        # shows them through the one redaction (SQLAlchemy's ``hide_password`` misses the
+        # query string).
         shown = redact_url(repr(url))
         try:
             parsed = make_url(url)
@@ -216,7 +216,7 @@ class SqlConsensus:
         if not reconnect_s >= 0:  # also rejects NaN
             raise ConfigError(f"reconnect_s must be >= 0 seconds, got {reconnect_s!r}")
         self._reconnect_s = reconnect_s
-        self._url_for_errors = parsed.render_as_string(hide_password=True)
+        self._url_for_errors = redact_url(parsed.render_as_string(hide_password=False))
         if self._dialect == "sqlite":
             db = parsed.database or ""
             if db in ("", ":memory:") or db.startswith("file::memory:"):
@@ -355,7 +355,8 @@ class SqlConsensus:
                 if waited >= self._reconnect_s:
                     tried = f" (retried for {waited:.1f} s)" if self._reconnect_s > 0 else ""
                     raise LocationUnreachable(
-                        f"cannot connect to consensus {self._url_for_errors}{tried}: {u}"
+                        f"cannot connect to consensus {self._url_for_errors}{tried}:"
+                        f" {redact_url(str(u))}"
                     ) from None
                 jittered = pause * (0.5 + random.random() / 2)
                 time.sleep(min(jittered, self._reconnect_s - waited))
@@ -365,7 +366,7 @@ class SqlConsensus:
                 if attempt > self._max_retries:
                     raise DeterminateError(
                         f"consensus {self._url_for_errors} still busy after"
-                        f" {self._max_retries} retries: {r}"
+                        f" {self._max_retries} retries: {redact_url(str(r))}"
                     ) from None
                 delay = self._backoff_s * (2 ** (attempt - 1))
                 time.sleep(delay * (0.5 + random.random()))
@@ -379,11 +380,11 @@ class SqlConsensus:
             if self._dialect == "postgresql" and pg_connect_is_transient(str(e.orig)):
                 raise _Unreachable(str(e.orig)) from e
             raise DeterminateError(
-                f"cannot connect to consensus {self._url_for_errors}: {e.orig}"
+                f"cannot connect to consensus {self._url_for_errors}: {redact_url(str(e.orig))}"
             ) from e
         except SQLAlchemyError as e:
             raise DeterminateError(
-                f"cannot connect to consensus {self._url_for_errors}: {e}"
+                f"cannot connect to consensus {self._url_for_errors}: {redact_url(str(e))}"
             ) from e
         with conn:
             try:

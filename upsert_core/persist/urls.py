@@ -21,15 +21,15 @@ Blob URLs:
 
 Anything else is a :class:`ConfigError` naming the accepted forms.
 
-Secrets: a URL may carry a password (``postgresql+psycopg://user:secret@host/db``).
-Nothing here or in :class:`SqlConsensus` puts one in an error message; text that may
-contain a URL goes through :func:`redact_url` first.
+Secrets: a URL may carry a password (``postgresql+psycopg://user:secret@host/db`` or
+``...?password=secret``). Nothing here or in :class:`SqlConsensus` puts one in an error
+message; text that may contain a URL goes through :func:`redact_url` first, the one
+redaction of the code base (:mod:`upsert_core.redact`, re-exported here).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import threading
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -40,6 +40,9 @@ from upsert_core.persist.blob_s3 import S3Blob
 from upsert_core.persist.consensus_memory import MemoryConsensus
 from upsert_core.persist.consensus_sql import DEFAULT_RECONNECT_S, SqlConsensus
 from upsert_core.persist.location import Blob, Consensus
+from upsert_core.redact import REDACTED, redact_url
+
+__all__ = ["REDACTED", "open_blob", "open_consensus", "reconnect_seconds", "redact_url"]
 
 CONSENSUS_FORMS = "sqlite:///path.db, postgresql+psycopg://user@host/db, mem://[name]"
 BLOB_FORMS = "file:///abs/path, file://rel/path, s3://bucket/prefix, mem://[name]"
@@ -47,25 +50,6 @@ BLOB_FORMS = "file:///abs/path, file://rel/path, s3://bucket/prefix, mem://[name
 _registry_lock = threading.Lock()
 _memory_consensus: dict[str, MemoryConsensus] = {}
 _memory_blobs: dict[str, MemoryBlob] = {}
-
-
-_USERINFO_PASSWORD = re.compile(
-    r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s'\"]*):(?P<secret>\S*)@"
-)
-_QUERY_PASSWORD = re.compile(r"(?P<head>\b(?:password|passwd|pwd)=)[^&\s]*", re.IGNORECASE)
-REDACTED = "***"
-
-
-def redact_url(text: str) -> str:
-    """``text`` with the password of every URL in it replaced by ``***``.
-
-    Handles ``scheme://user:password@host`` (the password may itself hold ``@``, ``/``
-    or quotes: everything up to the last ``@`` before whitespace is hidden, erring on
-    the side of hiding too much) and ``password=`` query parameters. Works on a bare
-    URL and on a message that quotes one.
-    """
-    text = _USERINFO_PASSWORD.sub(lambda m: f"{m['head']}:{REDACTED}@", text)
-    return _QUERY_PASSWORD.sub(lambda m: f"{m['head']}{REDACTED}", text)
 
 
 def _scheme(url: str) -> str:
