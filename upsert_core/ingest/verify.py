@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from upsert_core.errors import UpsertPlatformError
+from upsert_core.errors import NotReadable, UpsertPlatformError
 from upsert_core.ingest import IngestRequest, checkpoints_current, resolve_options
 from upsert_core.ingest.buckets import bucket_of
 from upsert_core.ingest.checkpoint import (
@@ -37,6 +37,7 @@ from upsert_core.ingest.options import CONFIG_SCHEMA
 from upsert_core.ingest.replay import replay_bucket
 from upsert_core.ingest.tasks import Base
 from upsert_core.persist.keys import checkpoint_prefix
+from upsert_core.persist.read import check_catch_up_readable
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.state import ShardState
 from upsert_core.state import UpsertState
@@ -111,15 +112,18 @@ def _catch_up(
 ) -> bool:
     """Replay the shard's changes since the bucket's checkpoint base onto ``upsert``.
 
-    Returns False when those changes are no longer readable (the base is older than the
-    shard's since after ``gc --retain``): the ingest then rebuilds the bucket.
+    Returns False when those changes are no longer exact (the base is not newer than
+    the shard's since after ``gc --retain``, see ``read.changes_after``): the ingest then
+    rebuilds the bucket.
     """
     if scope != "batch":
         return True
     base = Base.decode(state.config.get(checkpoint_base_name(bucket)), state.upper)
     if base.as_of >= state.upper:
         return True
-    if base.as_of < state.since:
+    try:
+        check_catch_up_readable(state, base.as_of, state.upper)
+    except NotReadable:
         return False
     replay_bucket(shard.blob, state, upsert, bucket, buckets, base.as_of, state.upper)
     return True
