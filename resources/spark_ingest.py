@@ -24,6 +24,11 @@ Invariants:
 
 - Tasks get strings and bytes only (the file task with the shard state encoded, the
   blob URL); each opens its own Blob with ``urls.open_blob`` (cached per worker).
+- Every slice reads the version of the file the driver listed: the shipped
+  :class:`LandingFile` carries its size and version (the S3 ETag, pinned with
+  ``IfMatch``; locally inode and mtime), so a slice reads exactly those bytes or
+  reports ``changed``, and one ``changed`` from any slice leaves the whole file pending
+  (the driver deletes what the other slices wrote). A batch never mixes two versions.
 - Every error inside a task is caught and returned as metadata, so a bad file ends in
   a one-line :class:`IngestError` on the driver, never a Java stack trace; a failed
   job (a dead worker) becomes one too. Every slice validates the same bytes with the
@@ -92,7 +97,7 @@ PROFILE_ENV = "UPSERT_SPARK_PROFILE_DIR"
 RESULT_DDL = "result string"
 
 # Result lines a task returns, each "<tag>:<payload>".
-READ, EXPECT, BUCKET, ERROR = "read", "expect", "bucket", "error"
+READ, EXPECT, BUCKET, ERROR, CHANGED = "read", "expect", "bucket", "error", "changed"
 
 _blobs: dict[tuple[str, tuple[tuple[str, str], ...]], Blob] = {}
 _cache: StateCache | None = None
@@ -290,6 +295,11 @@ def run_slice(
         read, rows = read_file(task, blob, write_errors=index == 0)
         if index == 0:
             lines.append(f"{READ}:{read.to_json()}")
+        if read.changed is not None:
+            # SUBTLE: any slice may be the one that sees the file change (each reads
+            # it itself); the whole file is then left pending, whatever the others read.
+            lines.append(f"{CHANGED}:{read.changed}")
+            return lines
         if read.file_error is not None:
             return lines
         groups = bucket_groups(task, rows)
@@ -422,6 +432,11 @@ def outcome_of(task: FileTask, results: list[str]) -> FileOutcome:
     buckets = sorted(
         (BucketResult.from_json(r) for r in _split(results, BUCKET)), key=lambda b: b.bucket
     )
+    changed = _split(results, CHANGED)
+    if changed:
+        read = reads[0] if reads else FileRead()
+        read.changed = read.changed or changed[0]
+        return FileOutcome(read=read, buckets=buckets)
     errors = _split(results, ERROR)
     if errors:
         read = reads[0] if reads else FileRead()

@@ -354,8 +354,9 @@ def encode_columns(
     ``drop_trailing_nulls`` (as ``landing.rows.encode_row`` does). Supported column
     types: null, bool, integers, floats, string, binary (and their large forms),
     timestamps of any unit that converts to microseconds exactly, date32. Returns None
-    for anything else (another type, datetimes outside Python's range, over 2 GiB of
-    output): the caller then encodes row by row, which also reports the errors.
+    for anything else (another type, datetimes outside Python's range, a string that
+    is not valid UTF-8, over 2 GiB of output): the caller then encodes row by row,
+    which also reports the errors.
     """
     arrays = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in columns]
     if not arrays:
@@ -478,6 +479,8 @@ def _column_piece(arr: pa.Array, valid: BoolArray) -> _Piece | None:
     if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
         return _column_piece(arr.cast(pa.binary()), valid)
     if pa.types.is_string(t) or pa.types.is_binary(t):
+        if pa.types.is_string(t) and not _valid_utf8(arr):
+            return None  # copying the bytes would store a string no reader can decode
         offsets_buf, data_buf = arr.buffers()[1], arr.buffers()[2]
         raw = np.frombuffer(offsets_buf, dtype="<i4", count=arr.offset + n + 1)
         starts = raw[arr.offset :].astype(np.int64)
@@ -496,6 +499,14 @@ def _column_piece(arr: pa.Array, valid: BoolArray) -> _Piece | None:
             var_data=data,
         )
     return None
+
+
+def _valid_utf8(arr: pa.Array) -> bool:
+    try:
+        arr.validate(full=True)  # Arrow does not check strings it did not build itself
+    except pa.ArrowInvalid:
+        return False
+    return True
 
 
 def key_digests(encoded: pa.BinaryArray) -> list[UpsertKey]:

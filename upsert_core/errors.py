@@ -124,6 +124,13 @@ class IngestError(UpsertPlatformError):
     """A file-level problem that stops an ingest at one file."""
 
 
+class LandingFileChanged(IngestError):
+    """A landing file changed between its listing and its reading (it is probably still
+    being written). Not a problem with the file: the ingest leaves it, and the files
+    after it, pending for the next run. An :class:`IngestError` so that a caller that
+    does not know it still stops at the file and applies nothing of it."""
+
+
 class ConfigError(UpsertPlatformError):
     """Bad configuration: a URL, an option, a conflicting ingest option."""
 

@@ -5,8 +5,8 @@ under a batch file name, reading and validating either
 
 - succeeds, and then every row of the file is accounted for exactly once: the good
   rows' positions and the error rows' numbers are disjoint and together are exactly
-  the rows the reader saw (for JSON Lines: exactly the non-blank lines), and every
-  error names the file; or
+  the rows the reader saw (for JSON Lines: exactly the non-blank lines), every
+  error names the file, and every good row decodes; or
 - raises :class:`IngestError` whose message starts with the file name.
 
 Any other exception type is a failure; pytest-timeout turns a hang into one. Inputs are
@@ -35,6 +35,7 @@ from upsert_core.landing import (
     RawBatch,
     SourceSchema,
     ValidatedBatch,
+    decode_row,
     read_csv,
     read_jsonl,
     read_parquet,
@@ -197,6 +198,8 @@ def _check_accounting(raw: RawBatch, out: ValidatedBatch) -> None:
     assert len(out.keys) == len(out.rows) == len(out.deletes) == len(out.orders) == len(good)
     assert all(e.file == raw.file for e in out.errors)
     assert out.total_rows == len(seen)
+    for row in out.rows:  # the shard never holds a row it cannot read back
+        decode_row(out.schema, row)
 
 
 def _ingest(

@@ -8,7 +8,8 @@ import pyarrow as pa
 import pytest
 
 from upsert_core.errors import ConfigError, IngestError
-from upsert_core.ingest import IngestRequest, ProgressEvent, ingest
+from upsert_core.ingest import FileOutcome, FileTask, IngestRequest, ProgressEvent, ingest
+from upsert_core.ingest.engine import InProcessEngine, ShardHandle
 
 from .helpers import leaked_blobs, memory_shard, snapshot_rows, write_jsonl, write_parquet
 
@@ -171,3 +172,72 @@ def test_through_stops_before_later_names_without_reading_them(tmp_path: Path) -
     with pytest.raises(IngestError, match="c.parquet"):
         ingest(shard, str(tmp_path), IngestRequest())
     assert shard.state().upper == 3
+
+
+# --- landing hygiene: hidden files, bad names, files still being written -------------
+
+
+def test_hidden_files_are_never_ingested(tmp_path: Path) -> None:
+    shard = memory_shard()
+    _good(tmp_path, "a.jsonl", 1, 1)
+    _good(tmp_path, ".hidden.jsonl", 2, 1)
+    (tmp_path / "_temporary" / "0").mkdir(parents=True)
+    _good(tmp_path, "_temporary/0/part-0.jsonl", 3, 1)  # an aborted Spark task attempt
+    (tmp_path / "out").mkdir()
+    _good(tmp_path, "out/_SUCCESS.jsonl", 4, 1)
+    ingest(shard, str(tmp_path), IngestRequest())
+    assert dict(shard.state().ingested_files) == {"a.jsonl": 0}
+
+
+def test_a_bad_name_stops_the_run_at_that_file_only(tmp_path: Path) -> None:
+    shard = memory_shard()
+    _good(tmp_path, "a.jsonl", 1, 1)
+    _good(tmp_path, "b\x01.jsonl", 2, 1)
+    _good(tmp_path, "c.jsonl", 3, 1)
+    with pytest.raises(IngestError) as info:
+        ingest(shard, str(tmp_path), IngestRequest())
+    message = str(info.value)
+    assert message.startswith("'b\\x01.jsonl': ") and "control character" in message
+    assert "\n" not in message
+    assert dict(shard.state().ingested_files) == {"a.jsonl": 0}  # the file before it went in
+    (tmp_path / "b\x01.jsonl").rename(tmp_path / "b.jsonl")
+    ingest(shard, str(tmp_path), IngestRequest())
+    assert list(shard.state().ingested_files) == ["a.jsonl", "b.jsonl", "c.jsonl"]
+
+
+class _WriterStillWriting:
+    """The in-process engine, with a writer appending to ``name`` after the listing and
+    before the engine reads it (once)."""
+
+    def __init__(self, root: Path, name: str) -> None:
+        self.path = root / name
+        self.inner = InProcessEngine()
+        self.done = False
+
+    def run_file(self, task: FileTask, shard: ShardHandle) -> FileOutcome:
+        if task.file.name == self.path.name and not self.done:
+            self.done = True
+            with self.path.open("ab") as fh:
+                fh.write(b'{"key": 7, "offset": 1, "v": "late"}\n')
+        return self.inner.run_file(task, shard)
+
+
+def test_a_file_still_being_written_waits_with_the_files_after_it(tmp_path: Path) -> None:
+    shard = memory_shard()
+    for name, key in [("a.jsonl", 1), ("b.jsonl", 2), ("c.jsonl", 3)]:
+        _good(tmp_path, name, key, 1)
+    engine = _WriterStillWriting(tmp_path, "b.jsonl")
+
+    report = ingest(shard, str(tmp_path), IngestRequest(), engine=engine)
+
+    assert [f.name for f in report.files] == ["a.jsonl"] and report.upper == 1
+    assert report.pending == ["b.jsonl", "c.jsonl"]
+    [warning] = report.warnings
+    assert warning.startswith("b.jsonl: changed while being ingested")
+    assert "left pending for the next run, with the 1 file(s) after it" in warning
+    assert dict(shard.state().ingested_files) == {"a.jsonl": 0}
+    assert leaked_blobs(shard) == set()
+    # The next run reads the whole file, as it is then.
+    report = ingest(shard, str(tmp_path), IngestRequest(), engine=engine)
+    assert [f.name for f in report.files] == ["b.jsonl", "c.jsonl"] and not report.warnings
+    assert {dict(r)["key"] for r in snapshot_rows(shard, 2)} == {1, 2, 3, 7}

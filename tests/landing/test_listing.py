@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from upsert_core.errors import ConfigError, IngestError
+from upsert_core.errors import ConfigError, IngestError, LandingFileChanged
 from upsert_core.landing import check_name, landing_file, list_landing, pending
+from upsert_core.landing.listing import is_hidden
 
 NAME_CHARS = st.characters(
     codec="utf-8",
@@ -43,7 +44,8 @@ def test_order_is_lexicographic_by_name(
             (root / name).write_bytes(b"")
         except OSError:  # names the file system refuses (too long in bytes, ...)
             continue
-        expected.append(name)
+        if not name.startswith((".", "_")):  # hidden: never listed
+            expected.append(name)
 
     files = list_landing(str(root))
 
@@ -113,11 +115,62 @@ def test_safe_names_are_accepted(tmp_path: Path) -> None:
         assert landing_file(str(tmp_path), name).name == name
 
 
-def test_listing_rejects_a_control_character_in_a_file_name(tmp_path: Path) -> None:
+@pytest.mark.parametrize("bad", ["bad\x07.jsonl", "b\nad.jsonl", "b\x01.jsonl"])
+def test_a_bad_name_is_listed_and_fails_only_when_read(tmp_path: Path, bad: str) -> None:
+    (tmp_path / "a.jsonl").write_bytes(b"")
+    (tmp_path / bad).write_bytes(b"")
+    (tmp_path / "c.jsonl").write_bytes(b"")
+
+    files = list_landing(str(tmp_path))  # one bad name does not fail the listing
+
+    assert [f.name for f in files] == sorted(["a.jsonl", bad, "c.jsonl"])
+    assert [bool(f.problem) for f in files] == [f.name == bad for f in files]
+    [flagged] = [f for f in files if f.problem]
+    with pytest.raises(IngestError, match="control character") as info:
+        flagged.read_bytes()
+    assert str(info.value).startswith(repr(bad)) and "\n" not in str(info.value)
+
+
+def test_a_name_that_is_not_utf8_is_a_bad_name(tmp_path: Path) -> None:
     (tmp_path / "ok.jsonl").write_bytes(b"")
-    (tmp_path / "bad\x07.jsonl").write_bytes(b"")
-    with pytest.raises(IngestError, match="control character"):
-        list_landing(str(tmp_path))
+    os.close(os.open(os.fsencode(tmp_path) + b"/b\xff.jsonl", os.O_CREAT | os.O_WRONLY))
+    files = list_landing(str(tmp_path))
+    assert [bool(f.problem) for f in files] == [True, False]
+    with pytest.raises(IngestError, match="not valid UTF-8"):
+        files[0].read_bytes()
+
+
+def test_hidden_files_and_directories_are_never_listed(tmp_path: Path) -> None:
+    names = ["a.jsonl", ".hidden.jsonl", "_SUCCESS.jsonl", "_temporary/0/part-0.jsonl",
+             "sub/.part-0.jsonl", "sub/ok.jsonl", "sub/_tmp/x.csv", ".git/x.parquet",
+             "..a.jsonl", "b_c/.d/e.jsonl", "b_c/f.jsonl"]
+    for name in names:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"")
+    listed = [f.name for f in list_landing(str(tmp_path))]
+    assert listed == ["a.jsonl", "b_c/f.jsonl", "sub/ok.jsonl"]
+    assert is_hidden("x/_temporary/0/p.jsonl") and not is_hidden("a_b/c.jsonl")
+
+
+def test_a_file_that_changes_after_the_listing_is_not_read_half_written(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b'{"key": 1}\n')
+    [listed] = list_landing(str(tmp_path))
+    with path.open("ab") as fh:  # the writer is not done yet
+        fh.write(b'{"key": 2}\n')
+    with pytest.raises(LandingFileChanged, match="^a.jsonl: changed while being ingested"):
+        listed.read_bytes()
+    # Replaced by a file of the same size (an atomic rename): a new version too.
+    [listed] = list_landing(str(tmp_path))
+    other = tmp_path / "other"
+    other.write_bytes(path.read_bytes().replace(b"1", b"3"))
+    os.replace(other, path)
+    with pytest.raises(LandingFileChanged):
+        listed.read_bytes()
+    [listed] = list_landing(str(tmp_path))
+    assert listed.read_bytes() == b'{"key": 3}\n{"key": 2}\n'
+    # A file named, not listed, is read as it is.
+    assert landing_file(str(tmp_path), "a.jsonl").read_bytes() == listed.read_bytes()
 
 
 def test_symlink_out_of_the_landing_location_is_rejected(tmp_path: Path) -> None:
@@ -127,8 +180,9 @@ def test_symlink_out_of_the_landing_location_is_rejected(tmp_path: Path) -> None
     land.mkdir()
     os.symlink(outside, land / "a.jsonl")
 
+    [listed] = list_landing(str(land))
     with pytest.raises(IngestError, match="a.jsonl.*outside"):
-        list_landing(str(land))
+        listed.read_bytes()
     with pytest.raises(IngestError, match="outside"):
         landing_file(str(land), "a.jsonl").read_bytes()
 

@@ -45,6 +45,26 @@ def test_jsonl_malformed_and_non_object_lines_are_row_errors_with_line_numbers()
     assert raw.errors[3].reason.startswith("malformed JSON line")
 
 
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_jsonl_nan_and_infinity_are_not_json(literal: str) -> None:
+    data = f'{{"key": 1, "offset": 1}}\n{{"key": 2, "offset": 2, "v": {literal}}}\n'.encode()
+    raw = read_jsonl("n.jsonl", data)
+    assert raw.positions.tolist() == [1]
+    [error] = raw.errors
+    assert (error.file, error.row) == ("n.jsonl", 2)
+    assert f"{literal} is not a JSON value" in error.reason
+
+
+def test_jsonl_a_duplicated_key_is_an_error_row_not_last_wins() -> None:
+    data = b'{"key": 1, "offset": 1}\n{"key": 1, "key": 2, "offset": 2}\n{"a": {"b": 1, "b": 2}}\n'
+    raw = read_jsonl("d.jsonl", data)
+    assert raw.positions.tolist() == [1]
+    assert [(e.row, e.reason) for e in raw.errors] == [
+        (2, "malformed JSON line: duplicate key 'key'"),
+        (3, "malformed JSON line: duplicate key 'b'"),
+    ]
+
+
 def test_jsonl_blank_lines_crlf_bom_and_missing_final_newline() -> None:
     data = b'\xef\xbb\xbf{"k": 1}\r\n\n   \n{"k": 2}'
     raw = read_jsonl("c.jsonl", data)

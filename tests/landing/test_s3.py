@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from tests.landing.helpers import jsonl, parquet
-from upsert_core.errors import IngestError
+from upsert_core.errors import IngestError, LandingFileChanged
 from upsert_core.landing import (
     SourceSchema,
     landing_file,
@@ -70,8 +70,37 @@ def test_an_escaping_key_is_rejected_naming_the_file(
 ) -> None:
     put(s3_client, s3_bucket, "land/ok.jsonl")
     put(s3_client, s3_bucket, "land/../evil.jsonl")
+    put(s3_client, s3_bucket, "land/x\x01.jsonl")
+    evil, ok, ctl = list_landing(f"s3://{s3_bucket}/land")  # listed, each with its problem
+    assert not ok.problem
     with pytest.raises(IngestError, match=r"'\.\./evil\.jsonl'"):
-        list_landing(f"s3://{s3_bucket}/land")
+        evil.read_bytes()
+    with pytest.raises(IngestError, match="control character"):
+        ctl.read_bytes()
+
+
+def test_hidden_keys_after_the_prefix_are_never_listed(
+    s3_env: str, s3_client: Any, s3_bucket: str
+) -> None:
+    for key in ["_p/land/a.jsonl", "_p/land/_temporary/0/part-0.jsonl", "_p/land/.x.jsonl",
+                "_p/land/_SUCCESS.csv", "_p/land/d/.crc.parquet", "_p/land/d/b.jsonl"]:
+        put(s3_client, s3_bucket, key)
+    # Only the part after the prefix counts: "_p/" is the landing's own location.
+    assert [f.name for f in list_landing(f"s3://{s3_bucket}/_p/land")] == ["a.jsonl", "d/b.jsonl"]
+
+
+def test_every_read_gets_the_listed_version_or_leaves_the_file_pending(
+    s3_env: str, s3_client: Any, s3_bucket: str
+) -> None:
+    put(s3_client, s3_bucket, "v/a.jsonl", b'{"key": 1}\n')
+    [listed] = list_landing(f"s3://{s3_bucket}/v")
+    assert listed.version.strip('"') and listed.read_bytes() == b'{"key": 1}\n'
+    # Overwritten with the same size after the listing: the pinned read refuses it.
+    put(s3_client, s3_bucket, "v/a.jsonl", b'{"key": 2}\n')
+    with pytest.raises(LandingFileChanged, match="^a.jsonl: changed while being ingested"):
+        listed.read_bytes()
+    [relisted] = list_landing(f"s3://{s3_bucket}/v")
+    assert relisted.read_bytes() == b'{"key": 2}\n'
 
 
 def test_missing_object_and_missing_bucket_are_file_errors(s3_env: str, s3_bucket: str) -> None:

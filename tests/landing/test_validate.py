@@ -354,11 +354,15 @@ def test_parquet_types_map_to_logical_types() -> None:
 
 
 def test_parquet_timestamp_order_in_microseconds() -> None:
-    ts = pa.array([1_500, 3_000_000], pa.timestamp("ns", tz="Europe/Paris"))
+    ts = pa.array([1_000, 3_000_000], pa.timestamp("ns", tz="Europe/Paris"))
     b = validate_parquet(pa.table({"key": [1, 2], "offset": ts, "__deleted": [None, True]}))
     assert b.schema.type_of("offset") is T.TIMESTAMP
     assert b.orders.tolist() == [1, 3_000]
     assert b.deletes.tolist() == [False, True]
+    # 1.5 microseconds has no exact microsecond value: a row error, never truncated.
+    ts = pa.array([1_500, 3_000_000], pa.timestamp("ns"))
+    b = validate_parquet(pa.table({"key": [1, 2], "offset": ts}))
+    assert error_rows(b) == [1] and b.orders.tolist() == [3_000]
 
 
 def test_parquet_non_boolean_delete_marker_is_a_row_error() -> None:

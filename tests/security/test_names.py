@@ -240,8 +240,12 @@ def test_symlinks_pointing_out_of_the_landing_are_rejected(tmp_path: Path) -> No
     landing.mkdir()
     (landing / "ok.jsonl").write_text("")
     (landing / "evil.jsonl").symlink_to(secret / "passwd.jsonl")
+    # Listed with its problem (one bad file must not fail the whole listing), and
+    # refused when read: its bytes are never opened.
+    evil, ok = list_landing(str(landing))
+    assert evil.name == "evil.jsonl" and not ok.problem
     with pytest.raises(IngestError, match="evil.jsonl: symlink points outside"):
-        list_landing(str(landing))
+        evil.read_bytes()
     with pytest.raises(IngestError, match="outside the landing"):
         landing_file(str(landing), "evil.jsonl").read_bytes()
 

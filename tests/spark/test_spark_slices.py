@@ -202,3 +202,31 @@ def test_a_task_runs_without_the_collector_and_freezes_its_heap() -> None:
     finally:
         gc.enable()
         gc.unfreeze()
+
+
+def test_a_file_that_changes_between_slices_is_left_pending_whole(tmp_path: Path) -> None:
+    """Slice 0 reads the listed version; the file then grows before slice 1 reads it:
+    slice 1 reports ``changed``, nothing of the file is committed (not even slice 0's
+    buckets), and the next run ingests the whole file."""
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    path = write_jsonl(landing, "a.jsonl", [{"key": k, "offset": 1} for k in range(20)])
+
+    def between_slices(slices: int) -> list[int]:
+        def order():  # type: ignore[no-untyped-def]
+            yield 0
+            with path.open("ab") as fh:
+                fh.write(b'{"key": 99, "offset": 1}\n')
+            yield from range(1, slices)
+
+        return order()  # type: ignore[no-any-return]
+
+    shard = _shard(tmp_path)
+    engine = SlicedInProcess(2, between_slices, claims=False)
+    report = ingest(shard, str(landing), IngestRequest(buckets=4), engine=engine)
+    assert report.files == [] and report.pending == ["a.jsonl"]
+    assert report.warnings[0].startswith("a.jsonl: changed while being ingested")
+    assert shard.state().upper == 0 and leaked_blobs(shard) == set()
+
+    report = ingest(shard, str(landing), IngestRequest(buckets=4))
+    assert [f.name for f in report.files] == ["a.jsonl"] and report.rows_read == 21

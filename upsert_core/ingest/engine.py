@@ -13,6 +13,9 @@ Invariants every engine keeps:
   updates, checkpoints, error rows and counts.
 - It never raises for a bad file or a failed bucket: those are in the outcome, with the
   blobs already written listed for cleanup.
+- Every read of the file it does reads the version the driver listed
+  (``LandingFile.read_bytes``); if any of them finds the file changed, the outcome
+  says so (``FileRead.changed``) and the driver commits nothing of it.
 
 :class:`InProcessEngine` runs the steps sequentially in this process (tests, small
 landings, and the fallback when Spark is unavailable); the Spark engine lives in
@@ -73,7 +76,7 @@ class InProcessEngine:
         blob = shard.blob
         read, rows = read_file(task, blob)
         outcome = FileOutcome(read=read)
-        if read.file_error is not None:
+        if read.file_error is not None or read.changed is not None:
             return outcome
         groups = bucket_groups(task, rows)
         for bucket in sorted(groups):

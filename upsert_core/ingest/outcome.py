@@ -104,6 +104,7 @@ class FileRead:
     bytes_written: int = 0
     new_blobs: list[str] = field(default_factory=list)
     file_error: str | None = None  # a file-level problem: "<file>: <problem>"
+    changed: str | None = None  # the file changed while being read: "<file>: <how>"
 
     def to_json(self) -> str:
         eb = self.error_batch
@@ -118,6 +119,7 @@ class FileRead:
                 "bytes_written": self.bytes_written,
                 "new_blobs": self.new_blobs,
                 "file_error": self.file_error,
+                "changed": self.changed,
             }
         )
 
@@ -135,6 +137,7 @@ class FileRead:
             bytes_written=int(obj["bytes_written"]),
             new_blobs=list(obj["new_blobs"]),
             file_error=obj["file_error"],
+            changed=obj.get("changed"),
         )
 
 

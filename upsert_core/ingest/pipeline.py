@@ -24,6 +24,14 @@ Invariants:
   counts only the files it will apply.
 - Options are checked against the stored ones before any file is read, and again on
   every attempt (a racing first ingest may have fixed them meanwhile).
+- A file that changed between the listing and its reading (still being written) is
+  not an error and is never committed half-read: nothing of it is applied, its blobs
+  are deleted, and the run ends there with a warning naming it; it and every later
+  pending file (``IngestReport.pending``) wait for the next run, which lists them
+  afresh. Later files wait because files are applied in name order, and applying them
+  first would give the changed file a later timestamp than files that sort after it.
+- Hidden files (``_temporary/``, ``.crc``, ...) are never listed, so never ingested;
+  a file with a bad name is listed with its problem and stops the run at that file.
 - The run is a registered writer (``persist.writers``): it registers a fresh writer id
   before the first file and heartbeats it while it works; every blob its steps write
   names that id. If the registration is gone at commit time (the run stalled past its
@@ -41,7 +49,12 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-from upsert_core.errors import ConcurrentModification, IngestError, WriterFenced
+from upsert_core.errors import (
+    ConcurrentModification,
+    IngestError,
+    LandingFileChanged,
+    WriterFenced,
+)
 from upsert_core.ingest.checkpoint import (
     CONFIG_CHECKPOINT_UPPER,
     checkpoint_base_name,
@@ -209,6 +222,9 @@ def _ingest_one(
         task = plan_file(state, options, file, request, lease.writer_id)
         started = time.monotonic()
         outcome = engine.run_file(task, shard)
+        if outcome.read.changed is not None:
+            _delete_new_blobs(shard.blob, outcome)
+            raise LandingFileChanged(outcome.read.changed)
         if outcome.read.file_error is None and outcome.failure is not None:
             # SUBTLE: a bucket step reads the shard as of the planned state (replaying
             # changes since a checkpoint base, or rehydrating). A concurrent GC may
@@ -310,7 +326,17 @@ def ingest(
                 notify(ProgressEvent("file_skipped", index, total, file.name))
                 continue
             notify(ProgressEvent("file_started", index, total, file.name))
-            state, done = _ingest_one(shard, state, file, options, engine, report, lease)
+            try:
+                state, done = _ingest_one(shard, state, file, options, engine, report, lease)
+            except LandingFileChanged as exc:
+                # Files are applied in name order: the ones after it wait with it.
+                report.pending = [f.name for f in todo[index - 1 :]]
+                later = len(report.pending) - 1
+                report.warnings.append(
+                    f"{exc}; left pending for the next run"
+                    + (f", with the {later} file(s) after it" if later else "")
+                )
+                break
             if done is None:
                 report.ingested_elsewhere.append(file.name)
                 notify(ProgressEvent("file_skipped", index, total, file.name))

@@ -39,6 +39,7 @@ class IngestReport:
     ingested_elsewhere: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     rehydrations: list[str] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)  # left for the next run (changed)
 
     @property
     def rows_read(self) -> int:

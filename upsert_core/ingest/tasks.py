@@ -17,7 +17,8 @@ task. Nothing is committed here: the driver does one compare-and-append per file
 Invariants:
 
 - ``read_file`` raises nothing for a bad file: a file-level problem comes back as
-  ``file_error`` (``"<file>: <problem>"``) with no rows and nothing written.
+  ``file_error`` (``"<file>: <problem>"``) with no rows and nothing written; a file
+  that changed since it was listed comes back as ``changed`` the same way.
 - ``run_bucket`` writes the checkpoint for ``upper = ts + 1``, i.e. the state as it is
   once the append commits; if the append does not commit, the driver deletes it.
 - A bucket whose drain decided nothing (every row skipped) and whose state came from a
@@ -49,6 +50,7 @@ from upsert_core.drain import drain_staged_input as drain
 from upsert_core.errors import (
     IngestError,
     InvalidUpsertState,
+    LandingFileChanged,
     NotReadable,
     UpsertPlatformError,
 )
@@ -188,9 +190,11 @@ def _read_file(task: FileTask, blob: Blob, *, write_errors: bool) -> tuple[FileR
     try:
         schema = SourceSchema.from_json(task.schema_json)
         batch = validate_file(task.file, schema)
+    except LandingFileChanged as exc:
+        return FileRead(changed=str(exc)), ROWS_SCHEMA.empty_table()
     except UpsertPlatformError as exc:
         message = str(exc)
-        if not message.startswith(f"{name}:"):
+        if not message.startswith((f"{name}:", f"{name!r}:")):  # a bad name is shown quoted
             message = f"{name}: {message}"
         return FileRead(file_error=message), ROWS_SCHEMA.empty_table()
     read = FileRead(

@@ -14,11 +14,24 @@ Invariants:
 - Text (CSV) values are parsed: decimal integers, floats, ``true``/``false`` in any
   case, ISO dates and timestamps; any text fits ``string`` and ``binary`` (UTF-8).
 - Timestamps are microseconds in UTC; a timestamp without an offset is taken as UTC.
+- Exact or bad, never silently changed: a value converts only if the column's type
+  holds it exactly (an integer into ``float64`` only if the float equals it; a
+  timestamp only if it is a whole number of microseconds inside Python's calendar; a
+  date64 only if it is a whole day; a decimal only if the float reads back as the same
+  decimal at its scale; an ISO-8601 text with more than six fraction digits only if
+  the extra digits are zeros). No cast here runs with ``safe=False`` unless the
+  entries it could change are already known to be bad.
+- Strings are valid UTF-8. Arrow does not check the strings of a Parquet file (or of
+  a CSV read without ``check_utf8``): :func:`split_invalid_utf8` finds the values that
+  are not and nulls them before any conversion, so a shard never holds a string it
+  cannot decode; the caller reports those rows.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import decimal
+import math
 import re
 from collections.abc import Callable, Sequence
 from typing import TypeAlias, cast
@@ -92,6 +105,59 @@ def describe(column: Column, index: int) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def split_invalid_utf8(column: Column) -> tuple[Column, BoolMask | None]:
+    """``(column, None)`` when every string of ``column`` is valid UTF-8 (or it holds no
+    strings); else ``(cleaned, bad)``: the column with those strings set to null, and
+    the mask of them. JSON columns are Python strings, already decoded."""
+    if isinstance(column, list):
+        return column, None
+    arr = column
+    if pa.types.is_dictionary(arr.type):
+        if not _is_string_type(arr.type.value_type) or _valid_utf8(arr.dictionary):
+            return column, None
+        arr = arr.dictionary_decode()
+    if not _is_string_type(arr.type) or _valid_utf8(arr):
+        return column, None
+    as_bytes = pc.cast(pc.cast(arr, pa.large_string()), pa.large_binary())  # no UTF-8 check
+    bad = np.fromiter(
+        (v is not None and not _decodes(v) for v in as_bytes.to_pylist()),
+        dtype=np.bool_,
+        count=len(arr),
+    )
+    cleaned = pc.cast(_without(as_bytes, bad), pa.large_string())  # validates: all good now
+    return pc.cast(cleaned, pa.string()), bad
+
+
+def describe_bytes(column: Column, index: int) -> str:
+    """A short rendering of one (not UTF-8) string value as its bytes."""
+    arr = cast(pa.Array, column)
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    raw = pc.cast(pc.cast(arr, pa.large_string()), pa.large_binary())[index].as_py()
+    text = repr(raw)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_string_type(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+
+
+def _valid_utf8(arr: pa.Array) -> bool:
+    try:
+        arr.validate(full=True)  # checks every string's UTF-8, in C++
+    except pa.ArrowInvalid:
+        return False
+    return True
+
+
+def _decodes(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 # --- inference ----------------------------------------------------------------------
 
 
@@ -139,12 +205,22 @@ def _convert_typed(column: pa.Array, target: LogicalType) -> tuple[pa.Array, Boo
     if pa.types.is_unsigned_integer(arr.type) and arr.type.bit_width == 64:
         too_big = pc.greater(arr, pa.scalar(INT64_MAX, type=pa.uint64()))
         bad = np.asarray(too_big.fill_null(False).to_numpy(zero_copy_only=False), dtype=np.bool_)
-        if bad.any():
-            arr = pc.if_else(too_big, pa.scalar(None, type=arr.type), arr)
-    try:
-        result = pc.cast(arr, ARROW_TYPES[target], safe=False)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise IngestError(f"cannot convert {arr.type} to {target}: {exc}") from exc
+        arr = _without(arr, bad).cast(pa.int64())
+    t = arr.type
+    if target is LogicalType.FLOAT64 and pa.types.is_integer(t):
+        result, inexact = _int_to_float(arr)
+        return result, bad | inexact
+    if target is LogicalType.FLOAT64 and pa.types.is_decimal(t):
+        return _decimal_to_float(arr)
+    if target is LogicalType.TIMESTAMP and pa.types.is_timestamp(t):
+        result, bad = _timestamp_to_micros(arr)
+    elif target is LogicalType.DATE and pa.types.is_date64(t):
+        result, bad = _scaled(arr, 86_400_000, divide=True, out=pa.date32())
+    else:
+        try:
+            result = pc.cast(arr, ARROW_TYPES[target])  # safe: refuses to change a value
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise IngestError(f"cannot convert {arr.type} to {target}: {exc}") from exc
     limits = _PYTHON_RANGE.get(target)
     if limits is not None:
         # Arrow's range is wider than Python's datetime/date (years 1..9999).
@@ -155,6 +231,84 @@ def _convert_typed(column: pa.Array, target: LogicalType) -> tuple[pa.Array, Boo
             bad = bad | out_np
             result = pc.if_else(out, pa.scalar(None, type=result.type), result)
     return result, bad
+
+
+def _without(arr: pa.Array, bad: BoolMask) -> pa.Array:
+    """``arr`` with the entries ``bad`` marks set to null."""
+    if not bad.any():
+        return arr
+    return pc.if_else(pa.array(bad), pa.scalar(None, type=arr.type), arr)
+
+
+def _int_to_float(arr: pa.Array) -> Conversion:
+    """Integers (int64 range) as float64; one the float cannot equal exactly is bad."""
+    ints = np.asarray(arr.cast(pa.int64()).fill_null(0).to_numpy(), dtype=np.int64)
+    floats = ints.astype(np.float64)
+    in_range = (floats >= -(2.0**63)) & (floats < 2.0**63)
+    exact = in_range & (np.where(in_range, floats, 0.0).astype(np.int64) == ints)
+    bad = np.asarray(pc.is_valid(arr).to_numpy(zero_copy_only=False), dtype=np.bool_) & ~exact
+    mask = bad | np.asarray(pc.is_null(arr).to_numpy(zero_copy_only=False), dtype=np.bool_)
+    return pa.array(floats, type=pa.float64(), mask=mask), bad
+
+
+def _decimal_to_float(arr: pa.Array) -> Conversion:
+    """Decimals as the nearest float64 (parsed from their text, so correctly rounded);
+    bad when that float does not read back as the same decimal at the column's scale."""
+    floats = pc.cast(pc.cast(arr, pa.string()), pa.float64())
+    try:
+        back = pc.cast(floats, arr.type, safe=False)  # rounds to the scale
+        same = pc.equal(back, arr)
+        ok = np.asarray(same.fill_null(True).to_numpy(zero_copy_only=False), dtype=np.bool_)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # e.g. beyond the precision
+        scale = arr.type.scale
+        ok = np.fromiter(
+            (
+                d is None or (math.isfinite(f) and _decimal_round(f, scale) == d)
+                for d, f in zip(arr.to_pylist(), floats.to_pylist(), strict=True)
+            ),
+            dtype=np.bool_,
+            count=len(arr),
+        )
+    bad = ~ok
+    return _without(floats, bad), bad
+
+
+def _decimal_round(value: float, scale: int) -> decimal.Decimal:
+    return decimal.Decimal(value).quantize(decimal.Decimal(1).scaleb(-scale))
+
+
+_TO_MICROS: dict[str, tuple[int, bool]] = {
+    "s": (1_000_000, False),
+    "ms": (1_000, False),
+    "us": (1, False),
+    "ns": (1_000, True),
+}
+
+
+def _timestamp_to_micros(arr: pa.Array) -> Conversion:
+    """Any timestamp as microseconds (UTC); a value off the microsecond grid (a
+    nanosecond part) or out of range is bad instead of truncated or wrapped."""
+    factor, divide = _TO_MICROS[arr.type.unit]
+    return _scaled(arr, factor, divide=divide, out=ARROW_TYPES[LogicalType.TIMESTAMP])
+
+
+def _scaled(arr: pa.Array, factor: int, *, divide: bool, out: pa.DataType) -> Conversion:
+    """``arr``'s integer storage multiplied (or exactly divided) by ``factor``, as type
+    ``out``; entries that would overflow, or not divide exactly, are bad (and null).
+    The result still gets the caller's calendar range check."""
+    raw = np.asarray(arr.view(pa.int64()).fill_null(0).to_numpy(), dtype=np.int64)
+    valid = np.asarray(pc.is_valid(arr).to_numpy(zero_copy_only=False), dtype=np.bool_)
+    if divide:
+        ok = raw % factor == 0
+        values = raw // factor
+    else:
+        limit = INT64_MAX // factor
+        ok = (raw >= -limit) & (raw <= limit)
+        values = np.where(ok, raw, 0) * factor
+    bad = valid & ~ok
+    storage = pa.int32() if pa.types.is_date32(out) else pa.int64()
+    result = pa.array(values.astype(storage.to_pandas_dtype()), type=storage, mask=~valid | bad)
+    return result.view(out), bad
 
 
 _EPOCH_DAYS = dt.date(1970, 1, 1).toordinal()
@@ -190,9 +344,31 @@ def _convert_text(column: pa.Array, target: LogicalType) -> tuple[pa.Array, Bool
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         fast = None
     if fast is not None:
-        return fast, np.zeros(len(column), dtype=np.bool_)
+        bad = np.zeros(len(column), dtype=np.bool_)
+        if target is LogicalType.FLOAT64:
+            fast, bad = _inexact_float_text(column, fast)
+        return fast, bad
     parse = _TEXT_PARSERS[target]
     return _per_value(column.to_pylist(), parse, arrow_type)
+
+
+_LONG_INT_TEXT = r"^\s*[+-]?[0-9]{16,}\s*$"  # 15 digits or fewer always fit a float64
+_INF_TEXT = r"(?i)^\s*[+-]?inf(inity)?\s*$"
+_INF_WORD = re.compile(r"[+-]?inf(inity)?", re.IGNORECASE)
+
+
+def _inexact_float_text(text: pa.Array, floats: pa.Array) -> Conversion:
+    """Arrow parsed ``text`` into ``floats``; an integer text the float does not equal,
+    or a number that overflowed to infinity, is bad (and null)."""
+    suspects = pc.or_(
+        pc.match_substring_regex(text, _LONG_INT_TEXT),
+        pc.and_(pc.is_inf(floats), pc.invert(pc.match_substring_regex(text, _INF_TEXT))),
+    )
+    idx = np.flatnonzero(np.asarray(suspects.fill_null(False).to_numpy(zero_copy_only=False)))
+    bad = np.zeros(len(text), dtype=np.bool_)
+    for i in idx.tolist():
+        bad[i] = _parse_float_text(text[i].as_py()) is None
+    return _without(floats, bad), bad
 
 
 def _all_text_converts(column: pa.Array, present: list[object], target: LogicalType) -> bool:
@@ -232,10 +408,16 @@ def _parse_int_text(value: object) -> object:
 def _parse_float_text(value: object) -> object:
     if not isinstance(value, str):
         return None
+    text = value.strip()
+    if _INT_TEXT.fullmatch(text):
+        return _json_float(int(text))  # an integer converts only if the float equals it
     try:
-        return float(value.strip())
+        parsed = float(text)
     except ValueError:
         return None
+    if math.isinf(parsed) and not _INF_WORD.fullmatch(text):
+        return None  # "1e400": out of float64's range, not infinity
+    return parsed
 
 
 def _parse_date(value: object) -> object:
@@ -247,11 +429,19 @@ def _parse_date(value: object) -> object:
         return None
 
 
+_FRACTION = re.compile(r"[.,]([0-9]+)", re.ASCII)
+
+
 def _parse_timestamp(value: object) -> dt.datetime | None:
     if not isinstance(value, str):
         return None
+    text = value.strip()
+    fraction = _FRACTION.search(text)
+    if fraction is not None and fraction.group(1)[6:].strip("0"):
+        # Python keeps six fraction digits and silently drops the rest: not exact.
+        return None
     try:
-        parsed = dt.datetime.fromisoformat(value.strip())
+        parsed = dt.datetime.fromisoformat(text)
         if parsed.tzinfo is None:
             return parsed.replace(tzinfo=dt.UTC)
         return parsed.astimezone(dt.UTC)
@@ -280,12 +470,15 @@ def _json_int(value: object) -> object:
 
 def _json_float(value: object) -> object:
     if type(value) is float:
-        return value
+        # json.loads turns a number beyond float64's range ("1e400") into infinity, and
+        # the readers refuse the NaN/Infinity literals, so an infinity here overflowed.
+        return None if math.isinf(value) else value
     if type(value) is int:
         try:
-            return float(value)
+            converted = float(value)
         except OverflowError:
             return None
+        return converted if converted == value else None  # exact, or not at all
     return None
 
 
@@ -331,8 +524,15 @@ def _convert_json(values: list[object], target: LogicalType) -> tuple[pa.Array, 
         except (pa.ArrowException, OverflowError, UnicodeEncodeError):
             inferred = None
         if inferred is not None and (inferred.type in exact or pa.types.is_null(inferred.type)):
-            result = pc.cast(inferred, ARROW_TYPES[target], safe=False)
-            return result, np.zeros(len(values), dtype=np.bool_)
+            if target is not LogicalType.FLOAT64 or pa.types.is_null(inferred.type):
+                return pc.cast(inferred, ARROW_TYPES[target]), np.zeros(len(values), np.bool_)
+            if pa.types.is_integer(inferred.type):
+                return _int_to_float(inferred)
+            # Arrow's float64 inference rounds integers beyond 2**53 and keeps the
+            # infinities of overflowed numbers: then the exact per-value way decides.
+            ints_exact = all(type(v) is not int or _json_float(v) is not None for v in values)
+            if ints_exact and not pc.any(pc.is_inf(inferred)).as_py():
+                return inferred, np.zeros(len(values), dtype=np.bool_)
     return _per_value(values, _JSON_PARSERS[target], ARROW_TYPES[target])
 
 

@@ -8,13 +8,27 @@ Invariants:
 - A file is identified by its *name*: its path relative to the landing root, with
   ``/`` separators. Only names ending in ``.parquet``, ``.jsonl`` or ``.csv`` are batch
   files; everything else in the location is ignored.
+- Hidden files are never listed: a name with a component that begins with ``.`` or
+  ``_`` (``.part-0.crc``, ``_SUCCESS``, ``_temporary/0/part-0.jsonl``), as Spark and
+  Hadoop treat writers' temporary and marker files. Only the part inside the landing
+  counts (for S3: the key after the prefix); local hidden directories are not walked.
 - :func:`list_landing` returns files sorted lexicographically by name (Python string
   order, i.e. by code point), so every run sees the same ingest order.
 - A name can never point outside the landing location: absolute names, empty, ``.``
-  or ``..`` components, backslashes, NUL and other control characters are rejected
-  with an :class:`IngestError` naming the file, both when listing and when a name is
-  turned back into a file (:func:`landing_file`). Local symlinks that resolve outside
-  the root are rejected the same way.
+  or ``..`` components, backslashes, NUL and other control characters, and names that
+  are not valid UTF-8 are rejected with an :class:`IngestError` naming the file. A
+  listing never fails for one bad name: it lists the file with its ``problem``, and
+  reading it raises that error, so an ingest stops at that file in name order, like at
+  any other file-level problem. A local symlink that resolves outside the root is
+  listed the same way. :func:`landing_file` and :func:`check_name` raise at once.
+- A file is read as listed or not at all: the listing records its ``size`` and
+  ``version`` (local: inode and modification time; S3: the ETag), and
+  :meth:`LandingFile.read_bytes` raises :class:`LandingFileChanged` when what it read
+  is not that (the file is still being written, or was replaced). On S3 the read is
+  pinned to the listed ETag (``IfMatch``), so every reader of a listed file (every
+  Spark slice) gets the same bytes or that error; locally each read compares size,
+  inode and modification time before and after. A file built by name alone
+  (``size`` -1, no version) is read as it is.
 - :class:`LandingFile` holds only strings and an int, so it pickles cheaply into a
   Spark task; it opens its bytes on demand, one file at a time.
 """
@@ -23,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import os
+import stat
 import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -30,7 +45,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from upsert_core.errors import ConfigError, IngestError
+from upsert_core.errors import ConfigError, IngestError, LandingFileChanged
 from upsert_core.redact import redact_url
 
 SUFFIXES: tuple[str, ...] = (".parquet", ".jsonl", ".csv")
@@ -43,6 +58,8 @@ class LandingFile:
     name: str
     root: str
     size: int = -1
+    version: str = ""  # local: "inode:mtime_ns"; S3: the ETag; "": not checked
+    problem: str = ""  # why the file cannot be ingested (a bad name): read_bytes raises
 
     @property
     def suffix(self) -> str:
@@ -55,18 +72,48 @@ class LandingFile:
         return f"{self.root.rstrip('/')}/{self.name}"
 
     def read_bytes(self) -> bytes:
-        """The whole file. Raises :class:`IngestError` naming the file if unreadable."""
+        """The whole file, exactly as listed. Raises :class:`LandingFileChanged` if it
+        changed since, and :class:`IngestError` naming the file if it cannot be read."""
+        if self.problem:
+            raise IngestError(self.problem)
         try:
-            if self.root.startswith("s3://"):
-                bucket, prefix = _split_s3(self.root)
-                response = _s3_client().get_object(Bucket=bucket, Key=_join(prefix, self.name))
-                data: bytes = response["Body"].read()
-                return data
-            return _local_path(self.root, self.name).read_bytes()
+            data = self._read_s3() if self.root.startswith("s3://") else self._read_local()
         except IngestError:
             raise
         except Exception as exc:  # noqa: BLE001 - every I/O failure becomes one clear line
             raise IngestError(f"{self.name}: cannot read file: {exc}") from exc
+        if self.size >= 0 and len(data) != self.size:
+            raise self._changed(f"listed with {self.size} bytes, read {len(data)}")
+        return data
+
+    def _read_local(self) -> bytes:
+        with _local_path(self.root, self.name).open("rb") as fh:
+            data = fh.read()
+            after = os.fstat(fh.fileno())
+        if self.version and _local_version(after) != self.version:
+            raise self._changed("replaced or modified since it was listed")
+        return data
+
+    def _read_s3(self) -> bytes:
+        from botocore.exceptions import ClientError
+
+        bucket, prefix = _split_s3(self.root)
+        pinned = {"IfMatch": self.version} if self.version else {}
+        try:
+            response = _s3_client().get_object(
+                Bucket=bucket, Key=_join(prefix, self.name), **pinned
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "412"):
+                raise self._changed(f"its ETag is no longer {self.version}") from exc
+            raise
+        data: bytes = response["Body"].read()
+        return data
+
+    def _changed(self, how: str) -> LandingFileChanged:
+        return LandingFileChanged(
+            f"{self.name}: changed while being ingested ({how}); still being written?"
+        )
 
 
 def check_name(name: str) -> str:
@@ -76,6 +123,8 @@ def check_name(name: str) -> str:
         raise IngestError(f"{shown}: empty file name")
     if any(_is_control(ch) for ch in name):
         raise IngestError(f"{shown}: file name contains a control character")
+    if any(unicodedata.category(ch) == "Cs" for ch in name):  # undecodable bytes, locally
+        raise IngestError(f"{shown}: file name is not valid UTF-8")
     if "\\" in name:
         raise IngestError(f"{shown}: file name contains a backslash")
     if name.startswith("/"):
@@ -93,10 +142,22 @@ def list_landing(url: str, *, page_size: int | None = None) -> list[LandingFile]
     """
     root = normalise_root(url)
     files = list(_list_s3(root, page_size) if root.startswith("s3://") else _list_local(root))
-    for f in files:
-        check_name(f.name)
     files.sort(key=lambda f: f.name)
     return files
+
+
+def is_hidden(name: str) -> bool:
+    """Whether a landing-relative name is a writer's temporary or marker file: one of
+    its components begins with ``.`` or ``_`` (``.`` and ``..`` are bad names instead)."""
+    return any(part.startswith((".", "_")) and part not in (".", "..") for part in name.split("/"))
+
+
+def _name_problem(name: str) -> str:
+    try:
+        check_name(name)
+    except IngestError as exc:
+        return str(exc)
+    return ""
 
 
 def pending(files: Iterable[LandingFile], ingested_names: Iterable[str]) -> list[LandingFile]:
@@ -141,18 +202,33 @@ def _list_local(root: str) -> Iterable[LandingFile]:
         raise IngestError(f"{root}: landing directory does not exist")
     real_root = os.path.realpath(root)
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        dirnames.sort()
+        dirnames[:] = sorted(d for d in dirnames if not is_hidden(d))
         for filename in filenames:
-            if not filename.lower().endswith(SUFFIXES):
+            if not filename.lower().endswith(SUFFIXES) or is_hidden(filename):
                 continue
             full = os.path.join(dirpath, filename)
             name = os.path.relpath(full, root).replace(os.sep, "/")
-            check_name(name)
-            if not _inside(real_root, os.path.realpath(full)):
-                raise IngestError(f"{name}: symlink points outside the landing location")
-            if not os.path.isfile(full):
+            problem = _name_problem(name)
+            if problem:
+                yield LandingFile(name=name, root=root, problem=problem)
                 continue
-            yield LandingFile(name=name, root=root, size=os.path.getsize(full))
+            if not _inside(real_root, os.path.realpath(full)):
+                problem = f"{name}: symlink points outside the landing location"
+                yield LandingFile(name=name, root=root, problem=problem)
+                continue
+            try:
+                st = os.stat(full)
+            except OSError:  # vanished since the directory was read
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            yield LandingFile(name=name, root=root, size=st.st_size, version=_local_version(st))
+
+
+def _local_version(st: os.stat_result) -> str:
+    """What identifies one version of a local file: a rewrite in place changes the
+    modification time, an atomic replace (rename) the inode."""
+    return f"{st.st_ino}:{st.st_mtime_ns}"
 
 
 def _local_path(root: str, name: str) -> Path:
@@ -219,7 +295,13 @@ def _list_s3(root: str, page_size: int | None) -> Iterable[LandingFile]:
                 name = key[len(list_prefix) :]
                 if name.endswith("/") or not name.lower().endswith(SUFFIXES):
                     continue
-                yield LandingFile(name=check_name(name), root=root, size=int(obj["Size"]))
+                if is_hidden(name):
+                    continue
+                problem = _name_problem(name)
+                etag = "" if problem else str(obj.get("ETag") or "")
+                yield LandingFile(
+                    name=name, root=root, size=int(obj["Size"]), version=etag, problem=problem
+                )
     except (IngestError, ConfigError):
         raise
     except Exception as exc:  # noqa: BLE001 - any listing failure is one clear line

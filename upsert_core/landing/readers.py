@@ -7,7 +7,12 @@ Invariants:
   ``IngestError("<file>: <problem>")``; nothing of it is returned.
 - Row-level damage is not a file error: a JSON line that does not parse (or is not an
   object) and a CSV row with the wrong number of fields become :class:`RowError`\\ s
-  with their row number, and the other rows are kept.
+  with their row number, and the other rows are kept. Strict JSON: ``NaN``,
+  ``Infinity`` and ``-Infinity`` do not parse, an object with a repeated key does not
+  parse (no silent "last one wins"), nor does one with a key that is not UTF-8.
+- Only names must be UTF-8 to read a file (a CSV header; Parquet column names): CSV
+  values are read unchecked, and strings that are not valid UTF-8 are row errors
+  found by validation (``convert.split_invalid_utf8``).
 - Row numbers count from 1 in file order: data rows for Parquet and CSV (the header
   is not a row), lines for JSON Lines (a blank line is skipped but still counted, so
   a reported row is the line an editor shows).
@@ -21,7 +26,9 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import pyarrow as pa
@@ -72,13 +79,17 @@ def read_jsonl(name: str, data: bytes) -> RawBatch:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
-        except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8
+            obj = json.loads(line, object_pairs_hook=_object, parse_constant=_not_json)
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8, ours
             errors.append(RowError(name, number, f"malformed JSON line: {_short(str(exc))}"))
             continue
         if not isinstance(obj, dict):
             kind = type(obj).__name__
             errors.append(RowError(name, number, f"JSON line is not an object (got {kind})"))
+            continue
+        if b"\\u" in line and not all(_is_utf8(col) for col in obj):
+            # An escaped lone surrogate ("\ud800") decodes, but is no UTF-8 column name.
+            errors.append(RowError(name, number, "malformed JSON line: a key is not UTF-8"))
             continue
         objects.append(obj)
         positions.append(number)
@@ -98,9 +109,19 @@ def read_csv(name: str, data: bytes) -> RawBatch:
     if not data.strip():
         return RawBatch(name, SourceKind.TEXT, {}, np.zeros(0, dtype=np.int64))
     try:
-        header = next(csv.reader(io.StringIO(data.decode("utf-8"))))
-    except (UnicodeDecodeError, csv.Error, StopIteration) as exc:
+        text = data.decode("utf-8")
+        utf8 = True
+    except UnicodeDecodeError:
+        # Undecodable bytes become lone surrogates: only the header must be UTF-8 here;
+        # a value that is not is a row error (validation finds it).
+        text, utf8 = data.decode("utf-8", "surrogateescape"), False
+    try:
+        header = next(csv.reader(io.StringIO(text)))
+    except (csv.Error, StopIteration) as exc:
         raise IngestError(f"{name}: unreadable CSV file: {exc}") from exc
+    for col in header:
+        if not _is_utf8(col):
+            raise IngestError(f"{name}: unreadable CSV file: a column name is not valid UTF-8")
     _check_unique(name, header)
     bad_rows: list[tuple[int, str]] = []
 
@@ -117,18 +138,20 @@ def read_csv(name: str, data: bytes) -> RawBatch:
         return "skip"
 
     try:
-        table = pacsv.read_csv(
-            pa.BufferReader(data),
-            read_options=pacsv.ReadOptions(use_threads=False),
-            parse_options=pacsv.ParseOptions(
-                newlines_in_values=True, invalid_row_handler=on_invalid
-            ),
-            convert_options=pacsv.ConvertOptions(
-                column_types={col: pa.string() for col in header},
-                strings_can_be_null=True,
-                null_values=[""],
-            ),
-        )
+        with nullcontext() if utf8 else _unraisable_ignored():
+            table = pacsv.read_csv(
+                pa.BufferReader(data),
+                read_options=pacsv.ReadOptions(use_threads=False),
+                parse_options=pacsv.ParseOptions(
+                    newlines_in_values=True, invalid_row_handler=on_invalid
+                ),
+                convert_options=pacsv.ConvertOptions(
+                    column_types={col: pa.string() for col in header},
+                    strings_can_be_null=True,
+                    null_values=[""],
+                    check_utf8=False,
+                ),
+            )
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for bad files
         raise IngestError(f"{name}: unreadable CSV file: {exc}") from exc
     total = table.num_rows + len(bad_rows)
@@ -139,6 +162,45 @@ def read_csv(name: str, data: bytes) -> RawBatch:
     }
     errors = [RowError(name, row, reason) for row, reason in bad_rows]
     return RawBatch(name, SourceKind.TEXT, columns, positions, errors)
+
+
+@contextmanager
+def _unraisable_ignored() -> Iterator[None]:
+    """SUBTLE: pyarrow decodes a malformed CSV row's text as UTF-8 before calling the
+    invalid-row handler; when that fails it reports the exception as "unraisable" (a
+    traceback on stderr) and the read then fails: one file error, nothing lost. The
+    traceback is noise, so it is dropped while such a file is read."""
+    previous = sys.unraisablehook
+    sys.unraisablehook = lambda unraisable: None
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
+
+
+def _object(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """A JSON object; a repeated key is an error, not silently "last one wins"."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"duplicate key {_short(repr(key), 60)}")
+            seen.add(key)
+    return obj
+
+
+def _not_json(literal: str) -> object:
+    """``NaN``, ``Infinity`` and ``-Infinity``: Python's json accepts them, JSON does not."""
+    raise ValueError(f"{literal} is not a JSON value")
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _check_unique(name: str, columns: list[str]) -> None:

@@ -10,14 +10,17 @@ Invariants:
   in file order; ``positions`` are the 1-based row numbers of the good rows.
 - Row-level problems exclude the row and never stop the file: a null (or
   unconvertible) key or order value, a value that does not convert to its column's
-  type, a delete marker that is neither a boolean nor "true"/"false" (any case; null is
-  false), a malformed JSON line, a value the codec cannot encode. A row with several
+  type or is not represented exactly in it, a string that is not valid UTF-8 (in
+  any column, key and delete marker included), a delete marker that is neither a
+  boolean nor "true"/"false" (any case; null is false), a malformed JSON line, a
+  value the codec cannot encode. A row with several
   problems yields one error whose reason lists them all.
 - File-level problems raise :class:`IngestError` naming the file and return nothing:
   a missing key or order column in a file that has rows, an incompatible or
   unsupported column type, an unreadable file. A file without rows (a 0-byte JSON
   Lines file, a Parquet file with no rows) is an empty batch; its column types still
   count as the first appearance of its columns.
+- Every good row decodes: no value reaches the codec that it cannot read back.
 - ``orders`` are int64: the order value itself, or microseconds since the epoch (UTC)
   for a timestamp order column.
 
@@ -55,7 +58,9 @@ from upsert_core.landing.convert import (
     convert,
     convert_deleted,
     describe,
+    describe_bytes,
     file_type,
+    split_invalid_utf8,
 )
 from upsert_core.landing.listing import LandingFile
 from upsert_core.landing.readers import read_batch
@@ -136,9 +141,20 @@ def validate_batch(raw: RawBatch, schema: SourceSchema) -> ValidatedBatch:
                 what = "order" if needed == schema.order else "key"
                 raise IngestError(f"{file}: missing {what} column {needed!r}")
 
+    problems: dict[int, list[str]] = {}
+    columns = dict(raw.columns)
+    for name, col in raw.columns.items():
+        cleaned, not_utf8 = split_invalid_utf8(col)
+        if not_utf8 is not None:
+            columns[name] = cleaned
+            for i in np.flatnonzero(not_utf8).tolist():
+                problems.setdefault(i, []).append(
+                    f"column {name!r}: not valid UTF-8: {describe_bytes(col, i)}"
+                )
+
     batch_types: list[tuple[str, LogicalType | None]] = []
     done: dict[str, tuple[LogicalType, Conversion]] = {}
-    for name, col in raw.columns.items():
+    for name, col in columns.items():
         if name == schema.deleted:
             continue
         current = schema.type_of(name)
@@ -148,15 +164,13 @@ def validate_batch(raw: RawBatch, schema: SourceSchema) -> ValidatedBatch:
             done[name] = (typ, conversion)
     schema = schema.evolve(batch_types, file)
 
-    problems: dict[int, list[str]] = {}
-
     def flag(mask: npt.NDArray[np.bool_], reason: str) -> None:
         for i in np.flatnonzero(mask).tolist():
             problems.setdefault(i, []).append(reason)
 
     arrays: dict[str, pa.Array] = {}
     for name, typ in schema.columns:
-        col = raw.columns.get(name)
+        col = columns.get(name)
         if col is None:
             arrays[name] = pa.nulls(n, type=ARROW_TYPES[typ])
             continue
@@ -174,12 +188,13 @@ def validate_batch(raw: RawBatch, schema: SourceSchema) -> ValidatedBatch:
         if arr is None:  # in the file but null in every row, so never typed
             flag(np.ones(n, dtype=np.bool_), f"null {role} column {name!r}")
         else:
-            # Unconvertible values are null now too but were reported above.
+            # Unconvertible (and not UTF-8) values are null now too but were reported
+            # above: the file's own column tells which values were really null.
             was_valid = _valid_mask(raw.columns.get(name, []))
             flag(_null_mask(arr) & ~was_valid, f"null {role} column {name!r}")
 
     deletes = np.zeros(n, dtype=np.bool_)
-    marker = raw.columns.get(schema.deleted)
+    marker = columns.get(schema.deleted)
     if marker is not None:
         deletes, bad_marker = convert_deleted(marker, raw.kind)
         for i in np.flatnonzero(bad_marker).tolist():
