@@ -13,7 +13,11 @@ bounded in time (``--seconds``, default 120) and in count (``--max-files``). Run
   (they race for the same files; the shard applies each once);
 - ``--readers`` processes reading snapshots at random readable timestamps and checking
   each against the model's digest for that timestamp (and that it is consolidated);
-- one process running GC (``--retain``, compaction included) every ``--gc-every`` s.
+- one process running GC (``--retain``, compaction included) every ``--gc-every`` s;
+- with ``--pause-every S``: every S seconds one ingester is stopped (SIGSTOP) for
+  ``--pause-for`` seconds, longer than its writer lease (``--writer-lease``), so GC
+  fences it and deletes the blobs it wrote; when continued, its commit is refused and it
+  redoes the file under a new registration (counted as ``fenced_redos``).
 
 Afterwards (every writer stopped): a final GC with leak grace 0; the shard must pass
 ``check_shard`` and ``compare_state``, equal the dict model row for row, have exactly
@@ -29,11 +33,13 @@ is one JSON object. Exit status 1 when any check failed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import multiprocessing as mp
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -119,13 +125,15 @@ def ingester(cfg: dict[str, Any], stop: Any, out: Any, index: int) -> None:
     shard = open_shard(cfg)
     memory = Memory(cfg["seconds"])
     latencies: list[float] = []
-    rows = files = runs = failures = 0
+    rows = files = runs = failures = fenced = 0
     last_error = ""
+    request = dataclasses.replace(REQUEST, writer_lease_ms=int(cfg["writer_lease"] * 1000))
     while True:
         final = stop.is_set()
         runs += 1
         try:
-            report = ingest(shard, cfg["landing"], REQUEST)
+            report = ingest(shard, cfg["landing"], request)
+            fenced += sum(1 for w in report.warnings if "fenced" in w)
         except UpsertPlatformError as exc:  # e.g. "concurrently modified": re-run
             failures += 1
             last_error = str(exc)[:200]
@@ -144,6 +152,7 @@ def ingester(cfg: dict[str, Any], stop: Any, out: Any, index: int) -> None:
             time.sleep(0.02)
     out.put({"role": "ingester", "index": index, "latencies": latencies, "rows": rows,
              "files": files, "runs": runs, "failures": failures, "last_error": last_error,
+             "fenced_redos": fenced,
              **memory.report()})
 
 
@@ -314,6 +323,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--retain", type=int, default=20, help="gc --retain (N >= 1)")
     p.add_argument("--gc-every", type=float, default=2.0, help="seconds between GC runs")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--writer-lease", type=float, default=900.0,
+                   help="seconds an ingester's writer registration lives without a heartbeat")
+    p.add_argument("--pause-every", type=float, default=0.0,
+                   help="stop one ingester (SIGSTOP) every this many seconds (0: never)")
+    p.add_argument("--pause-for", type=float, default=0.0,
+                   help="how long a stopped ingester stays stopped (default: 2x the lease)")
     p.add_argument("--postgres", metavar="URL", help="PostgreSQL consensus URL (loopback)")
     p.add_argument("--blob", metavar="URL",
                    help="blob store URL (default: files in the work dir); e.g. s3://bucket/soak")
@@ -321,6 +336,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.retain < 1:  # the GC process would otherwise count every run as a failure
         p.error(f"--retain must be >= 1, got {args.retain}")
+    if args.writer_lease <= 0:
+        p.error(f"--writer-lease must be > 0, got {args.writer_lease}")
+    if args.pause_every and not args.pause_for:
+        args.pause_for = 2 * args.writer_lease
     return args
 
 
@@ -339,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed,
         "retain": args.retain,
         "gc_every": args.gc_every,
+        "writer_lease": args.writer_lease,
     }
     gen = Generator({**cfg, "rows": args.rows, "keys": args.keys})
     watcher = open_shard(cfg)  # creates the shard before the processes race for it
@@ -353,12 +373,27 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     deadline = started + args.seconds
     upper = 0
+    pauses = 0
+    paused: tuple[int, float] | None = None  # (pid, continue at)
+    next_pause = started + args.pause_every if args.pause_every else float("inf")
+    rng = random.Random(args.seed)
     while time.monotonic() < deadline and gen.files < args.max_files:
+        now = time.monotonic()
+        if paused is None and now >= next_pause:
+            pid = procs[rng.randrange(args.ingesters)].pid
+            assert pid is not None
+            os.kill(pid, signal.SIGSTOP)
+            paused, pauses = (pid, now + args.pause_for), pauses + 1
+        elif paused is not None and now >= paused[1]:
+            os.kill(paused[0], signal.SIGCONT)
+            paused, next_pause = None, now + args.pause_every
         upper = watcher.upper
         if gen.files - upper < args.backlog:
             gen.write_file()
         else:
             time.sleep(0.01)
+    if paused is not None:
+        os.kill(paused[0], signal.SIGCONT)
     gen.close()
     stop.set()  # ingesters finish what is pending, readers stop
     while watcher.upper < gen.files and any(p.is_alive() for p in procs[: args.ingesters]):
@@ -388,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
         "commit_latency_p99_s": round(percentile(latencies, 0.99), 4),
         "files_committed_by": [r["files"] for r in ingesters],
         "ingest_run_failures": sum(r["failures"] for r in ingesters),
+        "writer_lease_s": args.writer_lease, "pauses": pauses,
+        "fenced_redos": sum(r["fenced_redos"] for r in ingesters),
         "ingest_last_errors": sorted({r["last_error"] for r in ingesters if r["last_error"]}),
         "reads_verified": sum(r["reads"] for r in readers),
         "reads_not_readable": sum(r["not_readable"] for r in readers),
@@ -404,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
           f" {summary['rows_per_s']} rows/s; commit latency p50"
           f" {summary['commit_latency_p50_s']} s, p99 {summary['commit_latency_p99_s']} s;"
           f" {summary['reads_verified']} snapshots verified; {gc_result['runs']} GC runs;"
+          f" {pauses} writer pauses, {summary['fenced_redos']} fenced redos;"
           f" max RSS {summary['max_rss_mb']} MB; {'OK' if not problems else 'PROBLEMS'}",
           file=sys.stderr)
     for name, values in rss.items():

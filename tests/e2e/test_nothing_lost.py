@@ -7,11 +7,16 @@ the mechanisms are in ``upsert_core`` and the cluster half is covered elsewhere.
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.helpers import Cli, write_jsonl
+from tests.e2e.test_durability import POLL_S, WATCH_TIMEOUT_S, _unreferenced, _watch_shard
+from upsert_core.persist.keys import shard_prefix
 
 EMBEDDED = pytest.mark.parametrize("deployment", ["embedded"], indirect=True)
 
@@ -34,3 +39,61 @@ def test_gc_retain_then_reinsert_keeps_the_row(cli: Cli, landing: Path, scope: s
     cli.ingest(landing)
     assert cli.snapshot() == [{"key": 1, "offset": 4, "v": "W"}]
     assert cli.check().json()["ok"] is True
+
+
+@EMBEDDED
+def test_a_writer_stopped_past_its_lease_is_fenced_and_loses_nothing(
+    cli: Cli, landing: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGSTOP an ingest after it wrote parts of a file, let its lease run out, run
+    ``gc`` (which fences it and deletes those parts), SIGCONT it: its commit is refused,
+    it redoes the file under a new registration and exits 0. No read ever meets a
+    missing part, and nothing is left unreferenced after GC."""
+    lease_s = 2.0
+    stoppable = cli.derive(env={"UPSERT_WRITER_LEASE_S": str(lease_s)})
+    write_jsonl(landing, "1-small.jsonl", [{"key": -1, "offset": 0, "v": "first"}])
+    big = [{"key": i, "offset": i, "v": f"value-{i:06d}"} for i in range(60_000)]
+    write_jsonl(landing, "2-big.jsonl", big)
+    proc = stoppable.popen(*stoppable.ingest_args(landing))
+    stopped = False
+    try:
+        shard = _watch_shard(cli, monkeypatch)
+        deadline = time.monotonic() + WATCH_TIMEOUT_S
+        while True:  # stop it once the big file's blobs exist, before their commit
+            assert proc.poll() is None, "the ingest finished before it could be stopped"
+            assert time.monotonic() < deadline
+            if shard.upper >= 1 and _unreferenced(shard):
+                break
+            time.sleep(POLL_S)
+        os.killpg(proc.pid, signal.SIGSTOP)
+        stopped = True
+        written = _unreferenced(shard)
+        assert shard.upper == 1 and written
+        (writer,) = shard.state().writers
+        time.sleep(lease_s + 0.5)
+        report = cli.run("gc", "--shard", "s").json()
+        assert report["leases_expired"] == 1 and writer not in shard.state().writers
+        assert report["leaked_blobs_deleted"] >= 1
+        assert not written & {m.key for m in shard.blob.list_keys(shard_prefix("s"))}
+        # Readers never meet a missing part while the stopped writer's blobs are gone.
+        assert cli.snapshot() == [{"key": -1, "offset": 0, "v": "first"}]
+        assert cli.check().json()["ok"] is True
+        os.killpg(proc.pid, signal.SIGCONT)
+        stopped = False
+        out, err = proc.communicate(timeout=WATCH_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            if stopped:
+                os.killpg(proc.pid, signal.SIGCONT)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "fenced" in err and "redoing it as a new writer" in err
+    info = cli.inspect()
+    assert info["upper"] == 2 and info["ingested_files"] == {"1-small.jsonl": 0, "2-big.jsonl": 1}
+    snap = cli.snapshot()
+    assert len(snap) == 60_001 and {"key": 59_999, "offset": 59_999, "v": "value-059999"} in snap
+    assert cli.check().json()["ok"] is True
+    cli.run("gc", "--shard", "s")
+    assert not _unreferenced(shard)
+    assert not shard.state().writers

@@ -19,8 +19,10 @@ Invariants:
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from upsert_core.drain import OrderScope
 from upsert_core.errors import ConfigError
@@ -57,7 +59,32 @@ class IngestRequest:
     buckets: int | None = None
     inline_threshold: int = DEFAULT_INLINE_THRESHOLD
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
-    writer_lease_ms: int = DEFAULT_LEASE_DURATION_MS
+    writer_lease_ms: int = field(default_factory=lambda: writer_lease_ms_from_env())
+
+
+WRITER_LEASE_ENV = "UPSERT_WRITER_LEASE_S"
+"""Seconds an ingest's writer registration lives without a heartbeat (default 900)."""
+
+
+def writer_lease_ms_from_env(env: Mapping[str, str] | None = None) -> int:
+    """The writer lease from :data:`WRITER_LEASE_ENV` (unset or empty: the default).
+
+    Shorter leases let GC reclaim a crashed remote writer's blobs sooner; a writer
+    stalled longer than its lease is fenced and redoes its file, so it is never unsafe.
+    """
+    text = (os.environ if env is None else env).get(WRITER_LEASE_ENV, "").strip()
+    if not text:
+        return DEFAULT_LEASE_DURATION_MS
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(
+            f"{WRITER_LEASE_ENV}={text!r}: the writer lease must be a positive number of"
+            " seconds"
+        )
+    return max(1, round(seconds * 1000))
 
 
 @dataclass(frozen=True)
