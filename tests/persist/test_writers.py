@@ -216,3 +216,20 @@ def test_an_ingest_stalled_past_its_lease_is_fenced_redoes_its_file_and_loses_no
     assert observer.check().ok
     observer.gc(leak_grace_ms=0)
     assert leaked_blobs(observer) == set()
+
+
+def test_append_by_a_handle_whose_registration_expired_writes_again_as_a_new_writer() -> None:
+    clock = Clock()
+    blob = MemoryBlob()
+    consensus = MemoryConsensus()
+    handle = _shard(clock, blob, consensus)
+    assert handle.append(updates_table([(key(1), b"a", 0, 1)]), 0).committed
+    old = handle.writer_id()
+    clock.now += leases.DEFAULT_LEASE_DURATION_MS + 1
+    _shard(clock, blob, consensus).gc()  # expires the idle handle's registration
+    assert old not in handle.state().writers
+    result = handle.append(updates_table([(key(2), b"b", 1, 1)]), 1)
+    assert result.committed and handle.writer_id() != old
+    parts = {p.key for b in result.state.batches for p in b.parts}  # type: ignore[union-attr]
+    assert parts <= {m.key for m in blob.list_keys("w/")}
+    assert rows_of(read_all(handle.snapshot(1))) == [(key(1), b"a", 1, 1), (key(2), b"b", 1, 1)]

@@ -252,24 +252,33 @@ class Shard:
 
         ``new_upper`` defaults to ``expected_upper + 1``; ``errors`` (file, row, reason)
         are committed at ``expected_upper``. When the append does not commit, the
-        written parts are deleted before returning.
+        written parts are deleted before returning. A handle whose registration expired
+        (:class:`WriterFenced`) writes the batch again as a new writer, once.
         """
         upper = expected_upper + 1 if new_upper is None else new_upper
-        batch = self.write_batch(data, expected_upper, upper)
-        error_batches = [] if errors is None else [self.write_errors(expected_upper, errors)]
-        # SUBTLE: if this raises, the outcome is unknown (the commit may have happened),
-        # so the parts are left to GC's leaked-blob sweep, which spares referenced blobs.
-        try:
-            result = self.compare_and_append(
-                batch, expected_upper, ingested_files=ingested_files, errors=error_batches,
-                config_updates=config_updates,
+        for attempt in (1, 2):
+            batch = self.write_batch(data, expected_upper, upper)
+            error_batches = (
+                [] if errors is None else [self.write_errors(expected_upper, errors)]
             )
-        except WriterFenced:
-            delete_uncommitted(self.blob, batch, error_batches)  # definitely not committed
-            raise
-        if not result.committed:
-            delete_uncommitted(self.blob, batch, error_batches)
-        return result
+            # SUBTLE: if this raises, the outcome is unknown (the commit may have happened),
+            # so the parts are left to GC's leaked-blob sweep, which spares referenced blobs.
+            try:
+                result = self.compare_and_append(
+                    batch, expected_upper, ingested_files=ingested_files,
+                    errors=error_batches, config_updates=config_updates,
+                )
+            except WriterFenced:
+                # Definitely not committed, and GC may have deleted some of these blobs:
+                # drop them and write everything again under a fresh registration.
+                delete_uncommitted(self.blob, batch, error_batches)
+                if attempt == 2:
+                    raise
+                continue
+            if not result.committed:
+                delete_uncommitted(self.blob, batch, error_batches)
+            return result
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def register_writer(
         self, writer_id: str, lease_duration_ms: int = leases.DEFAULT_LEASE_DURATION_MS
