@@ -125,7 +125,7 @@ def ingester(cfg: dict[str, Any], stop: Any, out: Any, index: int) -> None:
     shard = open_shard(cfg)
     memory = Memory(cfg["seconds"])
     latencies: list[float] = []
-    rows = files = runs = failures = fenced = 0
+    rows = files = runs = failures = fenced = renewed = 0
     last_error = ""
     request = dataclasses.replace(REQUEST, writer_lease_ms=int(cfg["writer_lease"] * 1000))
     while True:
@@ -134,6 +134,7 @@ def ingester(cfg: dict[str, Any], stop: Any, out: Any, index: int) -> None:
         try:
             report = ingest(shard, cfg["landing"], request)
             fenced += sum(1 for w in report.warnings if "fenced" in w)
+            renewed += sum(1 for w in report.warnings if "lost its registration" in w)
         except UpsertPlatformError as exc:  # e.g. "concurrently modified": re-run
             failures += 1
             last_error = str(exc)[:200]
@@ -152,7 +153,7 @@ def ingester(cfg: dict[str, Any], stop: Any, out: Any, index: int) -> None:
             time.sleep(0.02)
     out.put({"role": "ingester", "index": index, "latencies": latencies, "rows": rows,
              "files": files, "runs": runs, "failures": failures, "last_error": last_error,
-             "fenced_redos": fenced,
+             "fenced_redos": fenced, "renewed_registrations": renewed,
              **memory.report()})
 
 
@@ -425,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         "ingest_run_failures": sum(r["failures"] for r in ingesters),
         "writer_lease_s": args.writer_lease, "pauses": pauses,
         "fenced_redos": sum(r["fenced_redos"] for r in ingesters),
+        "renewed_registrations": sum(r["renewed_registrations"] for r in ingesters),
         "ingest_last_errors": sorted({r["last_error"] for r in ingesters if r["last_error"]}),
         "reads_verified": sum(r["reads"] for r in readers),
         "reads_not_readable": sum(r["not_readable"] for r in readers),
@@ -441,7 +443,8 @@ def main(argv: list[str] | None = None) -> int:
           f" {summary['rows_per_s']} rows/s; commit latency p50"
           f" {summary['commit_latency_p50_s']} s, p99 {summary['commit_latency_p99_s']} s;"
           f" {summary['reads_verified']} snapshots verified; {gc_result['runs']} GC runs;"
-          f" {pauses} writer pauses, {summary['fenced_redos']} fenced redos;"
+          f" {pauses} writer pauses, {summary['fenced_redos']} fenced redos,"
+          f" {summary['renewed_registrations']} renewed registrations;"
           f" max RSS {summary['max_rss_mb']} MB; {'OK' if not problems else 'PROBLEMS'}",
           file=sys.stderr)
     for name, values in rss.items():

@@ -22,9 +22,10 @@ from upsert_core.persist import leases
 from upsert_core.persist.blob_memory import MemoryBlob
 from upsert_core.persist.consensus_memory import MemoryConsensus
 from upsert_core.persist.keys import is_writer_id, new_writer_id, writer_id_of
-from upsert_core.persist.location import Blob
+from upsert_core.persist.location import Blob, CasResult, VersionedData
 from upsert_core.persist.read import read_all
 from upsert_core.persist.shard import Shard
+from upsert_core.persist.unreliable import FaultRates, UnreliableConsensus
 from upsert_core.persist.writers import WriterLease, expire_dead_local_writers
 
 from .test_parts import key, rows_of, updates_table
@@ -233,3 +234,72 @@ def test_append_by_a_handle_whose_registration_expired_writes_again_as_a_new_wri
     parts = {p.key for b in result.state.batches for p in b.parts}  # type: ignore[union-attr]
     assert parts <= {m.key for m in blob.list_keys("w/")}
     assert rows_of(read_all(handle.snapshot(1))) == [(key(1), b"a", 1, 1), (key(2), b"b", 1, 1)]
+
+
+# --- found by review: the fence is on the blobs' writer, and GC decides on a proven head --
+
+
+def test_a_batch_written_under_a_removed_id_is_never_committed_by_a_new_registration() -> None:
+    """A handle fenced at commit registers a new id on retry; the batch it wrote under
+    the old id (whose parts GC deleted) must still be refused, by anyone."""
+    clock = Clock()
+    blob, consensus = MemoryBlob(), MemoryConsensus()
+    writer = _shard(clock, blob, consensus)
+    batch = writer.write_batch(updates_table([(key(1), b"v", 0, 1)]), 0, 1)
+    clock.now += leases.DEFAULT_LEASE_DURATION_MS + 1
+    observer = _shard(clock, blob, consensus)
+    assert {p.key for p in batch.parts} <= set(observer.gc().deleted_keys)  # type: ignore[union-attr]
+    with pytest.raises(WriterFenced):
+        writer.compare_and_append(batch, 0, ingested_files={"f": 0})
+    with pytest.raises(WriterFenced, match="was written by writer"):
+        writer.compare_and_append(batch, 0, ingested_files={"f": 0})  # as a new id
+    assert observer.state().upper == 0
+    assert writer.append(updates_table([(key(1), b"v", 0, 1)]), 0).committed
+    assert rows_of(read_all(observer.snapshot(0))) == [(key(1), b"v", 0, 1)]
+
+
+def test_a_fenced_handle_compacts_again_as_a_new_writer() -> None:
+    clock = Clock()
+    blob, consensus = MemoryBlob(), MemoryConsensus()
+    handle = _shard(clock, blob, consensus)
+    for ts in range(6):
+        assert handle.append(updates_table([(key(ts), b"v", ts, 1)]), ts).committed
+    old = handle.writer_id()
+    clock.now += leases.DEFAULT_LEASE_DURATION_MS + 1
+    _shard(clock, blob, consensus).gc(run_compaction=False)
+    result = handle.compact(merge_all=True)
+    assert result.merges == 1 and handle.writer_id() != old
+
+
+class LateSeenRegistration(UnreliableConsensus):
+    """The first compare-and-set commits but reports a timeout, and reads then miss it
+    for a while (a commit seen late); compare-and-set always sees the true head."""
+
+    armed = True
+
+    def compare_and_set(self, key: str, expected: int | None, new: VersionedData) -> CasResult:
+        if self.armed:
+            self.armed = False
+            self._faults.rates = FaultRates(0, 0, 1.0)
+            try:
+                return super().compare_and_set(key, expected, new)
+            finally:
+                self._faults.rates = FaultRates(0, 0, 0)
+        return super().compare_and_set(key, expected, new)
+
+
+def test_gc_does_not_trust_a_lagging_read_of_the_registrations() -> None:
+    """A writer's registration committed but is not yet visible to reads. GC must not
+    take the writer for unregistered and delete its part, which it then commits."""
+    blob = MemoryBlob()
+    inner = MemoryConsensus()
+    Shard.open(inner, blob, "w")  # the shard exists before the faults start
+    lagging = LateSeenRegistration(inner, seed=0, rates=FaultRates(0, 0, 0), stale_reads=50)
+    writer = Shard.open(lagging, blob, "w", inline_threshold=0)
+    batch = writer.write_batch(updates_table([(key(1), b"v", 0, 1)]), 0, 1)
+    keys = {p.key for p in batch.parts}  # type: ignore[union-attr]
+    report = Shard.open(lagging, blob, "w", create=False).gc(leak_grace_ms=0)
+    assert not keys & set(report.deleted_keys)
+    assert writer.compare_and_append(batch, 0, ingested_files={"f": 0}).committed
+    truth = Shard.open(inner, blob, "w", create=False)
+    assert rows_of(read_all(truth.snapshot(0))) == [(key(1), b"v", 0, 1)]

@@ -217,6 +217,10 @@ def _ingest_one(
     attempts = max(1, request.max_attempts)
     for attempt in range(1, attempts + 1):
         if lease.lost:  # the heartbeat found the registration gone: a new id first
+            report.warnings.append(
+                f"{file.name}: writer {lease.writer_id} lost its registration (stalled past"
+                " its lease?); registered again as a new writer before planning"
+            )
             lease.renew()
         options = resolve_options(state.config, request)
         task = plan_file(state, options, file, request, lease.writer_id)

@@ -22,8 +22,10 @@ Invariants:
   reported as a mismatch, so its parts are never deleted by mistake.
 - The writer must be registered (``persist.writers``) in the state the append commits
   on, checked in the same transition; otherwise :class:`~upsert_core.errors.WriterFenced`
-  is raised and nothing is committed. GC deletes the blobs of writers it removed, so
-  this is what keeps a stalled writer from committing parts that are gone. The
+  is raised and nothing is committed; so is every blob the append starts to reference
+  (parts, error parts, ``blobref.`` config) whose key names a writer id the state does
+  not register, whoever commits it. GC deletes the blobs of writers it removed, so this
+  is what keeps a stalled writer's parts, which may be gone, out of every state. The
   transition also refreshes the writer's heartbeat.
 """
 
@@ -37,7 +39,7 @@ from upsert_core.persist.location import Blob
 from upsert_core.persist.machine import Machine
 from upsert_core.persist.parts import delete_parts
 from upsert_core.persist.state import ErrorBatch, HollowBatch, ShardState
-from upsert_core.persist.writers import refresh_in
+from upsert_core.persist.writers import refresh_in, require_new_references_registered
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,15 +148,17 @@ def compare_and_append(
         # SUBTLE: checked after "already applied" (a commit of ours that landed before
         # the registration went is ours) and before any change: a writer that is not
         # registered may have had its blobs deleted by GC, so it must never commit.
-        state = refresh_in(state, writer_id, now_ms)
-        verdict.committed = True
-        return state.evolve(
+        refreshed = refresh_in(state, writer_id, now_ms)
+        appended = refreshed.evolve(
             upper=batch.upper,
             batches=(*state.batches, batch),
             ingested_files={**state.ingested_files, **files},
             errors=(*state.errors, *errors),
             config={**state.config, **config},
         )
+        require_new_references_registered(state, appended)
+        verdict.committed = True
+        return appended
 
     state = machine.apply(append, max_retries=max_retries)
     return AppendResult(

@@ -56,7 +56,7 @@ from upsert_core.persist.parts import (
 )
 from upsert_core.persist.read import Transform, consolidated, part_sources
 from upsert_core.persist.state import BlobPart, HollowBatch, InlinePart, Part, ShardState
-from upsert_core.persist.writers import require_registered
+from upsert_core.persist.writers import require_new_references_registered, require_registered
 
 log = logging.getLogger(__name__)
 
@@ -239,9 +239,11 @@ def commit_merge(
                     return None
                 if writer_id is not None:
                     require_registered(state, writer_id)  # raises WriterFenced
-                proposed.append(state.seqno + 1)
                 batches = (*state.batches[:start], merged, *state.batches[start + len(run) :])
-                return state.evolve(batches=batches)
+                replaced_state = state.evolve(batches=batches)
+                require_new_references_registered(state, replaced_state)
+                proposed.append(state.seqno + 1)
+                return replaced_state
         return None
 
     # SUBTLE: if apply raises (e.g. an indeterminate store error) the new parts may or

@@ -38,13 +38,16 @@ a seqno at or above ``earliest``). An unreferenced blob is deleted when it prova
 never become referenced, decided without clocks:
 
 - A blob naming a writer id (``keys.writer_id_of``; every blob an ingest, a compaction
-  or a ``Shard`` handle writes): deleted iff that id is not registered in the current
-  state. Registration precedes the writing of any blob naming the id, and a removed
-  registration never returns and fences every commit of the id (``persist.writers``),
-  so such a blob is either referenced already or never will be. The blobs of a live,
-  registered writer are never deleted, however long it stalls; GC removes a stalled
-  writer's registration only by compare-and-set (lease expiry in step 1, or its
-  process being dead on this host), and deletes its blobs on a LATER read of the state.
+  or a ``Shard`` handle writes): deleted iff that id is not registered in a state GC
+  proved current after the listing by committing on it (a read alone may lag, e.g. a
+  commit seen late), and no live state up to it references the blob. Registration
+  precedes the writing of any blob naming the id, a removed registration never
+  returns, and no state may start to reference a blob naming an unregistered id
+  (``persist.writers``), so such a blob is either referenced already or never will be.
+  The blobs of a live, registered writer are never deleted, however long it stalls;
+  GC removes a stalled writer's registration only by compare-and-set (lease expiry in
+  step 1, or its process being dead on this host), and deletes its blobs on a LATER
+  read of the state.
 - A rollup: deleted iff its seqno is at or below the newest rollup recorded in the
   current state (a rollup is recorded only if it is newer than every recorded one, and
   that maximum never decreases) or below ``earliest``. A newer unrecorded rollup may
@@ -309,6 +312,35 @@ def _load_candidates(blob: Blob, key: str) -> dict[str, int]:
         return {}
 
 
+def _referenced(live: list[ShardState], earliest: int) -> set[str]:
+    referenced: set[str] = set()
+    for state in live:
+        referenced.update(state.referenced_blob_keys())
+        referenced.update(ref.key for seqno, ref in state.rollups.items() if seqno >= earliest)
+    return referenced
+
+
+def _confirmed_current(
+    machine: Machine, versions: StateVersions
+) -> tuple[ShardState, set[str]] | None:
+    """A state proven current after the listing, and the blobs live states reference up
+    to it; None if the store's reads do not reach it yet.
+
+    A read may lag (a follower, or a commit seen late); only a compare-and-set proves
+    what the head is. So GC commits a state identical but for its seqno: the state it
+    replaced was the head when the commit landed, which was after the listing. Every
+    writer registered when its blob was listed is still registered in it unless removed
+    (ids are never re-registered), and every reference committed before it is in the
+    live states up to it.
+    """
+    marker = machine.apply(lambda state: state)
+    earliest = versions.earliest_live_seqno()
+    live = list(versions.fetch_all_live_states())
+    if earliest is None or not live or max(s.seqno for s in live) < marker.seqno:
+        return None
+    return marker, _referenced(live, earliest)
+
+
 def sweep_leaked(
     versions: StateVersions,
     blob: Blob,
@@ -316,8 +348,13 @@ def sweep_leaked(
     now_ms: int,
     leak_grace_ms: int,
     report: GcReport,
+    machine: Machine | None = None,
 ) -> None:
-    """Delete blobs no live state references once seen so for ``leak_grace_ms``."""
+    """Delete unreferenced blobs that can never become referenced (module docstring).
+
+    Blobs naming a writer id are deleted only with a ``machine``, on a state it proved
+    current after the listing (:func:`_confirmed_current`); without one they wait.
+    """
     if leak_grace_ms < 0:
         raise InvalidUsage(f"leak_grace_ms must be >= 0, got {leak_grace_ms}")
     shard = versions.shard_id
@@ -332,21 +369,19 @@ def sweep_leaked(
     if not live:
         return
     current = max(live, key=lambda st: st.seqno)
-    registered = set(current.writers)
     newest_rollup = max(current.rollups, default=-1)
-    referenced: set[str] = set()
-    for state in live:
-        referenced.update(state.referenced_blob_keys())
-        referenced.update(ref.key for seqno, ref in state.rollups.items() if seqno >= earliest)
+    referenced = _referenced(live, earliest)
     record_key = leak_candidates_key(shard)
     before = _load_candidates(blob, record_key)
     pending: dict[str, int] = {}
     waiting = 0
+    unregistered: list[str] = []
     for key in listed:
         if key in referenced:
             continue
         seqno = parse_rollup_seqno(key)
         if seqno is not None:
+            # A stale read only makes ``earliest`` and ``newest_rollup`` smaller: safe.
             if seqno < earliest or seqno <= newest_rollup:
                 if report._delete(blob, key):
                     report.rollups_deleted += 1
@@ -355,10 +390,10 @@ def sweep_leaked(
             continue
         writer = writer_id_of(key)
         if writer is not None:
-            if writer in registered:
+            if writer in current.writers:
                 waiting += 1  # a registered writer may still commit it
-            elif report._delete(blob, key):
-                report.leaked_blobs_deleted += 1
+            else:
+                unregistered.append(key)
             continue
         first_seen = before.get(key, now_ms)
         if now_ms - first_seen >= leak_grace_ms or writer_is_dead(key):
@@ -366,6 +401,17 @@ def sweep_leaked(
                 report.leaked_blobs_deleted += 1
         else:
             pending[key] = first_seen
+    if unregistered:
+        confirmed = None if machine is None else _confirmed_current(machine, versions)
+        if confirmed is None:
+            waiting += len(unregistered)  # decided by a later run
+        else:
+            state, referenced_now = confirmed
+            for key in unregistered:
+                if key in referenced_now or writer_id_of(key) in state.writers:
+                    waiting += 1
+                elif report._delete(blob, key):
+                    report.leaked_blobs_deleted += 1
     report.leak_candidates_pending = len(pending) + waiting
     if pending:
         doc = {"format": CANDIDATES_FORMAT, "first_seen_ms": dict(sorted(pending.items()))}
@@ -429,6 +475,7 @@ def gc(
         _delete_replaced(versions, blob, point, report)
         _truncate(versions, point, report)
     _delete_obsolete_rollups(versions, blob, report)
-    sweep_leaked(versions, blob, now_ms=clock_ms(), leak_grace_ms=leak_grace_ms, report=report)
+    sweep_leaked(versions, blob, now_ms=clock_ms(), leak_grace_ms=leak_grace_ms, report=report,
+                 machine=machine)
     report.seconds = time.monotonic() - started
     return report

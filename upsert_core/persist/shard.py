@@ -398,10 +398,20 @@ class Shard:
     # --- maintenance ----------------------------------------------------------------------
 
     def compact(self, **options: object) -> CompactionResult:
-        """Size-tiered compaction (options as ``compact.compact``) as this handle's writer."""
-        return _compact(
-            self.machine, self.blob, writer_id=self.writer_id(), **options  # type: ignore[arg-type]
-        )
+        """Size-tiered compaction (options as ``compact.compact``) as this handle's writer;
+        if that registration is gone, once more as a freshly registered one."""
+        for attempt in (1, 2):
+            writer = self.writer_id()
+            try:
+                return _compact(
+                    self.machine, self.blob, writer_id=writer, **options  # type: ignore[arg-type]
+                )
+            except WriterFenced:
+                if writer == self._writer_id:
+                    self._writer_id = None
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def gc(
         self,

@@ -17,10 +17,16 @@ Invariants:
   GC once ``now > last heartbeat + lease`` (:func:`~upsert_core.persist.leases.expire_leases`),
   or removed by GC because it names a process on GC's host that is not running
   (:func:`expire_dead_local_writers`).
-- Once removed, the id can never commit again: ``require_registered`` refuses it with
-  :class:`~upsert_core.errors.WriterFenced`, determinately. So a blob naming an id that a
-  state read AFTER listing the blob does not register is either referenced by a live
-  state already or never will be, and GC may delete it if unreferenced (``persist.gc``).
+- A state may only start to reference a blob naming a writer id that the same state
+  registers (:func:`require_new_references_registered`, checked in the transition that
+  adds the reference: ``append``, compaction's replace). So once an id is removed, no
+  blob naming it can become referenced, whoever commits it (a handle that registered a
+  new id after being fenced cannot commit a batch written under the old one). Its own
+  commits are refused too (``require_registered``,
+  :class:`~upsert_core.errors.WriterFenced`, determinately). Hence a blob naming an id
+  that a state shown to be current after listing the blob does not register is either
+  referenced by a live state already or never will be, and GC may delete it if
+  unreferenced (``persist.gc``).
 - Safety does not depend on clocks. A skewed or paused clock only decides WHEN a lease
   expires: a live writer expired too early is fenced and redoes its work under a new
   id; it never commits a blob GC deleted.
@@ -36,7 +42,7 @@ from types import TracebackType
 
 from upsert_core.errors import LeaseExpired, UpsertPlatformError, WriterFenced
 from upsert_core.persist import leases
-from upsert_core.persist.keys import new_writer_id, process_is_dead
+from upsert_core.persist.keys import new_writer_id, process_is_dead, writer_id_of
 from upsert_core.persist.machine import Machine
 from upsert_core.persist.state import ShardState
 from upsert_core.persist.state_versions import StateVersions
@@ -60,6 +66,26 @@ def require_registered(state: ShardState, writer_id: str) -> None:
             " have deleted the blobs it wrote; nothing was committed. Register a new writer"
             " and write again"
         )
+
+
+def require_new_references_registered(before: ShardState, after: ShardState) -> None:
+    """Raise :class:`WriterFenced` if ``after`` starts to reference a blob whose key names
+    a writer id that ``after`` does not register.
+
+    This is what makes GC's deletion of a removed writer's blobs safe for every caller,
+    not only for a writer committing its own blobs. Blobs already referenced by
+    ``before`` (e.g. checkpoints carried forward) and blobs naming no writer id (written
+    by older versions; GC keeps its grace period for those) are not checked.
+    """
+    new = set(after.referenced_blob_keys()) - set(before.referenced_blob_keys())
+    for key in sorted(new):
+        writer = writer_id_of(key)
+        if writer is not None and writer not in after.writers:
+            raise WriterFenced(
+                f"shard {after.shard_id}: blob {key} was written by writer {writer}, whose"
+                " registration is gone, so GC may have deleted it; nothing was committed."
+                " Write it again as a registered writer"
+            )
 
 
 def refresh_in(state: ShardState, writer_id: str, now_ms: int) -> ShardState:
@@ -123,7 +149,7 @@ class WriterLease:
             )
             self.writer_id, self.lost = writer_id, False
             self.registrations += 1
-        if self._thread is None:
+        if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(
                 target=self._beat, name=f"writer-lease-{self._versions.shard_id}", daemon=True
             )
@@ -157,7 +183,8 @@ class WriterLease:
             except WriterFenced:
                 log.warning("shard %s: writer %s lost its registration",
                             self._versions.shard_id, self.writer_id)
-            except UpsertPlatformError as exc:  # retried at the next beat
+            except Exception as exc:  # noqa: BLE001 - the thread must outlive any failure
+                # Retried at the next beat; a lease that runs out only fences the writer.
                 log.warning("shard %s: heartbeat of writer %s failed: %s",
                             self._versions.shard_id, self.writer_id, exc)
 
