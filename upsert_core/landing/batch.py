@@ -62,3 +62,13 @@ class RawBatch:
     @property
     def names(self) -> list[str]:
         return list(self.columns)
+
+
+def is_utf8(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8 (no lone surrogates: bytes that were not UTF-8,
+    decoded with ``surrogateescape``, or an escaped lone surrogate in JSON)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

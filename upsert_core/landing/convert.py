@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from upsert_core.errors import IngestError
-from upsert_core.landing.batch import Column, SourceKind
+from upsert_core.landing.batch import Column, SourceKind, is_utf8
 from upsert_core.landing.schema import ARROW_TYPES, LogicalType, logical_type_of
 
 INT64_MIN = -(2**63)
@@ -547,7 +547,7 @@ def _per_value(
         array = pa.array(converted, type=arrow_type)
     except UnicodeEncodeError:
         # A JSON string with a lone surrogate ("\ud800") is not UTF-8: not convertible.
-        converted = [None if isinstance(c, str) and not _is_utf8(c) else c for c in converted]
+        converted = [None if isinstance(c, str) and not is_utf8(c) else c for c in converted]
         array = pa.array(converted, type=arrow_type)
     bad = np.fromiter(
         (v is not None and c is None for v, c in zip(values, converted, strict=True)),
@@ -555,14 +555,6 @@ def _per_value(
         count=len(values),
     )
     return array, bad
-
-
-def _is_utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _bad_mask(source: pa.Array, result: pa.Array) -> BoolMask:

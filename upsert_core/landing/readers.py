@@ -36,7 +36,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from upsert_core.errors import IngestError
-from upsert_core.landing.batch import Column, RawBatch, RowError, SourceKind
+from upsert_core.landing.batch import Column, RawBatch, RowError, SourceKind, is_utf8
 from upsert_core.landing.listing import LandingFile
 
 _BOM = b"\xef\xbb\xbf"
@@ -87,7 +87,7 @@ def read_jsonl(name: str, data: bytes) -> RawBatch:
             kind = type(obj).__name__
             errors.append(RowError(name, number, f"JSON line is not an object (got {kind})"))
             continue
-        if b"\\u" in line and not all(_is_utf8(col) for col in obj):
+        if b"\\u" in line and not all(is_utf8(col) for col in obj):
             # An escaped lone surrogate ("\ud800") decodes, but is no UTF-8 column name.
             errors.append(RowError(name, number, "malformed JSON line: a key is not UTF-8"))
             continue
@@ -120,7 +120,7 @@ def read_csv(name: str, data: bytes) -> RawBatch:
     except (csv.Error, StopIteration) as exc:
         raise IngestError(f"{name}: unreadable CSV file: {exc}") from exc
     for col in header:
-        if not _is_utf8(col):
+        if not is_utf8(col):
             raise IngestError(f"{name}: unreadable CSV file: a column name is not valid UTF-8")
     _check_unique(name, header)
     bad_rows: list[tuple[int, str]] = []
@@ -193,14 +193,6 @@ def _object(pairs: list[tuple[str, object]]) -> dict[str, object]:
 def _not_json(literal: str) -> object:
     """``NaN``, ``Infinity`` and ``-Infinity``: Python's json accepts them, JSON does not."""
     raise ValueError(f"{literal} is not a JSON value")
-
-
-def _is_utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _check_unique(name: str, columns: list[str]) -> None:
