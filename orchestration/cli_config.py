@@ -1,82 +1,28 @@
-"""Where ``upsertctl`` keeps shards: consensus and blob URLs from flags, environment, defaults.
-
-Precedence, per setting: the command-line flag, then the environment variable, then
-the embedded default under ``$UPSERT_HOME`` (default ``./.upsert``):
-
-- consensus: ``--consensus`` > ``UPSERT_CONSENSUS_URL`` > ``sqlite:///$UPSERT_HOME/consensus.db``
-- blob: ``--blob`` > ``UPSERT_BLOB_URL`` > ``file://$UPSERT_HOME/blob``
-
-Invariants:
-
-- ``UPSERT_HOME`` is made absolute once, so the defaults do not depend on how a URL
-  parser reads a relative path; it is created only when a default actually uses it.
-- Opening stores is the caller's choice (:func:`open_stores`); resolving URLs never
-  touches the network or the disk beyond creating ``$UPSERT_HOME``.
-"""
+"""Where ``upsertctl`` keeps shards: see :mod:`upsert_core.stores` (flag > environment >
+default under ``$UPSERT_HOME``); plus the CLI's own ``UPSERT_DEBUG`` switch."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from upsert_core.persist.location import Blob, Consensus
+from upsert_core.stores import (
+    DEFAULT_HOME,
+    ENV_BLOB,
+    ENV_CONSENSUS,
+    ENV_HOME,
+    StoreConfig,
+    open_stores,
+    resolve,
+    upsert_home,
+)
 
-ENV_HOME = "UPSERT_HOME"
-ENV_CONSENSUS = "UPSERT_CONSENSUS_URL"
-ENV_BLOB = "UPSERT_BLOB_URL"
 ENV_DEBUG = "UPSERT_DEBUG"
-DEFAULT_HOME = "./.upsert"
 
-
-def upsert_home(env: Mapping[str, str] | None = None) -> Path:
-    """The absolute ``$UPSERT_HOME`` (not created)."""
-    env = os.environ if env is None else env
-    return Path(env.get(ENV_HOME) or DEFAULT_HOME).expanduser().absolute()
-
-
-@dataclass(frozen=True)
-class StoreConfig:
-    """The resolved locations of a shard's metadata (consensus) and data (blob)."""
-
-    consensus_url: str
-    blob_url: str
-    home: Path
-    uses_home: bool
-
-    def ensure_home(self) -> None:
-        """Create ``$UPSERT_HOME`` if a default location lives in it."""
-        if self.uses_home:
-            (self.home / "blob").mkdir(parents=True, exist_ok=True)
-
-
-def resolve(
-    consensus: str | None, blob: str | None, env: Mapping[str, str] | None = None
-) -> StoreConfig:
-    """Resolve the two URLs by flag > environment > default (see the module docstring)."""
-    env = os.environ if env is None else env
-    home = upsert_home(env)
-    uses_home = False
-    consensus_url = consensus or env.get(ENV_CONSENSUS) or ""
-    if not consensus_url:
-        consensus_url = f"sqlite:///{home / 'consensus.db'}"
-        uses_home = True
-    blob_url = blob or env.get(ENV_BLOB) or ""
-    if not blob_url:
-        blob_url = f"file://{home / 'blob'}"
-        uses_home = True
-    return StoreConfig(consensus_url, blob_url, home, uses_home)
-
-
-def open_stores(config: StoreConfig) -> tuple[Consensus, Blob]:
-    """Open the consensus and blob the config names (creating ``$UPSERT_HOME`` if used)."""
-    from upsert_core.persist.urls import open_blob, open_consensus
-
-    config.ensure_home()
-    return open_consensus(config.consensus_url), open_blob(config.blob_url)
+__all__ = [
+    "DEFAULT_HOME", "ENV_BLOB", "ENV_CONSENSUS", "ENV_DEBUG", "ENV_HOME", "StoreConfig",
+    "debug_enabled", "open_stores", "resolve", "upsert_home",
+]
 
 
 def debug_enabled(flag: bool, env: Mapping[str, str] | None = None) -> bool:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pyarrow as pa
+
 from upsert_core.codec import Datum, UpsertKey, decode_datums, encode_datums, key_digest
 from upsert_core.errors import CodecError
 from upsert_core.landing.schema import SourceSchema
@@ -46,3 +48,12 @@ def decode_row(schema: SourceSchema, row: bytes) -> dict[str, object]:
     for name, value in zip(names, values, strict=False):
         out[name] = value
     return out
+
+
+def decode_rows_to_table(schema: SourceSchema, rows: pa.Array | pa.ChunkedArray) -> pa.Table:
+    """Encoded rows as a table with the schema's columns and Arrow types."""
+    from upsert_core.landing.schema import ARROW_TYPES
+
+    decoded = [decode_row(schema, r) for r in rows.to_pylist()]
+    arrow = pa.schema([(name, ARROW_TYPES[typ]) for name, typ in schema.columns])
+    return pa.Table.from_pylist(decoded, schema=arrow)

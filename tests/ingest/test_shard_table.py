@@ -1,0 +1,173 @@
+"""``upsert_core.open_shard``: typed Arrow reads of a shard, found where ``upsertctl`` finds it.
+
+Shards are written by the library ingest into the embedded default stores under
+``UPSERT_HOME`` (or explicit URLs) and read back through the API; the tables must equal
+the dict model at every readable time, with the shard's column types.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+import upsert_core
+from upsert_core.errors import NotReadable, ShardNotFound, UpsertPlatformError
+from upsert_core.ingest import IngestRequest, ingest
+from upsert_core.persist.shard import Shard
+from upsert_core.shard_table import DIFF_COLUMN, TS_COLUMN
+from upsert_core.stores import open_stores, resolve
+
+from .helpers import UpsertModel, write_jsonl, write_parquet
+
+UTC = dt.UTC
+
+
+def _ingest(landing: Path, batches: list[list[dict[str, Any]]], **options: Any) -> None:
+    consensus, blob = open_stores(resolve(None, None))
+    shard = Shard.open(consensus, blob, "t")
+    for i, rows in enumerate(batches):
+        write_jsonl(landing, f"{i:03d}.jsonl", rows)
+    ingest(shard, str(landing), IngestRequest(**options))
+
+
+def _bag(table: pa.Table) -> Counter[tuple[tuple[str, Any], ...]]:
+    return Counter(
+        tuple(sorted((k, v) for k, v in row.items() if v is not None))
+        for row in table.to_pylist()
+    )
+
+
+BATCHES: list[list[dict[str, Any]]] = [
+    [
+        {"key": 1, "offset": 1, "v": "a", "x": 1.5, "ok": True},
+        {"key": 2, "offset": 1, "v": "b", "x": -0.0, "ok": False},
+        {"key": 3, "offset": 1, "v": "c"},
+    ],
+    [
+        {"key": 1, "offset": 2, "v": "a2", "x": 2.5},
+        {"key": 2, "offset": 2, "__deleted": True},
+        {"key": 4, "offset": 2, "v": "d", "w": "2024-01-02T03:04:05.123456+00:00"},
+        {"key": None, "offset": 3},  # a row error
+    ],
+    [{"key": 3, "offset": 3, "v": "c3", "w": "1999-12-31T23:59:59+00:00"}],
+]
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for var in ("UPSERT_CONSENSUS_URL", "UPSERT_BLOB_URL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("UPSERT_HOME", str(tmp_path / "home"))
+    return tmp_path
+
+
+def test_snapshot_and_changes_are_typed_and_equal_the_model(home: Path) -> None:
+    landing = home / "landing"
+    landing.mkdir()
+    _ingest(landing, BATCHES)
+    table = upsert_core.open_shard("t")
+    assert table.schema.names == ["key", "offset", "v", "x", "ok", "w"]
+    assert table.schema.field("w").type == pa.string()  # JSON Lines has no timestamps
+    assert table.schema.field("x").type == pa.float64()
+    model = UpsertModel("batch")
+    for ts, rows in enumerate(BATCHES):
+        model.apply([r for r in rows if r["key"] is not None])
+        snap = table.snapshot(ts)
+        assert snap.schema == table.schema
+        expected = Counter(
+            tuple(sorted((k, v) for k, v in row)) for row in model.history[ts].elements()
+        )
+        assert _bag(snap) == expected, ts
+        changes = table.changes(ts, ts + 1)
+        assert changes.schema.names[-2:] == [TS_COLUMN, DIFF_COLUMN]
+        assert set(changes.column(TS_COLUMN).to_pylist()) <= {ts}
+        signed: Counter[tuple[tuple[str, Any], ...]] = Counter()
+        for row in changes.to_pylist():
+            diff = row.pop(DIFF_COLUMN)
+            row.pop(TS_COLUMN)
+            signed[tuple(sorted((k, v) for k, v in row.items() if v is not None))] += diff
+        want = Counter({
+            tuple(sorted((k, v) for k, v in r)): d
+            for r, d in model.changes(ts).items()
+        })
+        assert +signed == +want and -signed == -want
+    latest = table.snapshot()
+    assert latest.equals(table.snapshot(2))
+    assert table.to_batches().read_all().equals(latest)
+    # A column a row predates reads as null; pandas sees the same rows.
+    by_key = {r["key"]: r for r in latest.to_pylist()}
+    assert by_key[1]["w"] is None and by_key[1]["ok"] is None and by_key[1]["x"] == 2.5
+    assert by_key[4]["w"] == "2024-01-02T03:04:05.123456+00:00"
+    assert sorted(latest.to_pandas()["key"].tolist()) == [1, 3, 4]
+    errors = table.errors()
+    assert errors.to_pylist() == [{"file": "001.jsonl", "row": 4, "reason": errors[2][0].as_py()}]
+    info = table.inspect()
+    assert info["upper"] == 3 and {"name": "w", "type": "string"} in info["columns"]
+
+
+def test_parquet_types_read_back_as_they_went_in(home: Path) -> None:
+    landing = home / "landing"
+    landing.mkdir()
+    when = dt.datetime(2024, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
+    source = pa.table({
+        "key": pa.array([1, 2], pa.int64()),
+        "offset": pa.array([when, when], pa.timestamp("us", tz="UTC")),
+        "day": pa.array([dt.date(2020, 2, 29), None], pa.date32()),
+        "blob": pa.array([b"\x00\xff", b""], pa.binary()),
+        "f": pa.array([float("nan"), 1e300], pa.float64()),
+    })
+    write_parquet(landing, "000.parquet", source)
+    consensus, blob = open_stores(resolve(None, None))
+    ingest(Shard.open(consensus, blob, "p"), str(landing), IngestRequest())
+    table = upsert_core.open_shard("p").snapshot().sort_by("key")
+    assert table.schema == source.schema
+    assert table.column("offset").to_pylist() == [when, when]
+    assert table.column("day").to_pylist() == [dt.date(2020, 2, 29), None]
+    assert table.column("blob").to_pylist() == [b"\x00\xff", b""]
+    f = table.column("f").to_pylist()
+    assert f[0] != f[0] and f[1] == 1e300
+
+
+def test_reads_follow_the_cli_rules_and_never_create_a_shard(home: Path) -> None:
+    with pytest.raises(ShardNotFound):
+        upsert_core.open_shard("missing")
+    consensus, blob = open_stores(resolve(None, None))
+    with pytest.raises(ShardNotFound):
+        Shard.open(consensus, blob, "missing", create=False)
+    landing = home / "landing"
+    landing.mkdir()
+    _ingest(landing, BATCHES)
+    table = upsert_core.open_shard("t")
+    for bad in (-1, 3, 10):
+        with pytest.raises(NotReadable, match="readable"):
+            table.snapshot(bad)
+    with pytest.raises(NotReadable):
+        table.changes(2, 9)
+    assert issubclass(NotReadable, UpsertPlatformError)
+
+
+def test_explicit_urls_win_over_the_environment(home: Path, monkeypatch: pytest.MonkeyPatch
+                                                ) -> None:
+    landing = home / "landing"
+    landing.mkdir()
+    _ingest(landing, BATCHES[:1])
+    config = resolve(None, None)
+    monkeypatch.setenv("UPSERT_HOME", str(home / "elsewhere"))
+    with pytest.raises(ShardNotFound):
+        upsert_core.open_shard("t")
+    table = upsert_core.open_shard("t", config.consensus_url, config.blob_url)
+    assert table.snapshot().num_rows == 3
+
+
+def test_an_empty_shard_reads_as_an_empty_table(home: Path) -> None:
+    consensus, blob = open_stores(resolve(None, None))
+    Shard.open(consensus, blob, "empty")
+    table = upsert_core.open_shard("empty")
+    assert table.schema == pa.schema([]) and table.changes().num_rows == 0
+    with pytest.raises(NotReadable):
+        table.snapshot()

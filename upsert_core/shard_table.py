@@ -1,0 +1,148 @@
+"""Reading a shard as typed Arrow tables: the Python API behind ``upsertctl snapshot``.
+
+``open_shard(name)`` finds the shard exactly where ``upsertctl`` does
+(:mod:`upsert_core.stores`: the arguments, else ``UPSERT_CONSENSUS_URL`` /
+``UPSERT_BLOB_URL``, else the embedded defaults under ``UPSERT_HOME``) and returns a
+:class:`ShardTable`, whose reads return the shard's own columns with their types (the
+``columns`` of ``inspect``), ready for pandas (``to_pandas()``), DuckDB (query the Arrow
+table) or Polars (``pl.from_arrow``).
+
+Invariants:
+
+- Reads follow the CLI's rules and raise the same typed errors (all derived from
+  :class:`~upsert_core.errors.UpsertPlatformError`): a missing shard is
+  :class:`~upsert_core.errors.ShardNotFound` (reading never creates one), a time outside
+  ``[since, upper)`` is :class:`~upsert_core.errors.NotReadable` at the call.
+- A snapshot holds one row per live key (a row with multiplicity ``n`` appears ``n``
+  times, as ``upsertctl snapshot`` writes it); ``changes`` holds the consolidated updates
+  with their time and multiplicity in ``__ts`` and ``__diff``.
+- Rows are decoded with the schema read AFTER the read started: schemas only append
+  columns, so it covers every row the read returns; a column a row predates is null.
+- Streaming: :meth:`ShardTable.to_batches` decodes one record batch at a time, so a
+  shard larger than memory can be read; the other reads collect it into one table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from upsert_core.errors import CorruptData
+from upsert_core.ingest.options import CONFIG_SCHEMA
+from upsert_core.landing import ARROW_TYPES, SourceSchema
+from upsert_core.landing.rows import decode_rows_to_table
+from upsert_core.persist.shard import Shard
+from upsert_core.stores import open_stores, resolve
+
+TS_COLUMN = "__ts"
+DIFF_COLUMN = "__diff"
+ERRORS_SCHEMA = pa.schema([("file", pa.string()), ("row", pa.int64()), ("reason", pa.string())])
+
+
+def open_shard(
+    name: str, consensus: str | None = None, blob: str | None = None
+) -> ShardTable:
+    """Open shard ``name`` for reading, resolving the stores as ``upsertctl`` does."""
+    config = resolve(consensus, blob)
+    consensus_store, blob_store = open_stores(config)
+    return ShardTable(Shard.open(consensus_store, blob_store, name, create=False))
+
+
+class ShardTable:
+    """Typed reads of one shard (see the module docstring)."""
+
+    def __init__(self, shard: Shard) -> None:
+        self.shard = shard
+
+    @property
+    def name(self) -> str:
+        return self.shard.shard_id
+
+    def source_schema(self) -> SourceSchema | None:
+        """The shard's source schema (None before its first ingest committed one)."""
+        text = self.shard.state().config.get(CONFIG_SCHEMA)
+        return None if text is None else SourceSchema.from_json(text)
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The Arrow schema of a snapshot: the shard's columns, in order."""
+        return _arrow_schema(self.source_schema())
+
+    # --- reads --------------------------------------------------------------------------
+
+    def to_batches(self, as_of: int | None = None) -> pa.RecordBatchReader:
+        """The snapshot as of ``as_of`` (default: the newest readable time), streamed."""
+        batches = self.shard.snapshot(as_of)  # raises NotReadable now
+        schema = self.source_schema()
+        arrow_schema = _arrow_schema(schema)
+
+        def decoded() -> Iterator[pa.RecordBatch]:
+            for batch in batches:
+                table = _decode(schema, batch, repeat=True)
+                yield from table.cast(arrow_schema).to_batches()
+
+        return pa.RecordBatchReader.from_batches(arrow_schema, decoded())
+
+    def snapshot(self, as_of: int | None = None) -> pa.Table:
+        """The snapshot as of ``as_of`` (default: the newest readable time)."""
+        return self.to_batches(as_of).read_all()
+
+    def changes(self, since: int | None = None, until: int | None = None) -> pa.Table:
+        """Consolidated updates with ``since <= ts < until`` (defaults: the shard's since
+        and upper): the row's columns plus ``__ts`` and ``__diff`` (int64)."""
+        lower = self.shard.state().since if since is None else since
+        batches = self.shard.changes(lower, until)
+        schema = self.source_schema()
+        arrow_schema = _arrow_schema(schema).append(pa.field(TS_COLUMN, pa.int64())).append(
+            pa.field(DIFF_COLUMN, pa.int64())
+        )
+        tables = []
+        for batch in batches:
+            table = _decode(schema, batch, repeat=False)
+            table = table.append_column(TS_COLUMN, batch.column("ts").cast(pa.int64()))
+            table = table.append_column(DIFF_COLUMN, batch.column("diff").cast(pa.int64()))
+            tables.append(table.cast(arrow_schema))
+        return pa.concat_tables(tables) if tables else arrow_schema.empty_table()
+
+    def errors(self) -> pa.Table:
+        """The error collection: ``file``, ``row`` (from 1, in file order), ``reason``."""
+        rows: list[dict[str, Any]] = [
+            {"file": e["file"], "row": e["row"], "reason": e["reason"]}
+            for e in self.shard.errors()
+        ]
+        return pa.Table.from_pylist(rows, schema=ERRORS_SCHEMA)
+
+    def inspect(self) -> dict[str, object]:
+        """The same summary as ``upsertctl inspect``, plus ``columns``."""
+        info = self.shard.inspect()
+        schema = self.source_schema()
+        info["columns"] = [] if schema is None else [
+            {"name": name, "type": str(typ)} for name, typ in schema.columns
+        ]
+        return info
+
+
+def _arrow_schema(schema: SourceSchema | None) -> pa.Schema:
+    if schema is None:
+        return pa.schema([])
+    return pa.schema([(name, ARROW_TYPES[typ]) for name, typ in schema.columns])
+
+
+def _decode(schema: SourceSchema | None, batch: pa.RecordBatch, *, repeat: bool) -> pa.Table:
+    """The batch's rows decoded into typed columns; with ``repeat`` a row of multiplicity
+    ``n > 1`` appears ``n`` times (and rows with ``n <= 0`` not at all)."""
+    rows = batch.column("row")
+    if schema is None:
+        if len(rows):
+            raise CorruptData("the shard has rows but no stored source schema")
+        return pa.table({})
+    if repeat:
+        diffs = batch.column("diff").to_numpy(zero_copy_only=False)
+        if (diffs != 1).any():
+            import numpy as np
+
+            indices = np.repeat(np.arange(len(diffs)), np.maximum(diffs, 0))
+            rows = rows.take(pa.array(indices))
+    return decode_rows_to_table(schema, rows)
