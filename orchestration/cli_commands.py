@@ -80,6 +80,8 @@ def _decoded(
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
     shard = open_shard(args)
+    if args.format == "parquet":
+        return _snapshot_parquet(shard, args)
     batches = shard.snapshot(args.as_of)  # raises NotReadable now, not mid-output
     schema = shard_schema(shard)
     with row_writer(args.format, _columns(schema), args.out) as writer:
@@ -87,6 +89,20 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
             # A live row has diff 1; a larger count (never seen in a consolidated
             # shard) is written that many times rather than hidden.
             writer.write([row for row, d in zip(rows, diffs, strict=True) for _ in range(d)])
+    return EXIT_OK
+
+
+def _snapshot_parquet(shard: Shard, args: argparse.Namespace) -> int:
+    """Parquet straight from the typed Arrow read (``upsert_core.shard_table``)."""
+    import pyarrow as pa
+
+    from upsert_core.shard_table import ShardTable
+
+    reader = ShardTable(shard).to_batches(args.as_of)  # raises NotReadable now
+    columns = [(f.name, f.type) for f in reader.schema]
+    with row_writer("parquet", columns, args.out) as writer:
+        for batch in reader:
+            writer.write_table(pa.Table.from_batches([batch]))  # type: ignore[attr-defined]
     return EXIT_OK
 
 

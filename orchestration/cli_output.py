@@ -109,6 +109,12 @@ class _ParquetWriter:
         self._writer.write_table(pa.Table.from_arrays(arrays, schema=self._schema))
         self._wrote = True
 
+    def write_table(self, table: Any) -> None:
+        """Write an Arrow table already in this writer's schema (no per-row work)."""
+        if table.num_rows:
+            self._writer.write_table(table)
+            self._wrote = True
+
     def close(self) -> None:
         if not self._wrote:  # a valid file with the schema and no rows
             self._writer.write_table(self._schema.empty_table())
