@@ -29,7 +29,7 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TypeAlias
+from typing import NoReturn, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -98,14 +98,6 @@ def _expected_tag(t: pa.DataType) -> int | None:
     raise TypeError(f"decode_columns does not support column type {t}")
 
 
-class _RowsError(Exception):
-    """Internal: rows ``bad`` failed a check (None: some row, not located)."""
-
-    def __init__(self, bad: BoolArray | None) -> None:
-        super().__init__()
-        self.bad = bad
-
-
 def decode_columns(
     rows: pa.Array | pa.ChunkedArray,
     types: Sequence[pa.DataType],
@@ -114,14 +106,15 @@ def decode_columns(
     """Decode every encoded row of ``rows`` into one typed column per entry of ``types``.
 
     ``names`` name the table's columns (default ``c0, c1, ...``). Raises CodecError for
-    a row that is not a valid encoding, holds more datums than ``types`` has columns,
-    or holds a datum of the wrong kind for its column; TypeError for an unsupported
-    column type or a ``rows`` array that is not binary.
+    the first row (lowest index) that is not a valid encoding, holds more datums than
+    ``types`` has columns, or holds a datum of the wrong kind for its column; TypeError
+    for an unsupported column type or a ``rows`` array that is not binary.
     """
     if names is None:
         names = [f"c{i}" for i in range(len(types))]
     if len(names) != len(types):
         raise ValueError(f"{len(names)} names for {len(types)} column types")
+    types = list(types)
     tags = [_expected_tag(t) for t in types]
     schema = pa.schema([pa.field(name, t) for name, t in zip(names, types, strict=True)])
     chunks = rows.chunks if isinstance(rows, pa.ChunkedArray) else [rows]
@@ -130,14 +123,13 @@ def decode_columns(
     for chunk in chunks:
         if not (pa.types.is_binary(chunk.type) or pa.types.is_large_binary(chunk.type)):
             raise TypeError(f"encoded rows must be a binary array, not {chunk.type}")
-        if len(chunk) == 0:
+        if not len(chunk):
             continue
-        try:
-            arrays = _decode_chunk(chunk, list(types), tags)
-        except _RowsError as e:
-            _raise_first_error(chunk, list(types), tags, e.bad, row_base)
-            raise AssertionError("unreachable") from None
-        batches.append(pa.RecordBatch.from_arrays(arrays, schema=schema))
+        bad, arrays = _scan(chunk, types, tags)
+        if arrays is None:
+            _raise_row_error(chunk, types, tags, _first_failure(chunk, types, tags, bad), row_base)
+        else:
+            batches.append(pa.RecordBatch.from_arrays(arrays, schema=schema))
         row_base += len(chunk)
     return pa.Table.from_batches(batches, schema=schema)
 
@@ -145,12 +137,17 @@ def decode_columns(
 # --- the vectorised path ----------------------------------------------------------------
 
 
-def _decode_chunk(
+def _scan(
     rows: pa.Array, types: list[pa.DataType], tags: list[int | None]
-) -> list[pa.Array]:
+) -> tuple[BoolArray, list[pa.Array] | None]:
+    """Check every row of a non-empty ``rows``; the columns too if every row passes.
+
+    Returns ``(bad, arrays)``: ``bad`` marks exactly the rows that fail a structural
+    check (anything but UTF-8: each row is checked on its own bytes, whatever other
+    rows hold); ``arrays`` is None if some row fails, UTF-8 included (a bad string
+    leaves ``bad`` clear: the caller locates it).
+    """
     n = len(rows)
-    if rows.null_count:
-        raise _RowsError(np.asarray(rows.is_null().to_numpy(zero_copy_only=False), dtype=bool))
     large = pa.types.is_large_binary(rows.type)
     off_buf, data_buf = rows.buffers()[1], rows.buffers()[2]
     raw_offsets = np.frombuffer(off_buf, dtype="<i8" if large else "<i4", count=rows.offset + n + 1)
@@ -160,49 +157,67 @@ def _decode_chunk(
     )
     start, end = offsets[:-1], offsets[1:]
     size = len(data)
-    # Every row has its version byte (so size >= n >= 1 from here on).
-    bad = end <= start
-    if bad.any():
-        raise _RowsError(bad)
-    bad = data[start] != CODEC_VERSION
-    if bad.any():
-        raise _RowsError(bad)
+    bad = end <= start  # no version byte
+    if rows.null_count:
+        bad |= np.asarray(rows.is_null().to_numpy(zero_copy_only=False), dtype=np.bool_)
+    if n and not size:
+        return bad, None
+    bad |= data[np.minimum(start, size - 1)] != CODEC_VERSION
+    clean = not bad.any()  # build columns while every row so far is fine
     pos = start + 1
     arrays: list[pa.Array] = []
     for t, want in zip(types, tags, strict=True):
         has = pos < end
         tag = np.where(has, data[np.minimum(pos, size - 1)], TAG_NULL).astype(np.uint8)
+        live = tag != TAG_NULL
         if want is None:
-            live = np.zeros(n, dtype=np.bool_)
-            bad = tag != TAG_NULL
+            bad |= live
         elif want == TAG_TRUE:
-            live = tag != TAG_NULL
-            bad = live & (tag != TAG_TRUE) & (tag != TAG_FALSE)
+            bad |= live & (tag != TAG_TRUE) & (tag != TAG_FALSE)
         else:
-            live = tag != TAG_NULL
-            bad = live & (tag != want)
-        if bad.any():
-            raise _RowsError(bad)
+            bad |= live & (tag != want)
         width = _FIXED_WIDTH.get(want) if want is not None else 0
         if want is None or want == TAG_TRUE:
             step = has.astype(np.int64)
-            arrays.append(_finish(t, want, tag, live, n))
+            column = _flag_column(t, want, tag, live, n)
         elif width is not None:
             step = np.where(live, 1 + width, has.astype(np.int64))
-            if (pos + step > end).any():
-                raise _RowsError(pos + step > end)
-            arrays.append(_fixed_column(t, want, data, pos + 1, live, width))
+            bad |= pos + step > end
+            values = _fixed_values(data, pos + 1, live, width)
+            bad |= live & _out_of_domain(want, values)
+            column = pa.Array.from_buffers(t, n, [_validity(live), pa.py_buffer(values)])
         else:
             lens = np.where(live, _gather(data, pos + 1, "<u4"), 0).astype(np.int64)
             step = np.where(live, 5 + lens, has.astype(np.int64))
-            if (pos + step > end).any():
-                raise _RowsError(pos + step > end)
-            arrays.append(_var_column(t, rows, pos, lens, live, n))
+            bad |= pos + step > end
+            clean = clean and not bad.any()
+            # Only clean rows make the offsets Arrow is handed; never index past them.
+            column = _var_column(t, rows, pos, lens, live, n) if clean else None
+        clean = clean and column is not None and not bad.any()
+        if clean:
+            arrays.append(column)
         pos = pos + step
-    bad = pos != end  # more datums than columns (or a malformed extra one)
-    if bad.any():
-        raise _RowsError(bad)
-    return arrays
+    bad |= pos != end  # more datums than columns (or a malformed extra one)
+    return bad, arrays if clean and not bad.any() else None
+
+
+def _first_failure(
+    rows: pa.Array, types: list[pa.DataType], tags: list[int | None], bad: BoolArray
+) -> int:
+    """The lowest index of a failing row, given the structural ``bad`` mask."""
+    first = int(np.flatnonzero(bad)[0]) if bad.any() else len(rows)
+    # Rows before ``first`` pass every structural check; one may still hold bad UTF-8.
+    # Bisect for the shortest failing prefix: rows[:lo] decodes, rows[:hi] does not.
+    lo, hi = 0, first
+    if hi == 0 or _scan(rows.slice(0, hi), types, tags)[1] is not None:
+        return first
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _scan(rows.slice(0, mid), types, tags)[1] is None:
+            hi = mid
+        else:
+            lo = mid
+    return hi - 1
 
 
 def _gather(data: U8Array, at: I64Array, dtype: str) -> npt.NDArray[np.generic]:
@@ -221,39 +236,39 @@ def _validity(live: BoolArray) -> pa.Buffer | None:
     return pa.py_buffer(np.packbits(live, bitorder="little"))
 
 
-def _finish(t: pa.DataType, want: int | None, tag: U8Array, live: BoolArray, n: int) -> pa.Array:
+def _flag_column(
+    t: pa.DataType, want: int | None, tag: U8Array, live: BoolArray, n: int
+) -> pa.Array:
     if want is None:
         return pa.nulls(n, type=t)
     values = pa.py_buffer(np.packbits(tag == TAG_TRUE, bitorder="little"))
     return pa.Array.from_buffers(t, n, [_validity(live), values])
 
 
-def _fixed_column(
-    t: pa.DataType, want: int, data: U8Array, at: I64Array, live: BoolArray, width: int
-) -> pa.Array:
+def _fixed_values(data: U8Array, at: I64Array, live: BoolArray, width: int) -> I64Array:
+    """The payloads at ``at`` (0 where not live), as int32 or int64 bit patterns."""
     dtype = "<i4" if width == 4 else "<i8"
-    values = np.where(live, _gather(data, at, dtype), 0).astype(dtype)
+    return np.where(live, _gather(data, at, dtype), 0).astype(dtype, copy=False)
+
+
+def _out_of_domain(want: int, values: I64Array) -> BoolArray:
+    """Values ``decode_datums`` rejects: non-canonical floats, out-of-range instants."""
     if want == TAG_FLOAT:
         bits = values.view("<u8")
-        noncanonical = (bits == _NEG_ZERO_BITS) | (
+        return (bits == _NEG_ZERO_BITS) | (
             np.isnan(values.view("<f8")) & (bits != _CANONICAL_NAN_BITS)
         )
-        if noncanonical.any():
-            raise _RowsError(noncanonical)
-    elif want == TAG_DATETIME:
-        out = live & ((values < _MIN_MICROS) | (values > _MAX_MICROS))
-        if out.any():
-            raise _RowsError(out)
-    elif want == TAG_DATE:
-        out = live & ((values < _MIN_DATE_DAYS) | (values > _MAX_DATE_DAYS))
-        if out.any():
-            raise _RowsError(out)
-    return pa.Array.from_buffers(t, len(values), [_validity(live), pa.py_buffer(values)])
+    if want == TAG_DATETIME:
+        return (values < _MIN_MICROS) | (values > _MAX_MICROS)
+    if want == TAG_DATE:
+        return (values < _MIN_DATE_DAYS) | (values > _MAX_DATE_DAYS)
+    return np.zeros(len(values), dtype=np.bool_)
 
 
 def _var_column(
     t: pa.DataType, rows: pa.Array, pos: I64Array, lens: I64Array, live: BoolArray, n: int
-) -> pa.Array:
+) -> pa.Array | None:
+    """The string or bytes column; None if a string is not valid UTF-8."""
     # Payload i is data[s_i : s_i + lens_i]. The bounds s_0, e_0, s_1, e_1, ... never
     # decrease (rows are in order and checked to end within themselves), so as offsets
     # they describe a binary array whose even elements are the payloads; Arrow's take
@@ -279,44 +294,35 @@ def _var_column(
         try:
             out.validate(full=True)  # UTF-8
         except pa.ArrowInvalid:
-            raise _RowsError(None) from None
+            return None
     return out if out.type == t else out.cast(t)
 
 
 # --- the per-row path, only to report an error ---------------------------------------------
 
 
-def _raise_first_error(
-    rows: pa.Array,
-    types: list[pa.DataType],
-    tags: list[int | None],
-    bad: BoolArray | None,
-    row_base: int,
-) -> None:
-    """Raise the CodecError of the first failing row among ``bad`` (every row if None)."""
-    candidates = range(len(rows)) if bad is None else np.flatnonzero(bad).tolist()
+def _raise_row_error(
+    rows: pa.Array, types: list[pa.DataType], tags: list[int | None], i: int, row_base: int
+) -> NoReturn:
+    """Raise the CodecError of row ``i``, decoded alone by the per-row decoder."""
     k = len(types)
-    for i in candidates:
-        raw = rows[i].as_py()
-        try:
-            values = decode_datums(raw)
-            if len(values) > k:
-                raise CodecError(
-                    f"row has {len(values)} values but the schema has only {k} columns"
-                )
-        except CodecError as e:
-            raise CodecError(f"row {row_base + i}: {e}") from None
-        for c, (value, want) in enumerate(zip(values, tags, strict=False)):
-            if value is None:
-                continue
-            got = _tag_of(value)
-            ok = got == want or (want == TAG_TRUE and got == TAG_FALSE)
-            if not ok:
-                raise CodecError(
-                    f"row {row_base + i}: column {c} holds a {_TAG_NAMES[got]} datum"
-                    f" but has type {types[c]}"
-                )
-    raise CodecError("encoded rows failed validation")  # a check with no per-row cause
+    try:
+        values = decode_datums(rows[i].as_py())
+        if len(values) > k:
+            raise CodecError(f"row has {len(values)} values but the schema has only {k} columns")
+    except CodecError as e:
+        raise CodecError(f"row {row_base + i}: {e}") from None
+    for c, (value, want) in enumerate(zip(values, tags, strict=False)):
+        if value is None:
+            continue
+        got = _tag_of(value)
+        if not (got == want or (want == TAG_TRUE and got == TAG_FALSE)):
+            raise CodecError(
+                f"row {row_base + i}: column {c} holds a {_TAG_NAMES[got]} datum"
+                f" but has type {types[c]}"
+            )
+    # The vectorised checks and the per-row decoder disagree: a bug, never garbage.
+    raise CodecError(f"row {row_base + i}: failed the bulk decoder's checks")
 
 
 def _tag_of(value: object) -> int:

@@ -149,8 +149,8 @@ def test_decode_rows_to_table_matches_the_parquet_snapshot_columns() -> None:
 # --- damaged input -----------------------------------------------------------------------
 
 
-def _reference(schema: SourceSchema, rows: list[bytes | None]) -> list[dict[str, object]] | None:
-    """decode_row of every row, plus the column-type check; None if any row fails."""
+def _row_failure(schema: SourceSchema, raw: bytes | None) -> dict[str, object] | None:
+    """decode_row of one row plus the column-type check; None if the row fails."""
     want = {
         LogicalType.INT64: int,
         LogicalType.FLOAT64: float,
@@ -160,27 +160,27 @@ def _reference(schema: SourceSchema, rows: list[bytes | None]) -> list[dict[str,
         LogicalType.DATE: dt.date,
         LogicalType.BINARY: bytes,
     }
-    out = []
-    for raw in rows:
-        try:
-            row = decode_row(schema, raw)  # type: ignore[arg-type]
-        except CodecError:
+    try:
+        row = decode_row(schema, raw)  # type: ignore[arg-type]
+    except CodecError:
+        return None
+    for (_, t), v in zip(schema.columns, row.values(), strict=True):
+        if v is not None and type(v) is not want[t]:
             return None
-        for (_, t), v in zip(schema.columns, row.values(), strict=True):
-            if v is not None and type(v) is not want[t]:
-                return None
-        out.append(row)
-    return out
+    return row
 
 
 def _check_damaged(schema: SourceSchema, rows: list[bytes | None]) -> None:
-    expected = _reference(schema, rows)
+    """CodecError naming the first failing row, or exactly decode_row's values."""
+    decoded = [_row_failure(schema, r) for r in rows]
+    failing = [i for i, row in enumerate(decoded) if row is None]
     arr = pa.array(rows, pa.binary())
-    if expected is None:
-        with pytest.raises(CodecError):
+    if failing:
+        with pytest.raises(CodecError, match=f"^row {failing[0]}: "):
             decode_rows_to_table(schema, arr)
     else:
-        assert _rows_norm(decode_rows_to_table(schema, arr).to_pylist()) == _rows_norm(expected)
+        got = decode_rows_to_table(schema, arr).to_pylist()
+        assert _rows_norm(got) == _rows_norm(decoded)  # type: ignore[arg-type]
 
 
 _MUTATIONS = st.one_of(
@@ -273,6 +273,20 @@ def test_bad_rows_raise_codec_error_naming_the_row(
         with pytest.raises(CodecError) as per_row:
             decode_row(schema, row)
         assert str(info.value) == f"row 2: {per_row.value}"
+
+
+@pytest.mark.parametrize("bad_at", [0, 1, 5, 6, 9])
+def test_the_first_failing_row_is_named_whatever_fails_later(bad_at: int) -> None:
+    # Row ``bad_at`` holds invalid UTF-8 (found only by bisection); every later row is
+    # structurally broken, which the vectorised checks see first.
+    schema = _schema([LogicalType.STRING, LogicalType.INT64])
+    good = encode_row(["ok", 1])
+    rows = [good] * 10
+    rows[bad_at] = _str_datum(b"\xff")
+    for i in range(bad_at + 1, 10):
+        rows[i] = b"\x01\x09" if i % 2 else b"\x02"
+    with pytest.raises(CodecError, match=f"^row {bad_at}: invalid UTF-8"):
+        decode_rows_to_table(schema, pa.array(rows, pa.binary()))
 
 
 def test_null_row_raises_like_decode_row() -> None:
