@@ -8,9 +8,13 @@ next to the simplest dict-based Python loop doing the same job:
     snapshot;
 (b) staging and draining N source updates (one timestamp, ToUpper) against a state of
     N keys (~80% of updates hit an existing key, ~5% are deletes), then the feedback
-    that finalizes them.
+    that finalizes them;
+(c) decoding N encoded rows of (int64, string, float64, timestamp), 5% nulls, into
+    Arrow columns with ``decode_rows_to_table`` next to ``decode_row`` row by row
+    (``decode_rows_per_s``, ``decode_row_baseline_rows_per_s``, ``decode_speedup``).
 
-Usage: ``.venv/bin/python -m bench.core [--quick] [--n N]``. ``--quick`` uses N=100_000.
+Usage: ``.venv/bin/python -m bench.core [--quick] [--n N] [--decode-only]``. ``--quick``
+uses N=100_000; ``--decode-only`` runs (c) alone.
 The last line printed is a JSON object with all figures; ``drain_updates_per_s`` is
 staging + draining with the in-memory backend.
 """
@@ -29,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from upsert_core.backends import InMemoryBackend, SqliteBackend
+from upsert_core.codec import encode_columns
 from upsert_core.drain import (
     DrainOutput,
     OrderScope,
@@ -37,6 +42,7 @@ from upsert_core.drain import (
     apply_feedback,
     drain_staged_input,
 )
+from upsert_core.landing import LogicalType, SourceSchema, decode_row, decode_rows_to_table
 from upsert_core.state import UpsertState
 
 CHUNK = 100_000
@@ -170,14 +176,63 @@ def baseline_drain(figures: dict[str, float], state_keys: list[bytes], cols: dic
     figures["drain_dict_baseline_output_updates"] = len(output)
 
 
+def bench_decode(figures: dict[str, float], rng: np.random.Generator, n: int) -> None:
+    import pyarrow as pa
+
+    def nulls() -> np.ndarray:
+        return rng.random(n) < 0.05
+
+    schema = SourceSchema(
+        key=("id",),
+        order="ts",
+        columns=(
+            ("id", LogicalType.INT64),
+            ("name", LogicalType.STRING),
+            ("score", LogicalType.FLOAT64),
+            ("ts", LogicalType.TIMESTAMP),
+        ),
+    )
+    names = [f"name-{i}-" + "x" * (i % 13) for i in rng.integers(0, 10**9, n).tolist()]
+    columns = [
+        pa.array(rng.integers(-(2**62), 2**62, n), mask=nulls()),
+        pa.array(names, pa.string(), mask=nulls()),
+        pa.array(rng.normal(size=n), mask=nulls()),
+        pa.array(rng.integers(0, 2**52, n), pa.timestamp("us", tz="UTC"), mask=nulls()),
+    ]
+    rows = encode_columns(columns, drop_trailing_nulls=True)
+    assert rows is not None
+    t0 = time.perf_counter()
+    table = decode_rows_to_table(schema, rows)
+    bulk = time.perf_counter() - t0
+    raw = rows.to_pylist()
+    t0 = time.perf_counter()
+    per_row = [decode_row(schema, r) for r in raw]
+    single = time.perf_counter() - t0
+    assert table.num_rows == len(per_row) == n
+    figures["decode_rows_per_s"] = round(n / bulk)
+    figures["decode_row_baseline_rows_per_s"] = round(n / single)
+    figures["decode_speedup"] = round(single / bulk, 1)
+    print(
+        f"{'decode_rows_to_table':30s} {bulk:8.3f} s wall {n / bulk:12,.0f} rows/s\n"
+        f"{'decode_row (per row)':30s} {single:8.3f} s wall {n / single:12,.0f} rows/s"
+        f"  ({single / bulk:.1f}x)",
+        file=sys.stderr,
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="N=100_000 (under a minute)")
     parser.add_argument("--n", type=int, default=None, help="number of updates")
+    parser.add_argument("--decode-only", action="store_true", help="only (c), row decoding")
     args = parser.parse_args(argv)
     n = args.n or (100_000 if args.quick else 1_000_000)
     rng = np.random.default_rng(42)
     figures: dict[str, float] = {"n": n}
+    if args.decode_only:
+        bench_decode(figures, rng, n)
+        print(json.dumps(figures, sort_keys=True))
+        return
 
     with tempfile.TemporaryDirectory() as tmp:
         counter = iter(range(10**6))
@@ -200,6 +255,7 @@ def main(argv: list[str] | None = None) -> None:
         for name, make in backends:
             bench_drain(figures, name, make, state_keys, cols)
 
+    bench_decode(figures, rng, n)
     figures["drain_updates_per_s"] = figures["drain_memory_updates_per_s"]
     print(json.dumps(figures, sort_keys=True))
 

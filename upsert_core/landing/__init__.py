@@ -17,7 +17,7 @@ from upsert_core.landing.listing import (
     pending,
 )
 from upsert_core.landing.readers import read_batch, read_csv, read_jsonl, read_parquet
-from upsert_core.landing.rows import decode_row, encode_key, encode_row
+from upsert_core.landing.rows import decode_row, decode_rows_to_table, encode_key, encode_row
 from upsert_core.landing.schema import ARROW_TYPES, LogicalType, SourceSchema
 from upsert_core.landing.validate import (
     ARROW_SCHEMA,
@@ -41,6 +41,7 @@ __all__ = [
     "ValidatedBatch",
     "check_name",
     "decode_row",
+    "decode_rows_to_table",
     "encode_key",
     "encode_row",
     "landing_file",

@@ -10,6 +10,10 @@ Invariants:
   the shard's ``--key`` order.
 - :func:`decode_row` is the inverse of :func:`encode_row` for a schema at least as new
   as the one the row was written with; absent trailing columns read as ``None``.
+- :func:`decode_rows_to_table` decodes many rows at once into the columns
+  ``upsertctl snapshot --format parquet`` writes (schema names, ``ARROW_TYPES``), with
+  the values ``decode_row`` gives row by row; it raises CodecError where ``decode_row``
+  would, and also for a datum whose kind does not fit its column's type.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ from collections.abc import Sequence
 import pyarrow as pa
 
 from upsert_core.codec import Datum, UpsertKey, decode_datums, encode_datums, key_digest
+from upsert_core.codec_columns import decode_columns
 from upsert_core.errors import CodecError
-from upsert_core.landing.schema import SourceSchema
+from upsert_core.landing.schema import ARROW_TYPES, SourceSchema
 
 
 def encode_row(values: Sequence[Datum]) -> bytes:
@@ -51,9 +56,10 @@ def decode_row(schema: SourceSchema, row: bytes) -> dict[str, object]:
 
 
 def decode_rows_to_table(schema: SourceSchema, rows: pa.Array | pa.ChunkedArray) -> pa.Table:
-    """Encoded rows as a table with the schema's columns and Arrow types."""
-    from upsert_core.landing.schema import ARROW_TYPES
+    """Encoded rows (a binary Arrow array) as a table with one column per schema column.
 
-    decoded = [decode_row(schema, r) for r in rows.to_pylist()]
-    arrow = pa.schema([(name, ARROW_TYPES[typ]) for name, typ in schema.columns])
-    return pa.Table.from_pylist(decoded, schema=arrow)
+    The columns are named and typed as ``upsertctl snapshot --format parquet`` writes
+    them (``ARROW_TYPES`` of each logical type, nullable); row ``i`` holds the values of
+    ``decode_row(schema, rows[i])``.
+    """
+    return decode_columns(rows, [ARROW_TYPES[typ] for _, typ in schema.columns], schema.names)
