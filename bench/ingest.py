@@ -125,23 +125,13 @@ class Peak:
 
 
 def _our_snapshot(shard: Any) -> tuple[pa.Table, float]:
-    from upsert_core.codec import decode_datums
+    """The typed snapshot through the Python read API (read and decode, timed)."""
+    from upsert_core.shard_table import ShardTable
 
     started = time.perf_counter()
-    table = shard.snapshot_table()
+    table = ShardTable(shard).snapshot()
     seconds = time.perf_counter() - started
-    keys, values, amounts = [], [], []
-    for row, diff in zip(
-        table.column("row").to_pylist(), table.column("diff").to_pylist(), strict=True
-    ):
-        if diff != 1:
-            raise RuntimeError(f"snapshot is not consolidated: diff {diff}")
-        datums = list(decode_datums(row)) + [None] * 4
-        keys.append(datums[0])
-        values.append(datums[2])
-        amounts.append(datums[3])
-    decoded = pa.table({"key": keys, "value": values, "amount": amounts})
-    return canonical(decoded), seconds
+    return canonical(table), seconds
 
 
 class Recording:

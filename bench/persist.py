@@ -11,6 +11,11 @@
     history (the 4 batches, whose parts the read merges by key) and compacted (one
     batch after ``compact``; ``..._compacted`` figures). CPU-time ratios (all threads)
     are reported too: on a busy machine they are the steadier figure.
+(d) Typed snapshot reads (``upsert_core.open_shard(...).snapshot()``: the shard read plus
+    decoding every row into typed columns) of a shard ingested from one Parquet file of
+    N rows (int64 key and order, string, float64, timestamp), against ``pq.read_table``
+    of that file; best of 3, interleaved; plus ``upsertctl snapshot --format parquet
+    --out`` as a fresh process (what a user runs), against the same pyarrow read.
 (c) GC time for a shard with V versions on SQLite + local files (mostly small config
     changes, a one-row append every 20th version), including its compaction.
 
@@ -197,6 +202,62 @@ def read_figures(root: Path, n: int) -> dict[str, float]:
     }
 
 
+# --- (d) typed snapshot reads -----------------------------------------------------------------
+
+
+def typed_read_figures(root: Path, n: int) -> dict[str, float]:
+    import subprocess
+
+    from upsert_core.ingest import IngestRequest, ingest
+    from upsert_core.shard_table import ShardTable
+
+    landing = root / "typed-landing"
+    landing.mkdir()
+    rng = np.random.default_rng(11)
+    source = pa.table({
+        "key": pa.array(np.arange(n, dtype=np.int64)),
+        "offset": pa.array(np.zeros(n, dtype=np.int64)),
+        "value": pa.array([f"value-{i:08d}" for i in range(n)]),
+        "amount": pa.array(rng.random(n)),
+        "at": pa.array(rng.integers(0, 2**40, n), pa.timestamp("us", tz="UTC")),
+    })
+    parquet = landing / "000.parquet"
+    pq.write_table(source, parquet)
+    consensus_url, blob_url = f"sqlite:///{root}/typed.db", f"file://{root}/typed-blob"
+    shard = Shard.open(SqlConsensus(consensus_url), LocalBlob(root / "typed-blob"), "typed")
+    log(f"typed snapshot: ingesting {n:,} rows")
+    started = time.perf_counter()
+    ingest(shard, str(landing), IngestRequest())
+    ingest_s = time.perf_counter() - started
+    reader = ShardTable(shard)
+    best_api = best_arrow = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        table = reader.snapshot()
+        best_api = min(best_api, time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        floor = pq.read_table(parquet)
+        best_arrow = min(best_arrow, time.perf_counter() - t0)
+    assert table.num_rows == floor.num_rows == n
+    assert table.sort_by("key").equals(floor.sort_by("key")), "typed snapshot differs"
+    out = root / "typed-out.parquet"
+    env = {**os.environ, "UPSERT_CONSENSUS_URL": consensus_url, "UPSERT_BLOB_URL": blob_url}
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "orchestration.cli", "snapshot", "--shard", "typed",
+                    "--format", "parquet", "--out", str(out)], env=env, check=True)
+    cli_s = time.perf_counter() - t0
+    assert pq.read_table(out).num_rows == n
+    return {
+        "typed_rows": n,
+        "typed_ingest_seconds": round(ingest_s, 3),
+        "typed_snapshot_seconds": round(best_api, 4),
+        "typed_pyarrow_seconds": round(best_arrow, 4),
+        "typed_snapshot_ratio_vs_pyarrow": round(best_api / best_arrow, 3),
+        "typed_cli_parquet_seconds": round(cli_s, 3),
+        "typed_cli_parquet_ratio_vs_pyarrow": round(cli_s / best_arrow, 3),
+    }
+
+
 # --- (c) GC -----------------------------------------------------------------------------------
 
 
@@ -254,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"commits: {commits} on PostgreSQL")
         figures.update({f"postgres_{k}": v for k, v in postgres_figures(commits, blob).items()})
         figures.update(read_figures(root, rows))
+        figures.update(typed_read_figures(root, 200_000 if args.quick else 1_000_000))
         figures.update(gc_figures(root, versions))
     for name, value in figures.items():
         log(f"  {name}: {value}")
