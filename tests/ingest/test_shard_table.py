@@ -171,3 +171,29 @@ def test_an_empty_shard_reads_as_an_empty_table(home: Path) -> None:
     assert table.schema == pa.schema([]) and table.changes().num_rows == 0
     with pytest.raises(NotReadable):
         table.snapshot()
+
+
+def test_pandas_duckdb_and_polars_read_the_arrow_tables(home: Path) -> None:
+    import duckdb
+    import polars as pl
+
+    landing = home / "landing"
+    landing.mkdir()
+    _ingest(landing, BATCHES)
+    snapshot = upsert_core.open_shard("t").snapshot()
+    frame = snapshot.to_pandas()
+    assert sorted(frame["key"].tolist()) == [1, 3, 4]
+    con = duckdb.connect()
+    con.register("orders", snapshot)
+    assert con.execute("select key, v from orders order by key").fetchall() == [
+        (1, "a2"), (3, "c3"), (4, "d")
+    ]
+    polars_frame = pl.from_arrow(snapshot)
+    assert isinstance(polars_frame, pl.DataFrame)
+    assert polars_frame.sort("key")["v"].to_list() == ["a2", "c3", "d"]
+    changes = upsert_core.open_shard("t").changes()
+    assert con.execute(
+        "select sum(__diff) from changes where __ts = 1"
+    ).fetchone() == (sum(d for d, t in zip(changes.column("__diff").to_pylist(),
+                                             changes.column("__ts").to_pylist(),
+                                             strict=True) if t == 1),)
