@@ -45,7 +45,12 @@ from pydantic import Field
 
 from assets.checks import build_checks
 from assets.ingest_step import ingest_through, pending_through
-from assets.metadata import gc_metadata, ingest_metadata, shard_metadata
+from assets.metadata import (
+    column_schema_metadata,
+    gc_metadata,
+    ingest_metadata,
+    shard_metadata,
+)
 from assets.spec import SourceSpec
 from resources.spark import SparkResource
 from resources.stores import BlobStoreResource, ConsensusResource, open_shard
@@ -53,6 +58,7 @@ from upsert_core.errors import ConcurrentModification, ShardNotFound, UpsertPlat
 from upsert_core.ingest import ProgressEvent
 from upsert_core.persist.keys import claim_writer_token
 from upsert_core.redact import redact_url
+from upsert_core.shard_table import ShardTable
 
 RACE_RETRIES = 3
 SNAPSHOT, STATE, OUTPUT, GC = "source_snapshot", "upsert_state", "output_shard", "rollup_gc"
@@ -138,8 +144,9 @@ def build_source_assets(spec: SourceSpec) -> SourceAssets:
         blob_store: BlobStoreResource, spark: SparkResource,
     ) -> MaterializeResult:
         started = time.monotonic()
-        # Name the blobs this run writes after its process, so that if the run is
-        # killed, GC can prove them abandoned and delete them without the grace period.
+        # The ingest registers its own writer id in the shard (upsert_core.persist.writers),
+        # which is what protects and fences the blobs it writes; the legacy process token
+        # only names blobs written outside any registration (rollups).
         claim_writer_token()
         shard = open_shard(consensus, blob_store, spec.shard, create=True)
         engine = spark.ingest_engine()
@@ -179,7 +186,9 @@ def build_source_assets(spec: SourceSpec) -> SourceAssets:
         consensus: ConsensusResource, blob_store: BlobStoreResource
     ) -> MaterializeResult:
         shard = open_shard(consensus, blob_store, spec.shard, create=False)
-        return MaterializeResult(metadata=shard_metadata(shard.inspect()))
+        meta = shard_metadata(shard.inspect())
+        meta.update(column_schema_metadata(ShardTable(shard).schema))
+        return MaterializeResult(metadata=meta)
 
     @asset(name=GC, deps=[output_key], key_prefix=prefix, group_name=spec.name,
            description=f"Rollup, compaction and GC of shard {spec.shard!r}.")

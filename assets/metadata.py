@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dagster import MetadataValue
+import pyarrow as pa
+from dagster import MetadataValue, TableColumn, TableSchema
 
 from assets.ingest_step import PartitionIngest
 from upsert_core.persist.gc import GcReport
@@ -80,6 +81,12 @@ def shard_metadata(inspected: Mapping[str, object]) -> dict[str, Any]:
             meta["last_file"] = MetadataValue.text(max(files))
     meta["shard"] = MetadataValue.text(str(inspected.get("shard")))
     return meta
+
+
+def column_schema_metadata(schema: pa.Schema) -> dict[str, Any]:
+    """The shard's columns as Dagster's ``dagster/column_schema`` (shown in the catalog)."""
+    columns = [TableColumn(name=f.name, type=str(f.type)) for f in schema]
+    return {"dagster/column_schema": TableSchema(columns=columns)}
 
 
 def gc_metadata(report: GcReport, seconds: float) -> dict[str, Any]:

@@ -106,6 +106,16 @@ def _add_globals(parser: argparse.ArgumentParser, *, in_subcommand: bool) -> Non
     )
 
 
+def _version() -> str:
+    """The installed distribution's version (the checkout's when not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("upsert-platform")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
@@ -113,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="UPSERT_HOME (default ./.upsert) holds the embedded defaults.",
     )
     _add_globals(parser, in_subcommand=False)
+    parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def command(name: str, help_text: str, *, shard: bool = True) -> argparse.ArgumentParser:

@@ -119,8 +119,9 @@ def run_ingest(args: argparse.Namespace) -> int:
     from orchestration.cli_commands import open_shard
     from upsert_core.persist.keys import claim_writer_token
 
-    # Mark the blobs this process (and its local Spark workers) writes as ours, so that
-    # if we are killed, `upsertctl gc` can tell they are abandoned and delete them.
+    # The ingest registers a writer id in the shard, which protects and fences what it
+    # writes (upsert_core.persist.writers); this legacy process token only names blobs
+    # written outside any registration (rollups).
     claim_writer_token()
     request = request_from_args(args)
     shard = open_shard(args, create=True)

@@ -11,6 +11,7 @@ from orchestration.backfill import failure_message
 from tests.dagster.helpers import Platform, shard_contents
 from upsert_core.ingest import InProcessEngine, ingest
 from upsert_core.persist.keys import host_id, writer_of
+from upsert_core.shard_table import ShardTable
 
 
 def _meta(result, key: AssetKey) -> dict[str, object]:  # type: ignore[no-untyped-def]
@@ -50,6 +51,9 @@ def test_partition_run_applies_pending_files_through_it(plat: Platform) -> None:
     out = _meta(result, built.key("output_shard"))
     assert out["upper"] == 3 and out["ingested_files"] == 3 and out["error_rows"] == 1
     assert out["last_file"] == names[2]
+    columns = [(c.name, c.type) for c in out["dagster/column_schema"].columns]  # type: ignore[attr-defined]
+    shard_schema = ShardTable(plat.shard(spec.shard)).schema
+    assert columns == [(f.name, str(f.type)) for f in shard_schema] and len(columns) >= 3
 
     checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
     assert {n: c.passed for n, c in checks.items()} == {

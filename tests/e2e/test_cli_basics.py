@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from tests.e2e.deployment import Deployment
 from tests.e2e.helpers import Cli, write_jsonl, write_parquet
@@ -184,3 +185,11 @@ def test_reads_outside_since_upper_say_what_is_readable(cli: Cli, landing: Path)
     assert sorted(r["key"] for r in cli.snapshot()) == [0, 1, 2, 3, 9]
     assert [e["file"] for e in cli.errors()] == ["0.jsonl", "1.jsonl", "2.jsonl", "3.jsonl"]
     assert cli.check().json()["ok"] is True
+
+
+@pytest.mark.parametrize("deployment", ["embedded"], indirect=True)
+def test_version_names_the_installed_distribution(cli: Cli) -> None:
+    from importlib.metadata import version
+
+    result = cli.run("--version")
+    assert result.out.strip() == f"upsertctl {version('upsert-platform')}"
