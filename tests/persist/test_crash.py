@@ -49,6 +49,9 @@ def fill(shard: Shard, n: int) -> dict[int, list[Update]]:
         ops = [(ts % 4, b"v%d" % ts), ((ts + 2) % 5, None if ts % 3 == 0 else b"w%d" % ts)]
         assert shard.append(updates_table(upsert_updates(model, ts, ops)), ts).committed
         snapshots[ts] = sorted((k, v, ts, 1) for k, v in model.items())
+    # Done writing: a registered writer's blobs that end up unreferenced (parts replaced
+    # by compaction) wait for its registration to end before GC may delete them.
+    shard.release_writer()
     return snapshots
 
 

@@ -303,3 +303,37 @@ def test_gc_does_not_trust_a_lagging_read_of_the_registrations() -> None:
     assert writer.compare_and_append(batch, 0, ingested_files={"f": 0}).committed
     truth = Shard.open(inner, blob, "w", create=False)
     assert rows_of(read_all(truth.snapshot(0))) == [(key(1), b"v", 0, 1)]
+
+
+# --- found by the SIGKILL fault suite: GC killed between deleting and truncating --------
+
+
+@pytest.mark.parametrize("stop_at", ["truncate", "delete"])
+def test_gc_killed_between_truncation_and_deletion_leaves_no_dangling_reference(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop_at: str
+) -> None:
+    """GC truncates the diffs below its point before deleting the blobs only they
+    referenced, so a crash at either step leaves every live state's blobs in place
+    (``check`` passes), and the next GC removes what the crash left over."""
+    from upsert_core.persist import gc as gc_module
+
+    shard = Shard.open(MemoryConsensus(), MemoryBlob(), "w", inline_threshold=0)
+    for i in range(6):  # each file rewrites the bucket's checkpoint: older ones get replaced
+        write_jsonl(tmp_path, f"{i}.jsonl",
+                    [{"key": k, "offset": i, "v": f"{i}-{k}"} for k in range(30)])
+        ingest(shard, str(tmp_path), IngestRequest(buckets=1))
+
+    class Killed(BaseException):
+        pass
+
+    def killed(*_args: object, **_kwargs: object) -> None:
+        raise Killed
+
+    target = "_truncate" if stop_at == "truncate" else "_delete_replaced"
+    monkeypatch.setattr(gc_module, target, killed)
+    with pytest.raises(Killed):
+        shard.gc(retain=2)
+    monkeypatch.undo()
+    assert shard.check().ok, shard.check().problems
+    shard.gc(retain=2, leak_grace_ms=0)
+    assert shard.check().ok and leaked_blobs(shard) == set()

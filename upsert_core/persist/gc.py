@@ -16,9 +16,11 @@ One :func:`gc` run does, in this order (each step is safe to crash after):
 5. Choose the truncation point ``T``: the newest recorded rollup at or below the smallest
    seqno a leased reader holds (the current seqno when there are none).
 6. Drop the rollups below ``T`` from the state (if step 4 did not already).
-7. Delete the blobs referenced by live states below ``T`` and by none at or above it
+7. Find the blobs referenced by live states below ``T`` and by none at or above it
    (parts replaced by compaction, error parts, superseded checkpoints).
-8. Truncate the diffs below ``T`` in Consensus.
+8. Truncate the diffs below ``T`` in Consensus, THEN delete the blobs of step 7: a
+   crash in between leaves unreferenced blobs for the sweep, never a live state whose
+   blobs are gone (``check`` would report it, and a reader of that state would fail).
 9. Delete rollup blobs whose seqno is below the earliest live seqno: no one can use them.
 10. Sweep leaked blobs (see below).
 
@@ -254,8 +256,8 @@ def rollup_current(machine: Machine) -> RollupRef | None:
 # --- blob deletion ----------------------------------------------------------------------
 
 
-def _delete_replaced(versions: StateVersions, blob: Blob, below: int, report: GcReport) -> None:
-    """Delete blobs referenced by live states below ``below`` and by none at or above."""
+def _replaced_blobs(versions: StateVersions, below: int) -> set[str]:
+    """Blobs referenced by live states below ``below`` and by none at or above it."""
     old: set[str] = set()
     kept: set[str] = set()
     for state in versions.fetch_all_live_states():
@@ -263,7 +265,11 @@ def _delete_replaced(versions: StateVersions, blob: Blob, below: int, report: Gc
     # SUBTLE: a state committed after this scan derives from a state at or above
     # ``below`` (all of which were scanned), so it references blobs in ``kept`` or new
     # ones, never one of ``old - kept``.
-    for key in sorted(old - kept):
+    return old - kept
+
+
+def _delete_replaced(blob: Blob, keys: set[str], report: GcReport) -> None:
+    for key in sorted(keys):
         if report._delete(blob, key):
             report.parts_deleted += 1
 
@@ -472,8 +478,11 @@ def gc(
     if point is not None:
         report.truncated_below = point
         machine.apply(drop_rollups_below(point))
-        _delete_replaced(versions, blob, point, report)
+        # Truncate first, then delete: a crash in between leaves only unreferenced blobs
+        # (swept later), never a live state that references a deleted blob.
+        replaced = _replaced_blobs(versions, point)
         _truncate(versions, point, report)
+        _delete_replaced(blob, replaced, report)
     _delete_obsolete_rollups(versions, blob, report)
     sweep_leaked(versions, blob, now_ms=clock_ms(), leak_grace_ms=leak_grace_ms, report=report,
                  machine=machine)
