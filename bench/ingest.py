@@ -11,12 +11,17 @@ snapshot (compared on sorted key/value/amount):
 (b) ``deltalake`` (delta-rs) MERGE with a delete clause (source de-duplicated first);
 (c) a naive PySpark job: union state and batch, window over key, keep the latest, rewrite;
 (d) a pyarrow-only copy-on-write floor: read state, de-duplicate the batch, anti-join,
-    write.
+    write;
+(e) the user path: one fresh ``upsertctl ingest --engine local`` process per file (what
+    a user or a Dagster run per file lives through: interpreter start, imports, opening
+    the shard, loading bucket states from checkpoints), wall clock per file; its
+    ``batch 5 / batch 1`` ratio shows whether the cost follows the batch or the history.
 
 ``scale_ratio_10x`` is our per-batch time with 10x the keys over per-batch time with 1x
 (full: 1M vs 10M keys; ``--quick``: 50k vs 500k).
 
-Usage: ``.venv/bin/python -m bench.ingest [--quick] [--batches K] [--skip-scale]``.
+Usage: ``.venv/bin/python -m bench.ingest [--quick] [--batches K] [--skip-scale]
+[--skip-spark] [--skip-cli]``.
 Progress goes to stderr; a table goes to stdout and ``bench/out/ingest.md``, a chart to
 ``docs/bench_ingest.png``; the LAST line printed is one JSON object with every figure.
 """
@@ -195,6 +200,50 @@ def warm_up_spark(engine: Any, work: Path) -> None:
     small = Files(work / "in" / "0000-initial.parquet", [], 0)
     write_landing(small.initial, Workload(100, 10).initial())
     run_ours("spark warm-up", small, work / "run", engine)
+
+
+# --- (e) the user path: one upsertctl process per file -------------------------------------
+
+
+def run_cli(files: Files, work: Path, engine: str = "local") -> Result:
+    """One fresh ``upsertctl ingest`` process per file, timed from launch to exit."""
+    import subprocess
+
+    name = f"ours (upsertctl --engine {engine}, a process per file)"
+    result = Result(name)
+    landing = work / "landing"
+    landing.mkdir(parents=True)
+    env = {
+        **os.environ,
+        "UPSERT_CONSENSUS_URL": f"sqlite:///{work / 'consensus.db'}",
+        "UPSERT_BLOB_URL": f"file://{work / 'blob'}",
+    }
+    command = [sys.executable, "-m", "orchestration.cli", "ingest", "--shard", "bench",
+               "--engine", engine, "--no-progress", str(landing)]
+
+    def step(path: Path) -> tuple[float, int]:
+        os.link(path, landing / path.name)
+        before = dir_bytes(work / "blob") if (work / "blob").exists() else 0
+        started = time.perf_counter()
+        subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
+        seconds = time.perf_counter() - started
+        return seconds, dir_bytes(work / "blob") - before
+
+    result.initial_s, _ = step(files.initial)
+    log(f"  {name}: initial load {result.initial_s:.2f}s")
+    for path in files.batches:
+        seconds, written = step(path)
+        result.batch_s.append(seconds)
+        result.batch_bytes.append(written)
+        log(f"  {name}: {path.name} {seconds:.3f}s")
+    from upsert_core.persist.blob_local import LocalBlob
+    from upsert_core.persist.shard import Shard
+    from upsert_core.persist.urls import open_consensus
+
+    shard = Shard.open(open_consensus(env["UPSERT_CONSENSUS_URL"]),
+                       LocalBlob(str(work / "blob")), "bench")
+    result.snapshot, result.snapshot_s = _our_snapshot(shard)
+    return result
 
 
 # --- (b) deltalake MERGE --------------------------------------------------------------------
@@ -396,13 +445,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, help="change batches (default 5; quick 3)")
     parser.add_argument("--skip-scale", action="store_true", help="no 10x-keys run")
     parser.add_argument("--skip-peers", action="store_true", help="only our pipeline")
+    parser.add_argument("--skip-spark", action="store_true",
+                        help="no Spark engine rows (ours on Spark, naive PySpark)")
+    parser.add_argument("--skip-cli", action="store_true",
+                        help="no user-path rows (an upsertctl process per file)")
     args = parser.parse_args(argv)
     n_keys = args.keys or (50_000 if args.quick else 1_000_000)
     rows = args.batch_rows or (10_000 if args.quick else 100_000)
     batches = args.batches or (3 if args.quick else 5)
 
-    from resources.spark_ingest import SparkEngine
-    from resources.spark_session import get_spark
     from upsert_core.ingest import InProcessEngine
     from upsert_core.ingest.statecache import MAX_KEYS_ENV
 
@@ -410,33 +461,42 @@ def main(argv: list[str] | None = None) -> int:
     # Room in every process's bucket-state cache for the largest run (Spark's Python
     # workers inherit the environment when the session starts).
     os.environ.setdefault(MAX_KEYS_ENV, str(int(n_keys * 10 * 1.5)))
+    spark = spark_engine = jvm_pid = None
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
         root = Path(tmp)
         log(f"workload: {n_keys} keys, {batches} batches of {rows} rows")
         files = make_files(root / "landing", n_keys, rows, batches)
 
-        started = time.perf_counter()
-        spark = get_spark("local[2]", app_name="bench-ingest", shuffle_partitions=4)
-        figures["spark_session_start_s"] = round(time.perf_counter() - started, 2)
-        gateway = getattr(spark.sparkContext, "_gateway", None)
-        proc = getattr(gateway, "proc", None)
-        jvm_pid = getattr(proc, "pid", None)
-        spark_engine = SparkEngine(spark)
-        warm_up_spark(spark_engine, root / "warm")
-
         results: list[Result] = []
-        results.append(_timed("ours (Spark)", lambda: run_ours(
-            "ours (Spark)", files, root / "ours-spark", spark_engine, jvm_pid)))
+        if not args.skip_spark:
+            from resources.spark_ingest import SparkEngine
+            from resources.spark_session import get_spark
+
+            started = time.perf_counter()
+            spark = get_spark("local[2]", app_name="bench-ingest", shuffle_partitions=4)
+            figures["spark_session_start_s"] = round(time.perf_counter() - started, 2)
+            gateway = getattr(spark.sparkContext, "_gateway", None)
+            proc = getattr(gateway, "proc", None)
+            jvm_pid = getattr(proc, "pid", None)
+            spark_engine = SparkEngine(spark)
+            warm_up_spark(spark_engine, root / "warm")
+            results.append(_timed("ours (Spark)", lambda: run_ours(
+                "ours (Spark)", files, root / "ours-spark", spark_engine, jvm_pid)))
         results.append(_timed("ours (in-process)", lambda: run_ours(
             "ours (in-process)", files, root / "ours-local", InProcessEngine())))
+        cli = Result("cli", error="skipped")
+        if not args.skip_cli:
+            cli = _timed("ours (upsertctl per file)", lambda: run_cli(files, root / "cli"))
+            results.append(cli)
         floor = _timed("pyarrow floor", lambda: run_pyarrow(files, root / "pyarrow"))
         if args.skip_peers:
             delta = Result("deltalake MERGE", error="skipped")
         else:
             delta = _timed("deltalake MERGE", lambda: run_deltalake(files, root / "delta"))
             results.append(delta)
-            results.append(_timed("naive PySpark", lambda: run_naive_spark(
-                spark, files, root / "naive", jvm_pid)))
+            if spark is not None:
+                results.append(_timed("naive PySpark", lambda: run_naive_spark(
+                    spark, files, root / "naive", jvm_pid)))
         results.append(floor)
         for r in results:
             if r.error:
@@ -448,51 +508,87 @@ def main(argv: list[str] | None = None) -> int:
         scale: dict[str, float | None] = {}
         if not args.skip_scale:
             big = make_files(root / "landing-10x", n_keys * 10, rows, batches)
-            for label, engine in (("spark", spark_engine), ("local", InProcessEngine())):
-                r10 = _timed(f"ours ({label}) 10x keys", lambda e=engine, lb=label: run_ours(
-                    f"ours ({lb}) 10x", big, root / f"ours-{lb}-10x", e))
-                base = results[0 if label == "spark" else 1]
+            engines: list[tuple[str, Any]] = [("local", InProcessEngine())]
+            if spark_engine is not None:
+                engines.insert(0, ("spark", spark_engine))
+            by_label = {r.name: r for r in results}
+            for label, engine in engines:
+                with Peak() as peak:
+                    r10 = _timed(f"ours ({label}) 10x keys", lambda e=engine, lb=label: run_ours(
+                        f"ours ({lb}) 10x", big, root / f"ours-{lb}-10x", e))
+                    peak.read(r10)
+                base = by_label["ours (Spark)" if label == "spark" else "ours (in-process)"]
                 if r10.mean_batch_s and base.mean_batch_s:
                     scale[label] = r10.mean_batch_s / base.mean_batch_s
                     scale[f"{label}_batch_s_10x"] = r10.mean_batch_s
                     scale[f"{label}_initial_s_10x"] = r10.initial_s
+                    scale[f"{label}_peak_rss_mb_10x"] = r10.peak_rss_mb
+            if not args.skip_cli:
+                c10 = _timed("ours (upsertctl per file) 10x keys",
+                             lambda: run_cli(big, root / "cli-10x"))
+                scale["cli_batch_s_10x"] = c10.mean_batch_s
+                scale["cli_initial_s_10x"] = c10.initial_s
+                if not args.skip_peers:
+                    d10 = _timed("deltalake MERGE 10x keys",
+                                 lambda: run_deltalake(big, root / "delta-10x"))
+                    scale["deltalake_batch_s_10x"] = d10.mean_batch_s
+                    scale["deltalake_initial_s_10x"] = d10.initial_s
             shutil.rmtree(root / "landing-10x", ignore_errors=True)
-        spark.stop()
+        if spark is not None:
+            spark.stop()
 
     by_name = {r.name: r for r in results}
-    ours, local = by_name["ours (Spark)"], by_name["ours (in-process)"]
+    missing = Result("missing")
+    ours = by_name.get("ours (Spark)", missing)
+    local = by_name["ours (in-process)"]
     naive = by_name.get("naive PySpark", Result("naive PySpark"))
 
     def r3(v: float | None) -> float | None:
         return None if v is None else round(v, 3)
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return r3(a / b) if a and b else None
 
     figures.update(
         {
             "ingest_batch_s": r3(ours.mean_batch_s),
             "ingest_local_batch_s": r3(local.mean_batch_s),
             "deltalake_batch_s": r3(delta.mean_batch_s),
-            "ratio_vs_deltalake": r3(ours.mean_batch_s / delta.mean_batch_s)
-            if ours.mean_batch_s and delta.mean_batch_s else None,
-            "local_ratio_vs_deltalake": r3(local.mean_batch_s / delta.mean_batch_s)
-            if local.mean_batch_s and delta.mean_batch_s else None,
+            "ratio_vs_deltalake": ratio(ours.mean_batch_s, delta.mean_batch_s),
+            "local_ratio_vs_deltalake": ratio(local.mean_batch_s, delta.mean_batch_s),
             "pyarrow_floor_batch_s": r3(floor.mean_batch_s),
-            "ratio_vs_pyarrow_floor": r3(ours.mean_batch_s / floor.mean_batch_s)
-            if ours.mean_batch_s and floor.mean_batch_s else None,
+            "ratio_vs_pyarrow_floor": ratio(ours.mean_batch_s, floor.mean_batch_s),
             "naive_spark_batch_s": r3(naive.mean_batch_s),
             "ingest_rows_per_s": round(rows / ours.mean_batch_s) if ours.mean_batch_s else None,
             "scale_ratio_10x": r3(scale.get("spark")),
             "scale_ratio_10x_local": r3(scale.get("local")),
             "ingest_batch_s_10x": r3(scale.get("spark_batch_s_10x")),
             "ingest_local_batch_s_10x": r3(scale.get("local_batch_s_10x")),
+            "ingest_local_initial_s_10x": r3(scale.get("local_initial_s_10x")),
+            "ingest_local_peak_rss_mb_10x": scale.get("local_peak_rss_mb_10x"),
             "ingest_initial_s": r3(ours.initial_s),
             "ingest_local_initial_s": r3(local.initial_s),
             "deltalake_initial_s": r3(delta.initial_s),
-            "ingest_snapshot_s": r3(ours.snapshot_s),
+            "local_initial_ratio_vs_deltalake": ratio(local.initial_s, delta.initial_s),
+            "ingest_snapshot_s": r3(local.snapshot_s),
             "deltalake_snapshot_s": r3(delta.snapshot_s),
-            "ingest_bytes_per_batch": round(ours.mean_bytes) if ours.mean_bytes else None,
+            "ingest_bytes_per_batch": round(local.mean_bytes) if local.mean_bytes else None,
             "deltalake_bytes_per_batch": round(delta.mean_bytes) if delta.mean_bytes else None,
-            "ingest_peak_rss_mb": ours.peak_rss_mb,
+            "ingest_peak_rss_mb": local.peak_rss_mb,
             "ingest_jvm_peak_rss_mb": ours.jvm_peak_rss_mb,
+            "cli_batch_s": r3(cli.mean_batch_s),
+            "cli_batch_s_list": [r3(x) for x in cli.batch_s],
+            "cli_ratio_vs_deltalake": ratio(cli.mean_batch_s, delta.mean_batch_s),
+            "cli_last_over_first_batch": ratio(cli.batch_s[-1], cli.batch_s[0])
+            if cli.batch_s else None,
+            "cli_initial_s": r3(cli.initial_s),
+            "cli_initial_ratio_vs_deltalake": ratio(cli.initial_s, delta.initial_s),
+            "cli_batch_s_10x": r3(scale.get("cli_batch_s_10x")),
+            "cli_initial_s_10x": r3(scale.get("cli_initial_s_10x")),
+            "deltalake_batch_s_10x": r3(scale.get("deltalake_batch_s_10x")),
+            "deltalake_initial_s_10x": r3(scale.get("deltalake_initial_s_10x")),
+            "cli_ratio_vs_deltalake_10x": ratio(scale.get("cli_batch_s_10x"),
+                                                scale.get("deltalake_batch_s_10x")),
             "snapshots_equal": not problems,
             "deltalake_error": delta.error,
         }
@@ -504,7 +600,16 @@ def main(argv: list[str] | None = None) -> int:
             f"scale_ratio_10x (Spark engine, {n_keys * 10:,} vs {n_keys:,} keys): "
             f"{_fmt(scale.get('spark'), 2)}; in-process: {_fmt(scale.get('local'), 2)}"
         )
-    lines.append(f"Spark session start: {figures['spark_session_start_s']} s (not in s/batch)")
+    if "spark_session_start_s" in figures:
+        lines.append(
+            f"Spark session start: {figures['spark_session_start_s']} s (not in s/batch)"
+        )
+    if figures["cli_batch_s_list"]:
+        lines.append(
+            f"upsertctl per file: batches {figures['cli_batch_s_list']} s, last/first "
+            f"{figures['cli_last_over_first_batch']}; 10x keys: {figures['cli_batch_s_10x']} s"
+            f"/batch vs deltalake {figures['deltalake_batch_s_10x']} s"
+        )
     if problems:
         lines.extend(f"MISMATCH: {p}" for p in problems)
     OUT_DIR.mkdir(parents=True, exist_ok=True)

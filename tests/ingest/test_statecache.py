@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from upsert_core.drain import OrderScope
 from upsert_core.ingest import IngestRequest, InProcessEngine, ingest
 from upsert_core.ingest.checkpoint import checkpoint_base_name, checkpoint_ref_name, new_state
 from upsert_core.ingest.pipeline import CONFIG_HISTORY, commit_history
@@ -211,7 +212,7 @@ def test_bases_are_rewritten_once_the_pending_updates_outgrow_them(tmp_path: Pat
 def test_state_cache_take_checks_history_upper_and_scope() -> None:
     cache = StateCache(max_keys=100)
     key = ("s", 0, 4, "batch")
-    state = new_state()
+    state = new_state(OrderScope.BATCH)
     cache.put(key, CachedState(state, upper=3, nonce="n3", checkpoint="ck"))
     assert cache.take(key, 3, {3: "other"}, exact=True) is None  # another writer's commit
     assert cache.take(key, 2, {3: "n3"}, exact=False) is None  # newer than asked for
@@ -223,15 +224,14 @@ def test_state_cache_take_checks_history_upper_and_scope() -> None:
 
 
 def test_state_cache_evicts_beyond_its_key_budget() -> None:
-    from upsert_core.state import PutValue, StateValue
+    import pyarrow as pa
+
+    from upsert_core.columnar import ColumnarState, split_keys
 
     cache = StateCache(max_keys=3)
     for b in range(3):
-        state = new_state()
-        state.multi_put([(bytes([b]) * 16, PutValue(StateValue.new_finalized_value(b"r", None),
-                                                    None))] * 1)
-        state.multi_put([(bytes([b + 10]) * 16,
-                          PutValue(StateValue.new_finalized_value(b"r", None), None))])
+        hi, lo = split_keys(pa.array([bytes([b]) * 16, bytes([b + 10]) * 16], pa.binary()))
+        state = ColumnarState.checked(hi, lo, pa.array([b"r", b"r"]), None)
         cache.put(("s", b, 4, "batch"), CachedState(state, 1, "n", ""))
     assert len(cache) == 1  # 2 keys each: only the newest fits in 3
     assert cache.take(("s", 2, 4, "batch"), 1, {1: "n"}, exact=True) is not None

@@ -19,7 +19,6 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from upsert_core.codec import UPSERT_KEY_LEN
 from upsert_core.errors import InvalidUsage
@@ -70,23 +69,16 @@ def split_rows(table: pa.Table, bucket_column: IntArray) -> dict[int, pa.Table]:
     return out
 
 
-def bucket_updates(
-    batches: Iterable[pa.RecordBatch], bucket: int, buckets: int
-) -> list[tuple[bytes, bytes, int]]:
-    """The ``(key, row, diff)`` updates of ``bucket`` among the shard updates ``batches``
-    (a snapshot or changes read), ready for ``UpsertState.consolidate_chunk``."""
-    updates: list[tuple[bytes, bytes, int]] = []
+def bucket_tables(
+    batches: Iterable[pa.RecordBatch | pa.Table], bucket: int, buckets: int
+) -> list[pa.Table]:
+    """The updates of ``bucket`` among the shard updates ``batches`` (a snapshot or a
+    changes read), as tables with the batches' columns."""
+    out: list[pa.Table] = []
     for batch in batches:
         in_bucket = bucket_of_keys(batch.column("key"), buckets) == bucket
         if not in_bucket.any():
             continue
-        mine = batch.filter(pa.array(in_bucket))
-        updates.extend(
-            zip(
-                mine.column("key").to_pylist(),
-                mine.column("row").to_pylist(),
-                pc.cast(mine.column("diff"), pa.int64()).to_pylist(),
-                strict=True,
-            )
-        )
-    return updates
+        table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
+        out.append(table if in_bucket.all() else table.filter(pa.array(in_bucket)))
+    return out

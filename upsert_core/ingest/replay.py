@@ -12,9 +12,9 @@ Invariants:
 
 - Only for ``OrderScope.BATCH``; the global scope needs orders and tombstones the
   shard does not hold, so its checkpoints are always current (never replayed).
-- The changes are consolidated through :meth:`UpsertState.consolidate_chunk` after the
-  snapshot is complete, so every touched value is checksum-verified: changes that do
-  not fit the state (a retraction of a value it does not hold) raise
+- The changes are applied by :func:`~upsert_core.columnar.apply_changes`, which checks
+  that they form a valid chain per key: changes that do not fit the state (a
+  retraction of a value it does not hold, an insertion over a live key) raise
   :class:`InvalidUpsertState` and the caller rehydrates instead.
 - Changes that are not readable as pure changes any more raise :class:`NotReadable`
   and the caller rehydrates: ``since > lower`` (compacted away), and also
@@ -26,29 +26,25 @@ Invariants:
 
 from __future__ import annotations
 
-from upsert_core.ingest.buckets import bucket_updates
+from upsert_core.columnar import ColumnarState, apply_changes
+from upsert_core.ingest.buckets import bucket_tables
 from upsert_core.persist.location import Blob
 from upsert_core.persist.read import changes_after
 from upsert_core.persist.state import ShardState
-from upsert_core.state import UpsertState
 
 
 def replay_bucket(
     blob: Blob,
     shard_state: ShardState,
-    state: UpsertState,
+    state: ColumnarState,
     bucket: int,
     buckets: int,
     lower: int,
     upper: int,
-) -> int:
-    """Apply the shard's changes in ``[lower, upper)`` of ``bucket`` to ``state``.
-
-    Returns the number of updates applied.
-    """
+) -> tuple[ColumnarState, int]:
+    """``state`` (as of ``lower``) with the shard's changes in ``[lower, upper)`` of
+    ``bucket`` applied, and the number of updates applied."""
     if lower >= upper:
-        return 0
-    updates = bucket_updates(changes_after(blob, shard_state, lower, upper), bucket, buckets)
-    if updates:
-        state.consolidate_chunk(updates, completes_snapshot=False)
-    return len(updates)
+        return state, 0
+    updates = bucket_tables(changes_after(blob, shard_state, lower, upper), bucket, buckets)
+    return apply_changes(state, updates)

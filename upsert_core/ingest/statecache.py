@@ -15,9 +15,9 @@ Invariants (why a stale state is never used):
 - An entry at ``upper < ts`` is used only where the caller can replay the shard's
   changes ``[entry.upper, ts)`` onto it (the batch order scope); an entry at
   ``upper == ts`` is the state itself. An entry above ``ts`` is never used.
-- ``take`` removes the entry: the caller mutates the state (drain, feedback) and puts it
-  back under the new nonce, so a failed step can never leave a half-updated state
-  behind in the cache.
+- ``take`` removes the entry: the caller drains it into a new state and puts that back
+  under the new nonce, so a failed step can never leave a stale entry that looks
+  current behind in the cache.
 - The cache is bounded by the total number of keys it holds (least recently put
   entries are evicted first); a miss only costs a checkpoint load.
 - Keys include the shard, bucket count and order scope, so shards never share entries.
@@ -33,7 +33,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from upsert_core.state import UpsertState
+from upsert_core.columnar import ColumnarState
 
 DEFAULT_MAX_KEYS = 4_000_000
 MAX_KEYS_ENV = "UPSERT_STATE_CACHE_KEYS"
@@ -46,7 +46,7 @@ class CachedState:
     ``checkpoint`` is the checkpoint reference the same attempt committed for the bucket.
     """
 
-    state: UpsertState
+    state: ColumnarState
     upper: int
     nonce: str
     checkpoint: str

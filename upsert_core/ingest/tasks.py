@@ -6,9 +6,11 @@ An engine runs, for one landing file at timestamp ``ts``:
    write its row errors as an error part, and return the good rows tagged with their
    bucket (``ROWS_SCHEMA``) plus a :class:`FileRead` (metadata only).
 2. :func:`run_bucket` once per bucket that has rows (or must be rebuilt): load the
-   bucket's state (checkpoint, else rehydration), stage and drain the rows ``ToUpper``
-   at ``ts``, apply the feedback the append will confirm, write the output updates as
-   batch parts and the new state as a checkpoint, and return a :class:`BucketResult`.
+   bucket's columnar state (checkpoint, else rehydration), drain the rows ``ToUpper``
+   at ``ts`` with the feedback the append will confirm
+   (:func:`~upsert_core.columnar.drain_to_upper`, whole columns, no object per key),
+   write the output updates as batch parts and the new state as a checkpoint, and
+   return a :class:`BucketResult`.
 
 Both functions take plain data (:class:`FileTask`) and a Blob, catch every platform
 error and report it as a message, so they run unchanged in the driver or in a Spark
@@ -42,11 +44,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
 import pyarrow as pa
 
-from upsert_core.drain import DrainOutput, OrderScope, Stash, ToUpper, apply_feedback
-from upsert_core.drain import drain_staged_input as drain
+from upsert_core.columnar import ColumnarState, drain_to_upper
+from upsert_core.drain import OrderScope
 from upsert_core.errors import (
     IngestError,
     InvalidUpsertState,
@@ -67,12 +68,10 @@ from upsert_core.ingest.replay import replay_bucket
 from upsert_core.ingest.statecache import CachedState, CacheKey, StateCache
 from upsert_core.landing import LandingFile, SourceSchema, validate_file
 from upsert_core.persist.codec_state import decode_state
-from upsert_core.persist.consolidate import UPDATE_SCHEMA
 from upsert_core.persist.keys import writing_as
 from upsert_core.persist.location import Blob
 from upsert_core.persist.parts import delete_parts, write_error_batch, write_parts
 from upsert_core.persist.state import BlobPart, ShardState
-from upsert_core.state import UpsertState
 
 ROWS_SCHEMA = pa.schema(
     [
@@ -232,12 +231,6 @@ def _read_file(task: FileTask, blob: Blob, *, write_errors: bool) -> tuple[FileR
 # --- step 2: one bucket -------------------------------------------------------------------
 
 
-def _order_index(task: FileTask) -> int | None:
-    schema = SourceSchema.from_json(task.schema_json)
-    names = schema.names
-    return names.index(schema.order) if schema.order in names else None
-
-
 def cache_key(task: FileTask, bucket: int) -> CacheKey:
     """The key of bucket ``bucket``'s state in a :class:`StateCache`."""
     return (task.shard_id, bucket, task.buckets, task.order_scope)
@@ -255,14 +248,14 @@ def _intact(blob: Blob, ref: str, base: Base) -> bool:
 
 def _load_state(
     task: FileTask, bucket: int, blob: Blob, result: BucketResult, cache: StateCache | None
-) -> tuple[UpsertState, Base]:
+) -> tuple[ColumnarState, Base]:
     """The bucket's state at ``task.ts`` and the base its checkpoint stands on."""
     ref = task.checkpoints.get(bucket) or ""
     base = task.base(bucket)
     why: str
     if task.ts == 0:
         result.loaded = "new"
-        return new_state(), Base(0)
+        return new_state(task.scope), Base(0)
     if task.checkpoints_current:
         replayable = task.scope is OrderScope.BATCH
         if not replayable and base.as_of != task.ts:
@@ -275,12 +268,12 @@ def _load_state(
             if entry is not None and entry.checkpoint == ref and _intact(blob, ref, base):
                 state, lower, result.loaded = entry.state, entry.upper, "cache"
             else:
-                state = new_state() if not ref else load_checkpoint(
+                state = new_state(task.scope) if not ref else load_checkpoint(
                     blob, ref, task.shard_id, bucket, task.buckets, task.scope
                 )
                 lower, result.loaded = base.as_of, "checkpoint" if ref else "new"
             if lower < task.ts:
-                replay_bucket(
+                state, _ = replay_bucket(
                     blob, task.load_shard_state(), state, bucket, task.buckets, lower, task.ts
                 )
                 result.loaded += "+replay"
@@ -291,43 +284,13 @@ def _load_state(
         why = f"no checkpoint is known to be current at upper {task.ts}"
     shard_state = task.load_shard_state()
     state = rehydrate_bucket(
-        blob, shard_state, bucket, task.buckets, task.scope, _order_index(task)
+        blob, shard_state, bucket, task.buckets, task.scope,
+        SourceSchema.from_json(task.schema_json),
     )
     result.rehydrated, result.loaded = why, "rehydrated"
     if task.scope is OrderScope.GLOBAL:
         result.warnings.append(GLOBAL_REHYDRATION_WARNING.format(bucket=bucket))
     return state, Base(task.ts)
-
-
-def _stage(stash: Stash, ts: int, rows: pa.Table) -> None:
-    if rows.num_rows == 0:
-        return
-    keys: list[bytes] = rows.column("key").to_pylist()
-    encoded: list[bytes] = rows.column("row").to_pylist()
-    deleted = rows.column("deleted").to_numpy(zero_copy_only=False)
-    values = [None if d else r for r, d in zip(encoded, deleted.tolist(), strict=True)]
-    stash.stage(
-        ts,
-        keys,
-        values,
-        np.asarray(rows.column("order").to_numpy(zero_copy_only=False), dtype=np.int64),
-        np.asarray(rows.column("position").to_numpy(zero_copy_only=False), dtype=np.int64),
-    )
-
-
-def _updates_table(out: DrainOutput) -> pa.Table:
-    # One ToUpper drain's updates are already consolidated (one command per key, no
-    # change for an identical row), so they need no second pass; parts sort them.
-    updates = out.updates
-    return pa.table(
-        [
-            pa.array([u[0] for u in updates], pa.binary()),
-            pa.array([u[1] for u in updates], pa.binary()),
-            pa.array([u[2] for u in updates], pa.int64()),
-            pa.array([u[3] for u in updates], pa.int64()),
-        ],
-        schema=UPDATE_SCHEMA,
-    )
 
 
 def run_bucket(
@@ -368,18 +331,14 @@ def _run_bucket(
 ) -> None:
     ts = task.ts
     state, base = _load_state(task, bucket, blob, result, cache)
-    stash = Stash(resume_upper=ts)
-    _stage(stash, ts, rows)
-    out = DrainOutput()
-    drain(stash, state, ToUpper(input_upper=ts + 1, persist_upper=ts), out)
-    # SUBTLE: feedback is applied before the append commits. That is safe because the
-    # state only leaves this step as a checkpoint (or a cache entry), which is used only
-    # once the very compare-and-append that commits this output has committed.
-    apply_feedback(state, out, task.scope)
-    table = _updates_table(out)
-    diffs = table.column("diff").to_numpy()
-    result.inserts = int((diffs > 0).sum())
-    result.retractions = int((diffs < 0).sum())
+    # SUBTLE: the drain's state includes the feedback of this very output before the
+    # append commits. That is safe because the state only leaves this step as a
+    # checkpoint (or a cache entry), which is used only once the very
+    # compare-and-append that commits this output has committed.
+    drained = drain_to_upper(state, rows, ts)
+    state, table = drained.state, drained.updates
+    result.inserts = drained.inserts
+    result.retractions = drained.retractions
     ref = task.checkpoints.get(bucket) or ""
     try:
         if table.num_rows:
@@ -391,7 +350,7 @@ def _run_bucket(
             if isinstance(part, BlobPart):
                 result.new_blobs.append(part.key)
         pending = base.pending + table.num_rows
-        if not out.times() and result.rehydrated is None:
+        if not drained.applied and result.rehydrated is None:
             result.checkpoint, new_base = ref, base
         elif _keeps_base(task, base, pending, result):
             result.checkpoint = ref

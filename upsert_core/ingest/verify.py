@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from upsert_core.columnar import ColumnarState
 from upsert_core.errors import NotReadable, UpsertPlatformError
 from upsert_core.ingest import IngestRequest, checkpoints_current, resolve_options
 from upsert_core.ingest.buckets import bucket_of
@@ -40,7 +41,6 @@ from upsert_core.persist.keys import checkpoint_prefix
 from upsert_core.persist.read import check_catch_up_readable
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.state import ShardState
-from upsert_core.state import UpsertState
 
 MAX_LISTED = 10
 
@@ -89,44 +89,46 @@ def _load_live(
             usable = False
             continue
         try:
-            if not _catch_up(
+            caught_up = _catch_up(
                 shard, state, upsert, bucket, options.buckets, options.order_scope.value
-            ):
+            )
+            if caught_up is None:
                 result.rebuilt_buckets.add(bucket)
                 continue
+            upsert = caught_up
         except UpsertPlatformError as exc:
             result.problems.append(f"bucket {bucket}: the changes since its checkpoint do not"
                                    f" apply to it: {exc}")
             usable = False
             continue
-        for key, value in upsert.items():
-            result.state_keys += 1
-            row = value.finalized_value
-            if row is not None:
-                live[key] = row
+        result.state_keys += len(upsert)
+        live.update(upsert.live_rows())
     return live if usable else None
 
 
 def _catch_up(
-    shard: Shard, state: ShardState, upsert: UpsertState, bucket: int, buckets: int, scope: str
-) -> bool:
-    """Replay the shard's changes since the bucket's checkpoint base onto ``upsert``.
+    shard: Shard, state: ShardState, upsert: ColumnarState, bucket: int, buckets: int,
+    scope: str,
+) -> ColumnarState | None:
+    """``upsert`` with the shard's changes since the bucket's checkpoint base replayed.
 
-    Returns False when those changes are no longer exact (the base is not newer than
+    Returns None when those changes are no longer exact (the base is not newer than
     the shard's since after ``gc --retain``, see ``read.changes_after``): the ingest then
     rebuilds the bucket.
     """
     if scope != "batch":
-        return True
+        return upsert
     base = Base.decode(state.config.get(checkpoint_base_name(bucket)), state.upper)
     if base.as_of >= state.upper:
-        return True
+        return upsert
     try:
         check_catch_up_readable(state, base.as_of, state.upper)
     except NotReadable:
-        return False
-    replay_bucket(shard.blob, state, upsert, bucket, buckets, base.as_of, state.upper)
-    return True
+        return None
+    caught_up, _ = replay_bucket(
+        shard.blob, state, upsert, bucket, buckets, base.as_of, state.upper
+    )
+    return caught_up
 
 
 def compare_state(shard: Shard) -> StateComparison:

@@ -1,0 +1,223 @@
+"""The columnar engine against the dict model and the per-key engine.
+
+Each example drains a sequence of files (one timestamp each) through
+``columnar.drain_to_upper`` and checks, after every file:
+
+- the output updates equal the per-key engine's (``drain_staged_input`` with
+  ``ToUpper`` then ``apply_feedback``) update for update, and the dict model's changes;
+- the state equals the per-key engine's state key for key (rows and, in the global
+  scope, orders and tombstones);
+- the updates are sorted by ``(key, row)`` and consolidated;
+- rehydrating the collection so far (``state_from_snapshot``) and replaying the changes
+  since any earlier state (``apply_changes``) give the same state (batch scope);
+- the checkpoint bytes round-trip.
+
+Keys are drawn so that some share their first 8 bytes, which exercises the rare path
+of ``locate``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.core.test_drain_support import UpsertModel, collection, fresh_state
+from upsert_core.columnar import (
+    ColumnarState,
+    apply_changes,
+    drain_to_upper,
+    join_keys,
+    locate,
+    split_keys,
+    state_from_snapshot,
+)
+from upsert_core.columnar.checkpoint_format import decode_state, encode_state
+from upsert_core.drain import (
+    GLOBAL_POSITION,
+    DrainOutput,
+    OrderScope,
+    Stash,
+    ToUpper,
+    apply_feedback,
+    drain_staged_input,
+)
+from upsert_core.errors import CodecError, InvalidUpsertState
+from upsert_core.persist.consolidate import UPDATE_SCHEMA
+
+ROWS_SCHEMA = pa.schema(
+    [
+        ("key", pa.binary()),
+        ("row", pa.binary()),
+        ("deleted", pa.bool_()),
+        ("order", pa.int64()),
+        ("position", pa.int64()),
+    ]
+)
+
+
+def key_of(i: int) -> bytes:
+    # Keys 0..3 share their first 8 bytes; the rest differ there.
+    if i < 4:
+        return b"\x07" * 8 + bytes([0] * 7 + [i])
+    return bytes([i]) + b"\x00" * 7 + bytes([255 - i]) * 8
+
+
+Row = tuple[int, bytes | None, int]  # key index, value (None: delete), order value
+
+rows_st = st.tuples(
+    st.integers(0, 9), st.one_of(st.none(), st.sampled_from([b"a", b"b", b"ab", b""])),
+    st.integers(0, 5),
+)
+files_st = st.lists(st.lists(rows_st, max_size=12), min_size=1, max_size=6)
+
+
+def as_table(rows: list[Row]) -> pa.Table:
+    return pa.table(
+        [
+            pa.array([key_of(k) for k, _, _ in rows], pa.binary()),
+            pa.array([v or b"" for _, v, _ in rows], pa.binary()),
+            pa.array([v is None for _, v, _ in rows], pa.bool_()),
+            pa.array([o for _, _, o in rows], pa.int64()),
+            pa.array(range(len(rows)), pa.int64()),
+        ],
+        schema=ROWS_SCHEMA,
+    )
+
+
+def per_key_step(state, rows: list[Row], ts: int, scope: OrderScope) -> list[tuple]:
+    stash = Stash(resume_upper=ts)
+    if rows:
+        stash.stage(
+            ts,
+            [key_of(k) for k, _, _ in rows],
+            [v for _, v, _ in rows],
+            np.array([o for _, _, o in rows], np.int64),
+            np.arange(len(rows), dtype=np.int64),
+        )
+    out = DrainOutput()
+    drain_staged_input(stash, state, ToUpper(ts + 1, ts), out)
+    apply_feedback(state, out, scope)
+    return sorted(out.consolidated())
+
+
+def per_key_items(state) -> list[tuple[bytes, bytes | None, int | None]]:
+    items = []
+    for k, v in state.items():
+        order = v.finalized_order
+        items.append((k, v.finalized_value, None if order is None else order[0]))
+        if order is not None:
+            assert order[1] == GLOBAL_POSITION
+    return sorted(items)
+
+
+def update_list(table: pa.Table) -> list[tuple]:
+    return [tuple(r.values()) for r in table.to_pylist()]
+
+
+@pytest.mark.parametrize("scope", list(OrderScope))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(files=files_st)
+def test_columnar_drain_equals_per_key_engine_and_model(
+    scope: OrderScope, files: list[list[Row]]
+) -> None:
+    old = fresh_state()
+    model = UpsertModel(scope)
+    state = ColumnarState.empty(keeps_orders=scope is OrderScope.GLOBAL)
+    history: list[pa.Table] = []
+    states = [state]
+    for ts, rows in enumerate(files):
+        expected = per_key_step(old, rows, ts, scope)
+        model_changes = model.apply_batch(
+            (key_of(k), v, (o, p)) for p, (k, v, o) in enumerate(rows)
+        )
+        result = drain_to_upper(state, as_table(rows), ts)
+        got = update_list(result.updates)
+        assert sorted(got) == expected
+        assert got == sorted(got, key=lambda u: (u[0], u[1]))  # as batch parts store them
+        assert collection(got) == collection((k, r, ts, d) for k, r, d in model_changes)
+        state = result.state
+        assert sorted(state.items()) == per_key_items(old)
+        assert result.inserts == sum(1 for u in got if u[3] == 1)
+        assert result.retractions == sum(1 for u in got if u[3] == -1)
+        history.append(result.updates)
+        states.append(state)
+        decoded, meta = decode_state(encode_state(state, {"upper": ts + 1}))
+        assert meta == {"upper": ts + 1}
+        assert list(decoded.items()) == list(state.items())
+
+    live = Counter({(k, r): 1 for k, r, _ in state.items() if r is not None})
+    assert live == model.snapshot()
+    if scope is OrderScope.BATCH:
+        rebuilt = state_from_snapshot(history)
+        assert list(rebuilt.items()) == list(state.items())
+        for lower in range(len(files)):
+            replayed, n = apply_changes(states[lower], history[lower:])
+            assert list(replayed.items()) == list(state.items())
+            assert n == sum(t.num_rows for t in history[lower:])
+
+
+def test_locate_handles_keys_sharing_their_first_half() -> None:
+    keys = sorted({key_of(i) for i in (0, 2, 3, 5, 7)})
+    hi, lo = split_keys(pa.array(keys, pa.binary()))
+    queries = [key_of(i) for i in range(10)]
+    q_hi, q_lo = split_keys(pa.array(queries, pa.binary()))
+    index, found = locate(hi, lo, q_hi, q_lo)
+    for q, i, f in zip(queries, index.tolist(), found.tolist(), strict=True):
+        assert f == (q in keys)
+        import bisect
+
+        assert i == bisect.bisect_left(keys, q)
+    assert join_keys(hi, lo).to_pylist() == keys
+
+
+def test_snapshot_that_is_not_an_upsert_collection_is_refused() -> None:
+    k = key_of(5)
+
+    def snap(rows: list[tuple[bytes, int]]) -> list[pa.Table]:
+        return [pa.table(
+            [pa.array([k] * len(rows)), pa.array([r for r, _ in rows]),
+             pa.array([0] * len(rows), pa.int64()), pa.array([d for _, d in rows], pa.int64())],
+            schema=UPDATE_SCHEMA,
+        )]
+
+    assert state_from_snapshot(snap([(b"a", 1), (b"b", 1), (b"b", -1)])).live_rows() == {
+        k: b"a"
+    }
+    assert len(state_from_snapshot(snap([(b"a", 1), (b"a", -1)]))) == 0
+    for bad in ([(b"a", 2)], [(b"a", -1)], [(b"a", 1), (b"b", 1)], [(b"a", 1), (b"a", 1)]):
+        with pytest.raises(InvalidUpsertState):
+            state_from_snapshot(snap(bad))
+
+
+def test_replay_refuses_changes_that_do_not_fit() -> None:
+    state = drain_to_upper(
+        ColumnarState.empty(False), as_table([(5, b"a", 1), (6, b"b", 1)]), 0
+    ).state
+
+    def change(k: int, row: bytes, ts: int, diff: int) -> pa.Table:
+        return pa.table([pa.array([key_of(k)]), pa.array([row]), pa.array([ts], pa.int64()),
+                         pa.array([diff], pa.int64())], schema=UPDATE_SCHEMA)
+
+    for bad in (change(5, b"x", 1, -1), change(5, b"x", 1, 1), change(7, b"x", 1, -1),
+                change(5, b"a", 1, 2)):
+        with pytest.raises(InvalidUpsertState):
+            apply_changes(state, [bad])
+    ok, _ = apply_changes(state, [change(5, b"a", 1, -1), change(5, b"c", 1, 1)])
+    assert ok.live_rows() == {key_of(5): b"c", key_of(6): b"b"}
+
+
+def test_corrupted_checkpoint_bytes_are_refused() -> None:
+    state = drain_to_upper(ColumnarState.empty(True), as_table([(5, b"a", 1), (6, None, 2)]), 0)
+    data = bytearray(encode_state(state.state, {"upper": 1}))
+    for at in (3, 30, len(data) // 2, len(data) - 1):
+        broken = bytearray(data)
+        broken[at] ^= 0x10
+        with pytest.raises(CodecError):
+            decode_state(bytes(broken))
+    with pytest.raises(CodecError):
+        decode_state(bytes(data[: len(data) // 2]))

@@ -1,0 +1,99 @@
+"""The bytes of a columnar checkpoint: a :class:`ColumnarState` as an Arrow IPC file.
+
+Layout: the magic ``UPSCKPT2``, the 16-byte xxh3-128 digest of everything after it,
+then an Arrow IPC file (LZ4-compressed buffers) with columns ``hi``, ``lo`` (uint64),
+``row`` (large_binary, null = tombstone) and, in the global scope, ``order`` (int64),
+and the caller's metadata as JSON in the schema metadata (``upsert.checkpoint``).
+
+Invariants:
+
+- :func:`decode_state` returns a state only if the magic and digest match (a flipped
+  bit anywhere is caught before anything is decoded), the IPC file reads, the columns
+  are the expected ones, and the state's own invariants hold
+  (:meth:`ColumnarState.checked`: keys sorted and unique, no tombstone in the batch
+  scope). Anything else raises :class:`~upsert_core.errors.CodecError`.
+- Decoding is a bulk read of whole columns; nothing is decoded per key.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import xxhash
+
+from upsert_core.columnar.state import ROW_TYPE, ColumnarState
+from upsert_core.errors import CodecError, InvalidUpsertState
+
+MAGIC = b"UPSCKPT2"
+DIGEST_LEN = 16
+METADATA_KEY = b"upsert.checkpoint"
+_IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
+
+
+def encode_state(state: ColumnarState, meta: dict[str, Any]) -> bytes:
+    """``state`` as checkpoint bytes carrying ``meta``."""
+    columns = [pa.array(state.hi), pa.array(state.lo), state.rows]
+    names = ["hi", "lo", "row"]
+    if state.orders is not None:
+        columns.append(pa.array(state.orders))
+        names.append("order")
+    table = pa.table(columns, names=names).replace_schema_metadata(
+        {METADATA_KEY: json.dumps(meta, sort_keys=True).encode()}
+    )
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema, options=_IPC_OPTIONS) as writer:
+        writer.write_table(table, max_chunksize=1 << 20)
+    body = sink.getvalue()
+    return MAGIC + xxhash.xxh3_128_digest(body) + body.to_pybytes()
+
+
+def is_columnar(data: bytes) -> bool:
+    """Whether ``data`` starts like a columnar checkpoint."""
+    return data[: len(MAGIC)] == MAGIC
+
+
+def decode_state(data: bytes) -> tuple[ColumnarState, dict[str, Any]]:
+    """The state and metadata stored in ``data`` (see the module docstring)."""
+    head = len(MAGIC) + DIGEST_LEN
+    if not is_columnar(data) or len(data) < head:
+        raise CodecError("not a columnar checkpoint (bad magic)")
+    buffer = pa.py_buffer(data)
+    body = buffer.slice(head)
+    if xxhash.xxh3_128_digest(memoryview(body)) != data[len(MAGIC) : head]:
+        raise CodecError("columnar checkpoint digest mismatch: the blob is corrupted")
+    try:
+        table = pa.ipc.open_file(body).read_all()
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise CodecError(f"columnar checkpoint is not a valid Arrow IPC file: {exc}") from exc
+    raw = (table.schema.metadata or {}).get(METADATA_KEY)
+    try:
+        meta = json.loads(raw) if raw is not None else None
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict):
+        raise CodecError("columnar checkpoint has no metadata")
+    names = table.schema.names
+    if names not in (["hi", "lo", "row"], ["hi", "lo", "row", "order"]):
+        raise CodecError(f"columnar checkpoint has columns {names}")
+    expected = {"hi": pa.uint64(), "lo": pa.uint64(), "row": ROW_TYPE, "order": pa.int64()}
+    for field in table.schema:
+        if field.type != expected[field.name]:
+            raise CodecError(f"columnar checkpoint column {field.name} is {field.type}")
+
+    def numpy(name: str, dtype: type[np.generic]) -> np.ndarray:
+        col = table.column(name)
+        if col.null_count:
+            raise CodecError(f"columnar checkpoint column {name} has nulls")
+        return np.asarray(col.to_numpy(), dtype=dtype)
+
+    row_col = table.column("row")
+    rows = row_col.chunk(0) if row_col.num_chunks == 1 else row_col.combine_chunks()
+    orders = numpy("order", np.int64) if "order" in names else None
+    try:
+        state = ColumnarState.checked(numpy("hi", np.uint64), numpy("lo", np.uint64), rows, orders)
+    except InvalidUpsertState as exc:
+        raise CodecError(f"columnar checkpoint does not hold a valid state: {exc}") from exc
+    return state, meta
