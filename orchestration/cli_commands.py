@@ -137,12 +137,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     info = shard.inspect()
     schema = shard_schema(shard)
     if schema is not None:
-        from upsert_core.ingest.options import CONFIG_ORDER_SCOPE
+        from upsert_core.ingest.options import CONFIG_BUCKETS, CONFIG_ORDER_SCOPE, DEFAULT_BUCKETS
 
+        config = shard.state().config
         info["key"] = list(schema.key)
         info["order"] = schema.order
         info["deleted_col"] = schema.deleted
-        info["order_scope"] = shard.state().config.get(CONFIG_ORDER_SCOPE, "batch")
+        info["order_scope"] = config.get(CONFIG_ORDER_SCOPE, "batch")
+        info["buckets"] = int(config.get(CONFIG_BUCKETS, DEFAULT_BUCKETS))
         info["columns"] = {name: str(typ) for name, typ in schema.columns}
     print(dumps(info))
     return EXIT_OK

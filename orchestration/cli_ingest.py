@@ -14,6 +14,7 @@ file's one-line error; files committed before it stay committed.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -53,7 +54,23 @@ def request_from_args(args: argparse.Namespace) -> IngestRequest:
         order=args.order,
         deleted_col=args.deleted_col,
         order_scope=args.order_scope,
+        buckets=_buckets(args),
     )
+
+
+def _buckets(args: argparse.Namespace) -> int | None:
+    """``--buckets``, else ``UPSERT_BUCKETS``, else None (the shard's or the default)."""
+    from upsert_core.errors import ConfigError
+
+    if getattr(args, "buckets", None) is not None:
+        return int(args.buckets)
+    text = os.environ.get("UPSERT_BUCKETS", "").strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"UPSERT_BUCKETS must be an integer, got {text!r}") from None
 
 
 class LazySparkEngine:

@@ -193,3 +193,23 @@ def test_version_names_the_installed_distribution(cli: Cli) -> None:
 
     result = cli.run("--version")
     assert result.out.strip() == f"upsertctl {version('upsert-platform')}"
+
+
+def test_buckets_are_chosen_when_the_shard_is_created_and_fixed_after(
+    cli: Cli, landing: Path
+) -> None:
+    write_jsonl(landing, "a.jsonl", [{"key": k, "offset": 1, "v": f"{k}"} for k in range(50)])
+    cli.ingest(landing, "--buckets", "8")
+    rows = sorted(cli.snapshot(), key=lambda r: r["key"])
+    assert rows == [{"key": k, "offset": 1, "v": f"{k}"} for k in range(50)]
+    assert cli.inspect()["buckets"] == 8
+    write_jsonl(landing, "b.jsonl", [{"key": 1, "offset": 2, "v": "y"}])
+    conflict = cli.ingest(landing, "--buckets", "4", rc=1)
+    assert "--buckets 4 (shard has 8)" in conflict.error_line()
+    bad = cli.derive(env={"UPSERT_BUCKETS": "many"}).ingest(landing, rc=1)
+    assert "UPSERT_BUCKETS" in bad.error_line()
+    out_of_range = cli.ingest(landing, "--buckets", "0", rc=1)
+    assert "bucket count" in out_of_range.error_line()
+    cli.derive(env={"UPSERT_BUCKETS": "8"}).ingest(landing)  # agrees with the shard
+    assert {"key": 1, "offset": 2, "v": "y"} in cli.snapshot()
+    cli.check()

@@ -15,7 +15,7 @@ from upsert_core.ingest import IngestRequest, InProcessEngine, ingest
 from upsert_core.ingest.checkpoint import checkpoint_base_name, checkpoint_ref_name, new_state
 from upsert_core.ingest.pipeline import CONFIG_HISTORY, commit_history
 from upsert_core.ingest.statecache import CachedState, StateCache
-from upsert_core.ingest.tasks import Base
+from upsert_core.ingest.tasks import REPLAY_FRACTION, Base
 from upsert_core.persist.append import AppendResult
 from upsert_core.persist.blob_memory import MemoryBlob
 from upsert_core.persist.consensus_memory import MemoryConsensus
@@ -27,7 +27,7 @@ from upsert_core.persist.writers import WriterLease
 
 from .helpers import change_rows, contents, memory_shard, snapshot_rows, write_jsonl
 
-KEYS = 40
+KEYS = 120  # enough that 3 small files stay within REPLAY_FRACTION of each base
 
 
 def _dirs(root: Path) -> dict[str, Path]:
@@ -204,7 +204,7 @@ def test_bases_are_rewritten_once_the_pending_updates_outgrow_them(tmp_path: Pat
         config = shard.state().config
         for b in range(4):
             base = Base.decode(config[checkpoint_base_name(b)], shard.state().upper)
-            assert base.pending <= base.rows  # REPLAY_FRACTION is 1
+            assert base.pending <= REPLAY_FRACTION * base.rows
     # Every key changes in every file (2 updates per key), so f2 had to write new bases.
     assert all(Base.decode(config[checkpoint_base_name(b)], 4).as_of >= 3 for b in range(4))
 

@@ -1,7 +1,7 @@
 """The bytes of a columnar checkpoint: a :class:`ColumnarState` as an Arrow IPC file.
 
 Layout: the magic ``UPSCKPT2``, the 16-byte xxh3-128 digest of everything after it,
-then an Arrow IPC file (LZ4-compressed buffers) with columns ``hi``, ``lo`` (uint64),
+then an Arrow IPC file (zstd-compressed buffers) with columns ``hi``, ``lo`` (uint64),
 ``row`` (large_binary, null = tombstone) and, in the global scope, ``order`` (int64),
 and the caller's metadata as JSON in the schema metadata (``upsert.checkpoint``).
 
@@ -30,7 +30,7 @@ from upsert_core.errors import CodecError, InvalidUpsertState
 MAGIC = b"UPSCKPT2"
 DIGEST_LEN = 16
 METADATA_KEY = b"upsert.checkpoint"
-_IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
+_IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
 
 
 def encode_state(state: ColumnarState, meta: dict[str, Any]) -> bytes:

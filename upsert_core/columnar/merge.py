@@ -71,10 +71,8 @@ def merge_changes(
         sources = sources[keep]
     all_hi = np.concatenate([state.hi, hi])
     all_lo = np.concatenate([state.lo, lo])
-    taken = pa.chunked_array([state.rows, rows.cast(ROW_TYPE)], ROW_TYPE).take(
-        pa.array(sources, pa.int64())
-    )
-    new_rows = taken.combine_chunks() if isinstance(taken, pa.ChunkedArray) else taken
+    both = pa.concat_arrays([state.rows, rows.cast(ROW_TYPE)])
+    new_rows = both.take(pa.array(sources, pa.int64()))
     new_orders = None
     if state.orders is not None:
         if orders is None:

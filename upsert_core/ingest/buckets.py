@@ -63,9 +63,14 @@ def split_rows(table: pa.Table, bucket_column: IntArray) -> dict[int, pa.Table]:
     out: dict[int, pa.Table] = {}
     if table.num_rows == 0:
         return out
-    for b in np.unique(bucket_column).tolist():
-        idx = np.flatnonzero(bucket_column == b)
-        out[int(b)] = table.take(pa.array(idx, type=pa.int64()))
+    # One stable sort and one take, then zero-copy slices (not one take per bucket).
+    perm = np.argsort(bucket_column, kind="stable")
+    ordered = table.take(pa.array(perm, type=pa.int64()))
+    sorted_buckets = bucket_column[perm]
+    values, starts = np.unique(sorted_buckets, return_index=True)
+    ends = np.append(starts[1:], len(perm))
+    for b, start, end in zip(values.tolist(), starts.tolist(), ends.tolist(), strict=True):
+        out[int(b)] = ordered.slice(start, end - start)
     return out
 
 

@@ -22,15 +22,47 @@ Invariants:
   folded there, which the state already contains (``read.changes_after``). Replaying
   those would apply that history twice (an insert over a live key, a retraction of a
   value already gone).
+- Reads are cheap and shared: the changes are read without the k-way merge
+  (:func:`~upsert_core.persist.read.unmerged_changes_after`, one decode per part), once
+  per ``(shard, seqno, lower, upper)`` for all the buckets a process replays (a small
+  per-process memo). If the unmerged updates do not form a valid chain (updates of one
+  ``(key, row, ts)`` the merge would have summed), the bucket is replayed again from
+  the merged, consolidated read, and only if that fails too is the state invalid.
 """
 
 from __future__ import annotations
 
+import threading
+
+import pyarrow as pa
+
 from upsert_core.columnar import ColumnarState, apply_changes
-from upsert_core.ingest.buckets import bucket_tables
+from upsert_core.errors import InvalidUpsertState
+from upsert_core.ingest.buckets import bucket_of_keys, bucket_tables, split_rows
 from upsert_core.persist.location import Blob
-from upsert_core.persist.read import changes_after
+from upsert_core.persist.read import changes_after, unmerged_changes_after
 from upsert_core.persist.state import ShardState
+
+_MemoKey = tuple[str, int, int, int, int]
+_memo: dict[_MemoKey, dict[int, pa.Table]] = {}
+_memo_lock = threading.Lock()
+
+
+def _unmerged(
+    blob: Blob, shard_state: ShardState, lower: int, upper: int, buckets: int
+) -> dict[int, pa.Table]:
+    """The shard's unmerged changes in ``[lower, upper)`` split by bucket, read once per
+    process for a given shard version (only the last one read is kept)."""
+    key = (shard_state.shard_id, shard_state.seqno, lower, upper, buckets)
+    with _memo_lock:
+        by_bucket = _memo.get(key)
+    if by_bucket is None:
+        table = unmerged_changes_after(blob, shard_state, lower, upper)
+        by_bucket = split_rows(table, bucket_of_keys(table.column("key"), buckets))
+        with _memo_lock:
+            _memo.clear()
+            _memo[key] = by_bucket
+    return by_bucket
 
 
 def replay_bucket(
@@ -46,5 +78,9 @@ def replay_bucket(
     ``bucket`` applied, and the number of updates applied."""
     if lower >= upper:
         return state, 0
-    updates = bucket_tables(changes_after(blob, shard_state, lower, upper), bucket, buckets)
-    return apply_changes(state, updates)
+    fast = _unmerged(blob, shard_state, lower, upper, buckets).get(bucket)
+    try:
+        return apply_changes(state, [] if fast is None else [fast])
+    except InvalidUpsertState:
+        merged = changes_after(blob, shard_state, lower, upper)
+        return apply_changes(state, bucket_tables(merged, bucket, buckets))

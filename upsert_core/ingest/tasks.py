@@ -30,7 +30,7 @@ Invariants:
   (:mod:`~upsert_core.ingest.replay`). A step keeps the base while the updates since it
   (``Base.pending``) stay within ``REPLAY_FRACTION`` of its rows and ``MAX_REPLAY_BATCHES``
   batches, and otherwise writes a new one, so checkpoint writes follow the batch, not
-  the table, and a cold load replays at most about one base's worth of updates. The
+  the table, and a cold load replays at most ``REPLAY_FRACTION`` of a base's updates. The
   global scope writes a current checkpoint whenever the bucket changed, as before.
 - With a :class:`StateCache`, a step takes the bucket's state from the cache instead of
   decoding the checkpoint when the cache holds it as of a committed upper (checked by
@@ -85,8 +85,14 @@ ROWS_SCHEMA = pa.schema(
 )
 """Validated rows as exchanged between the read step and the bucket steps."""
 
-REPLAY_FRACTION = 1.0
-"""A base is kept while the updates since it are at most this fraction of its rows."""
+REPLAY_FRACTION = 0.35
+"""A base is kept while the updates since it are at most this fraction of its rows.
+
+Why 0.35: a columnar base costs about 32 bytes per key to write (zstd; the 16-byte key
+digests do not compress) and a cold load replays the pending updates, so this keeps
+both bounded by the batch: on a 1M-key shard with 100k-row batches (~170k updates each)
+a bucket writes a new base every third batch, ~11 MB per batch amortised plus the 6 MB
+of parts (delta-rs MERGE rewrites ~18 MB), and a cold load replays at most two batches."""
 
 MAX_REPLAY_BATCHES = 64
 """A base is kept for at most this many batches (each replay reads their parts)."""
@@ -343,7 +349,8 @@ def _run_bucket(
     try:
         if table.num_rows:
             result.parts = list(
-                write_parts(blob, task.shard_id, table, inline_threshold=task.inline_threshold)
+                write_parts(blob, task.shard_id, table, inline_threshold=task.inline_threshold,
+                            presorted=True)  # drain_to_upper emits (key, row) order
             )
         for part in result.parts:
             result.bytes_written += part.encoded_size_bytes

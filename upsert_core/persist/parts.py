@@ -138,9 +138,15 @@ def write_parts(
     inline_threshold: int = DEFAULT_INLINE_THRESHOLD,
     part_rows: int = DEFAULT_PART_ROWS,
     row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
+    presorted: bool = False,
 ) -> tuple[Part, ...]:
-    """Sort ``data`` and write it as parts of at most ``part_rows`` rows (none if empty)."""
-    table = sort_updates(conform_updates(data))
+    """Sort ``data`` and write it as parts of at most ``part_rows`` rows (none if empty).
+
+    ``presorted=True`` skips the sort when the caller guarantees ``(key, row, ts)``
+    order (the columnar drain emits its updates that way)."""
+    table = conform_updates(data)
+    if not presorted:
+        table = sort_updates(table)
     step = max(1, part_rows)
     return tuple(
         write_part(

@@ -583,6 +583,39 @@ def changes_after(
     return changes(blob, state, lower, upper, batch_rows=batch_rows)
 
 
+def unmerged_changes_after(blob: Blob, state: ShardState, lower: int, upper: int) -> pa.Table:
+    """The same updates as :func:`changes_after`, as one table *without* the merge: each
+    part is read whole and transformed, and the parts are concatenated, in no particular
+    order and not consolidated across parts.
+
+    For readers that sort and check the updates themselves (replay onto an upsert
+    state): skipping the k-way merge makes a catch-up read cost one Parquet decode per
+    part. Updates of one ``(key, row, ts)`` that the merge would have summed may appear
+    more than once; such a reader falls back to :func:`changes_after` when it meets
+    them.
+    """
+    check_catch_up_readable(state, lower, upper)
+    if lower == upper:
+        return UPDATE_SCHEMA.empty_table()
+    relevant = [
+        b
+        for b in state.batches
+        if b.lower < upper and (b.upper > lower or state.since >= lower)
+    ]
+    transform_for = _changes_transform(state.since, lower, upper)
+    sources = part_sources(blob, state.shard_id, relevant, transform_for)
+    tables: list[pa.Table] = []
+    try:
+        for source in sources:
+            tables.extend(source)
+    finally:
+        for source in sources:
+            source.close()
+    if not tables:
+        return UPDATE_SCHEMA.empty_table()
+    return pa.concat_tables(tables)
+
+
 def read_all(batches: Iterable[pa.RecordBatch]) -> pa.Table:
     """Collect a read into one table (for tests and small shards)."""
     return pa.Table.from_batches(list(batches), schema=UPDATE_SCHEMA)

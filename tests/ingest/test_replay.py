@@ -1,0 +1,69 @@
+"""Replay of a bucket's base: the fast unmerged read, its fallback, and its failure.
+
+``replay_bucket`` reads the shard's changes without the k-way merge. Updates that the
+merge would have summed (here: a +1/-1 pair of one (key, row, ts) slipped into the
+unmerged read) do not form a valid chain, so the bucket is replayed from the merged,
+consolidated read and still ends exact; changes that do not fit the base at all raise
+``InvalidUpsertState`` (the ingest then rehydrates).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+import upsert_core.ingest.replay as replay
+from tests.ingest.helpers import memory_shard, write_jsonl
+from upsert_core.columnar import ColumnarState, apply_changes, state_from_snapshot
+from upsert_core.errors import InvalidUpsertState
+from upsert_core.ingest import IngestRequest, InProcessEngine, ingest
+from upsert_core.ingest.replay import replay_bucket
+from upsert_core.persist.read import snapshot, unmerged_changes_after
+
+
+def _shard_with_history(tmp_path: Path):  # noqa: ANN202 - a test helper
+    shard = memory_shard()
+    for i in range(3):
+        d = tmp_path / f"f{i}"
+        d.mkdir()
+        write_jsonl(d, f"{i}.jsonl", [{"key": k, "offset": i, "v": f"{i}-{k}"}
+                                      for k in range(20) if (k + i) % 3])
+        ingest(shard, str(d), IngestRequest(buckets=1), engine=InProcessEngine(cache=None))
+    return shard
+
+
+def _live(shard, upper: int) -> dict[bytes, bytes]:  # noqa: ANN001 - a test helper
+    rows = pa.Table.from_batches(list(snapshot(shard.blob, shard.state(), upper - 1)))
+    return dict(zip(rows.column("key").to_pylist(), rows.column("row").to_pylist(),
+                    strict=True))
+
+
+def test_replay_falls_back_to_the_merged_read(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    shard = _shard_with_history(tmp_path)
+    state = shard.state()
+    base = state_from_snapshot(snapshot(shard.blob, state, 0))  # the state as of upper 1
+    assert base.live_rows() == _live(shard, 1)
+
+    def doubled(blob, shard_state, lower, upper):  # noqa: ANN001, ANN202
+        table = unmerged_changes_after(blob, shard_state, lower, upper)
+        pair = table.slice(0, 1)
+        flipped = pair.set_column(3, "diff", pa.array([-pair.column("diff")[0].as_py()]))
+        return pa.concat_tables([table, pair, flipped])
+
+    with pytest.raises(InvalidUpsertState):  # the fast path alone cannot use them
+        apply_changes(base, [doubled(shard.blob, state, 1, state.upper)])
+    monkeypatch.setattr(replay, "unmerged_changes_after", doubled)
+    replay._memo.clear()
+    caught_up, _ = replay_bucket(shard.blob, state, base, 0, 1, 1, state.upper)
+    assert caught_up.live_rows() == _live(shard, state.upper)
+
+
+def test_replay_of_changes_that_do_not_fit_raises(tmp_path: Path) -> None:
+    shard = _shard_with_history(tmp_path)
+    state = shard.state()
+    replay._memo.clear()
+    with pytest.raises(InvalidUpsertState):
+        # The empty state is not the base as of upper 1: the first retraction misses.
+        replay_bucket(shard.blob, state, ColumnarState.empty(False), 0, 1, 1, state.upper)
