@@ -340,8 +340,6 @@ class _Piece(NamedTuple):
     tags: U8Array
     fixed: U8Array | None = None  # (rows, width) payload bytes of fixed-width values
     var_lens: I64Array | None = None  # byte length of variable-width values (0 if null)
-    var_starts: I64Array | None = None  # where each value starts in ``var_data``
-    var_data: U8Array | None = None
 
 
 def encode_columns(
@@ -376,53 +374,66 @@ def encode_columns(
         for c in range(k - 1, -1, -1):
             seen |= valid[c]
             included[c] = seen
-    pieces: list[_Piece] = []
-    lengths = np.ones(n, dtype=np.int64)  # the version byte
+    pieces: list[pa.Array] = [_constant_piece(n, CODEC_VERSION)]
+    total = n  # the version bytes
     for c, arr in enumerate(arrays):
         piece = _column_piece(arr, valid[c])
         if piece is None:
             return None
-        piece = piece._replace(length=np.where(included[c], piece.length, 0))
-        pieces.append(piece)
-        lengths += piece.length
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    if int(offsets[-1]) > _I32_MAX:
+        total += int(np.where(included[c], piece.length, 0).sum())
+        for part in _piece_arrays(piece, arr, valid[c]):
+            if not included[c].all():
+                part = pc.if_else(pa.array(included[c]), part, pa.scalar(b"", pa.binary()))
+            pieces.append(part)
+    if total > _I32_MAX:
         return None
-    buf = np.zeros(int(offsets[-1]), dtype=np.uint8)
-    buf[offsets[:-1]] = CODEC_VERSION
-    start = offsets[:-1] + 1
-    for c, piece in enumerate(pieces):
-        rows = np.flatnonzero(included[c])
-        buf[start[rows]] = piece.tags[rows]
-        live = rows[valid[c][rows]]
-        if len(live) and piece.fixed is not None:
-            width = piece.fixed.shape[1]
-            buf[start[live][:, None] + np.arange(1, width + 1)] = piece.fixed[live]
-        elif (
-            len(live)
-            and piece.var_lens is not None
-            and piece.var_starts is not None
-            and piece.var_data is not None
-        ):
-            lens = piece.var_lens[live]
-            header = lens.astype("<u4").view(np.uint8).reshape(-1, 4)
-            buf[start[live][:, None] + np.arange(1, 5)] = header
-            _scatter(buf, start[live] + 5, lens, piece.var_starts[live], piece.var_data)
-        start += piece.length
-    return pa.Array.from_buffers(
-        pa.binary(), n, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(buf)]
-    )
+    # Arrow concatenates the pieces row by row in C++: no Python or per-byte numpy work.
+    joined = pc.binary_join_element_wise(*pieces, pa.scalar(b"", pa.binary()))
+    return joined if isinstance(joined, pa.BinaryArray) else None
 
 
-def _scatter(buf: U8Array, dest: I64Array, lens: I64Array, src: I64Array, data: U8Array) -> None:
-    """Copy ``data[src[i] : src[i] + lens[i]]`` to ``buf[dest[i]:]`` for every i."""
-    total = int(lens.sum())
-    if not total:
-        return
-    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
-    from_idx = np.repeat(src, lens) + within
-    buf[np.repeat(dest, lens) + within] = data[from_idx]
+def _constant_piece(n: int, byte: int) -> pa.Array:
+    """``n`` one-byte values ``byte``, as a binary array."""
+    data = pa.py_buffer(np.full(n, byte, dtype=np.uint8))
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(1), n, [None, data]).cast(pa.binary())
+
+
+def _piece_arrays(piece: _Piece, arr: pa.Array, valid: BoolArray) -> list[pa.Array]:
+    """One column's encodings as binary arrays to concatenate: the head (tag, then the
+    fixed-width payload or the u32 length of a variable-width value; the tag alone for
+    a null) and, for variable-width values, the value bytes (empty for a null)."""
+    n = len(valid)
+    if piece.fixed is not None:
+        payload = piece.fixed
+    elif piece.var_lens is not None:
+        payload = piece.var_lens.astype("<u4").view(np.uint8).reshape(n, 4)
+    else:
+        payload = np.zeros((n, 0), dtype=np.uint8)
+    width = 1 + payload.shape[1]
+    head = np.empty((n, width), dtype=np.uint8)
+    head[:, 0] = piece.tags
+    head[:, 1:] = payload
+    if width == 1 or valid.all():
+        heads = pa.FixedSizeBinaryArray.from_buffers(
+            pa.binary(width), n, [None, pa.py_buffer(head)]
+        ).cast(pa.binary())
+    else:
+        keep = np.zeros((n, width), dtype=bool)
+        keep[:, 0] = True
+        keep[:, 1:] = valid[:, None]
+        lengths = np.where(valid, width, 1).astype(np.int64)
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        heads = pa.Array.from_buffers(
+            pa.binary(), n,
+            [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(head[keep])],
+        )
+    if piece.var_lens is None:
+        return [heads]
+    values = arr if pa.types.is_binary(arr.type) else arr.cast(pa.binary())
+    if values.null_count:
+        values = values.fill_null(pa.scalar(b"", pa.binary()))
+    return [heads, values]
 
 
 def _fixed(valid: BoolArray, tag: int, payload: U8Array) -> _Piece:
@@ -481,22 +492,15 @@ def _column_piece(arr: pa.Array, valid: BoolArray) -> _Piece | None:
     if pa.types.is_string(t) or pa.types.is_binary(t):
         if pa.types.is_string(t) and not _valid_utf8(arr):
             return None  # copying the bytes would store a string no reader can decode
-        offsets_buf, data_buf = arr.buffers()[1], arr.buffers()[2]
+        offsets_buf = arr.buffers()[1]
         raw = np.frombuffer(offsets_buf, dtype="<i4", count=arr.offset + n + 1)
         starts = raw[arr.offset :].astype(np.int64)
         lens = np.where(valid, starts[1:] - starts[:-1], 0).astype(np.int64)
-        data = (
-            np.frombuffer(data_buf, dtype=np.uint8)
-            if data_buf is not None
-            else np.zeros(0, dtype=np.uint8)
-        )
         tag = TAG_STR if pa.types.is_string(t) else TAG_BYTES
         return _Piece(
             length=np.where(valid, 5 + lens, 1).astype(np.int64),
             tags=np.where(valid, tag, TAG_NULL).astype(np.uint8),
             var_lens=lens,
-            var_starts=starts[:-1],
-            var_data=data,
         )
     return None
 
