@@ -80,6 +80,17 @@ def test_key_digests_equal_key_digest(values: list[bytes]) -> None:
     assert key_digests(arr) == [key_digest(v) for v in values]
 
 
+@given(st.integers(1, 12), st.lists(st.binary(min_size=12, max_size=12), max_size=20),
+       st.integers(0, 3))
+def test_key_digests_of_equal_width_keys(width: int, values: list[bytes], cut: int) -> None:
+    # All keys the same width (the fast path), in a sliced array; and one key longer.
+    same = [v[:width] for v in values]
+    arr = pa.array([b"x" * cut, *same], pa.binary()).slice(1)
+    assert key_digests(arr) == [key_digest(v) for v in same]
+    mixed = [*same, b"y" * (width + 1)]
+    assert key_digests(pa.array(mixed, pa.binary())) == [key_digest(v) for v in mixed]
+
+
 def test_canonical_floats_and_trailing_nulls() -> None:
     floats = pa.array([-0.0, float("nan"), None, 1.5], pa.float64())
     strings = pa.array(["a", None, None, None], pa.string())

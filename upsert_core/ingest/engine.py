@@ -24,6 +24,8 @@ landings, and the fallback when Spark is unavailable); the Spark engine lives in
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, Protocol
 
 import numpy as np
@@ -62,15 +64,34 @@ def bucket_groups(task: FileTask, rows: pa.Table) -> dict[int, pa.Table]:
     return groups
 
 
+THREADS_ENV = "UPSERT_INGEST_THREADS"
+
+
+def default_threads() -> int:
+    """``UPSERT_INGEST_THREADS``, else the number of CPUs (at least 1)."""
+    text = os.environ.get(THREADS_ENV, "").strip()
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    return max(1, os.cpu_count() or 1)
+
+
 class InProcessEngine:
-    """Runs every step in this process, bucket after bucket.
+    """Runs every step in this process: the file's read, then its buckets on up to
+    ``threads`` threads (default :func:`default_threads`; the columnar steps spend
+    their time in numpy, Arrow and I/O, which release the GIL).
 
     Each engine keeps its own :class:`StateCache` (pass ``cache=None`` to disable it), so
     consecutive files of one run (or of runs sharing the engine) reuse bucket states.
+    With one thread, buckets run in order and the first failure stops the rest; with
+    several, every bucket runs and the outcome lists them all (and every blob they
+    wrote) in bucket order.
     """
 
-    def __init__(self, cache: StateCache | None | Literal["new"] = "new") -> None:
+    def __init__(
+        self, cache: StateCache | None | Literal["new"] = "new", threads: int | None = None
+    ) -> None:
         self.cache = StateCache() if isinstance(cache, str) else cache
+        self.threads = default_threads() if threads is None else max(1, threads)
 
     def run_file(self, task: FileTask, shard: ShardHandle) -> FileOutcome:
         blob = shard.blob
@@ -79,7 +100,15 @@ class InProcessEngine:
         if read.file_error is not None or read.changed is not None:
             return outcome
         groups = bucket_groups(task, rows)
-        for bucket in sorted(groups):
+        order = sorted(groups)
+        workers = min(self.threads, len(order))
+        if workers > 1:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bucket") as pool:
+                outcome.buckets.extend(pool.map(
+                    lambda b: run_bucket(task, b, groups[b], blob, self.cache), order
+                ))
+            return outcome
+        for bucket in order:
             result = run_bucket(task, bucket, groups[bucket], blob, self.cache)
             outcome.buckets.append(result)
             if result.failure is not None:

@@ -88,7 +88,7 @@ class ValidatedBatch:
     file: str
     schema: SourceSchema
     keys: list[bytes] = field(default_factory=list)
-    rows: list[bytes] = field(default_factory=list)
+    row_values: list[bytes] | pa.BinaryArray = field(default_factory=list)
     deletes: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, np.bool_))
     orders: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
     positions: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
@@ -96,6 +96,14 @@ class ValidatedBatch:
 
     def __len__(self) -> int:
         return len(self.keys)
+
+    @property
+    def rows(self) -> list[bytes]:
+        """The encoded rows as bytes (the bulk encoder keeps them as one Arrow array,
+        which :meth:`to_arrow` uses as it is)."""
+        if isinstance(self.row_values, pa.Array):
+            return list(self.row_values.to_pylist())
+        return self.row_values
 
     @property
     def total_rows(self) -> int:
@@ -107,7 +115,8 @@ class ValidatedBatch:
         return pa.record_batch(
             [
                 pa.array(self.keys, type=pa.binary(UPSERT_KEY_LEN)),
-                pa.array(self.rows, type=pa.binary()),
+                self.row_values if isinstance(self.row_values, pa.Array)
+                else pa.array(self.row_values, type=pa.binary()),
                 pa.array(self.deletes, type=pa.bool_()),
                 pa.array(self.orders, type=pa.int64()),
                 pa.array(self.positions, type=pa.int64()),
@@ -231,7 +240,7 @@ def _encode(
     taken = [pc.take(arrays[name], take) for name in schema.names]
     key_at = [schema.names.index(k) for k in schema.key]
     keys: list[bytes] = []
-    rows: list[bytes] = []
+    rows: list[bytes] | pa.BinaryArray = []
     kept: list[int] = []
     bulk_rows = encode_columns(taken, drop_trailing_nulls=True)
     bulk_keys = None if bulk_rows is None else encode_columns([taken[k] for k in key_at])
@@ -239,9 +248,11 @@ def _encode(
         # The vectorised encoder is byte-identical to the per-row one and declines
         # (None) whenever a value might not encode, so no row can fail here.
         keys = key_digests(bulk_keys)
-        rows = bulk_rows.to_pylist()
+        rows = bulk_rows
         kept = list(range(len(good_idx)))
     else:
+        row_list: list[bytes] = []
+        rows = row_list
         columns = [_python_values(col) for col in taken]
         for j, values in enumerate(zip(*columns, strict=True)):
             try:
@@ -254,7 +265,7 @@ def _encode(
                 )
                 continue
             keys.append(key)
-            rows.append(row)
+            row_list.append(row)
             kept.append(j)
     keep = good_idx if len(kept) == len(good_idx) else good_idx[kept]
 
@@ -266,7 +277,7 @@ def _encode(
         file=raw.file,
         schema=schema,
         keys=keys,
-        rows=rows,
+        row_values=rows,
         deletes=deletes[keep],
         orders=np.asarray(order_values.to_numpy(zero_copy_only=False), dtype=np.int64),
         positions=raw.positions[keep],
