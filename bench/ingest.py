@@ -218,6 +218,7 @@ def run_cli(files: Files, work: Path, engine: str = "local") -> Result:
         "UPSERT_CONSENSUS_URL": f"sqlite:///{work / 'consensus.db'}",
         "UPSERT_BLOB_URL": f"file://{work / 'blob'}",
     }
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # a user's Python caches bytecode
     command = [sys.executable, "-m", "orchestration.cli", "ingest", "--shard", "bench",
                "--engine", engine, "--no-progress", str(landing)]
 
