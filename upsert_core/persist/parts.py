@@ -97,10 +97,13 @@ def conform_updates(data: pa.Table | pa.RecordBatch) -> pa.Table:
 def encode_parquet(table: pa.Table, row_group_rows: int = DEFAULT_ROW_GROUP_ROWS) -> bytes:
     """``table`` as Parquet bytes."""
     sink = pa.BufferOutputStream()
-    # Keys and rows are nearly all distinct: a dictionary would be tried and dropped.
-    dictionary = [n for n in table.column_names if n not in ("key", "row")]
+    # Keys and rows are nearly all distinct digests and encodings: a dictionary would be
+    # tried and dropped, and their min/max statistics are never read. zstd shrinks the
+    # encoded rows by a third where snappy barely does, and decodes no slower.
+    small = [n for n in table.column_names if n not in ("key", "row")]
     pq.write_table(
-        table, sink, row_group_size=max(1, row_group_rows), use_dictionary=dictionary
+        table, sink, row_group_size=max(1, row_group_rows), use_dictionary=small,
+        write_statistics=small, compression="zstd",
     )
     return sink.getvalue().to_pybytes()
 
