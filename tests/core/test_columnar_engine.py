@@ -36,6 +36,7 @@ from upsert_core.columnar import (
     split_keys,
     state_from_snapshot,
 )
+from upsert_core.columnar import merge
 from upsert_core.columnar.checkpoint_format import decode_state, encode_state
 from upsert_core.drain import (
     GLOBAL_POSITION,
@@ -119,11 +120,22 @@ def update_list(table: pa.Table) -> list[tuple]:
     return [tuple(r.values()) for r in table.to_pylist()]
 
 
+@pytest.fixture(params=["overlay", "fold-every-time"])
+def fold_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways a state is written: changes kept in the overlay (the default for small
+    states), or folded into the base after every change (what large overlays do)."""
+    if request.param == "fold-every-time":
+        monkeypatch.setattr(merge, "FOLD_MIN_KEYS", 0)
+        monkeypatch.setattr(merge, "FOLD_FRACTION", 0.0)
+    return str(request.param)
+
+
 @pytest.mark.parametrize("scope", list(OrderScope))
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(files=files_st)
 def test_columnar_drain_equals_per_key_engine_and_model(
-    scope: OrderScope, files: list[list[Row]]
+    scope: OrderScope, fold_mode: str, files: list[list[Row]]
 ) -> None:
     old = fresh_state()
     model = UpsertModel(scope)
@@ -141,7 +153,10 @@ def test_columnar_drain_equals_per_key_engine_and_model(
         assert got == sorted(got, key=lambda u: (u[0], u[1]))  # as batch parts store them
         assert collection(got) == collection((k, r, ts, d) for k, r, d in model_changes)
         state = result.state
+        if fold_mode == "fold-every-time":
+            assert state.overlay is None
         assert sorted(state.items()) == per_key_items(old)
+        assert len(state) == len(per_key_items(old))
         assert result.inserts == sum(1 for u in got if u[3] == 1)
         assert result.retractions == sum(1 for u in got if u[3] == -1)
         history.append(result.updates)
@@ -159,6 +174,28 @@ def test_columnar_drain_equals_per_key_engine_and_model(
             replayed, n = apply_changes(states[lower], history[lower:])
             assert list(replayed.items()) == list(state.items())
             assert n == sum(t.num_rows for t in history[lower:])
+
+
+def test_changes_go_to_the_overlay_and_fold_into_the_base(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    state = drain_to_upper(ColumnarState.empty(False), as_table(
+        [(k, b"a", 1) for k in range(4, 10)]), 0).state
+    assert state.overlay is None  # an initial load builds the base directly
+    state = drain_to_upper(state, as_table([(5, b"b", 2), (6, None, 2), (2, b"n", 2)]), 1).state
+    assert state.overlay is not None and len(state.overlay) == 3
+    assert int(state.overlay.gone.sum()) == 1 and len(state) == 6
+    expected = {key_of(k): b"a" for k in range(4, 10)} | {key_of(5): b"b", key_of(2): b"n"}
+    del expected[key_of(6)]
+    assert state.live_rows() == expected
+    # Deleting the overlay-only key drops it from the overlay; re-adding 6 revives it.
+    state = drain_to_upper(state, as_table([(2, None, 3), (6, b"c", 3)]), 2).state
+    assert state.overlay is not None and key_of(2) not in state.live_rows()
+    assert state.live_rows()[key_of(6)] == b"c" and len(state) == 6
+    monkeypatch.setattr(merge, "FOLD_MIN_KEYS", 0)
+    folded = drain_to_upper(state, as_table([(7, b"d", 4)]), 3).state
+    assert folded.overlay is None and len(folded.hi) == len(folded) == 6
+    assert folded.live_rows() == {**state.live_rows(), key_of(7): b"d"}
 
 
 def test_locate_handles_keys_sharing_their_first_half() -> None:

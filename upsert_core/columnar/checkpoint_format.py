@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
+from upsert_core.columnar.merge import fold
 from upsert_core.columnar.state import ROW_TYPE, ColumnarState
 from upsert_core.errors import CodecError, InvalidUpsertState
 
@@ -34,7 +35,8 @@ _IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
 
 
 def encode_state(state: ColumnarState, meta: dict[str, Any]) -> bytes:
-    """``state`` as checkpoint bytes carrying ``meta``."""
+    """``state`` (its overlay folded in) as checkpoint bytes carrying ``meta``."""
+    state = fold(state)
     columns = [pa.array(state.hi), pa.array(state.lo), state.rows]
     names = ["hi", "lo", "row"]
     if state.orders is not None:

@@ -27,13 +27,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from upsert_core.columnar.merge import merge_changes
+from upsert_core.columnar.merge import lookup, with_changes
 from upsert_core.columnar.state import (
     I64,
     ROW_TYPE,
     ColumnarState,
     Mask,
-    locate,
     split_keys,
 )
 from upsert_core.errors import InvalidUpsertState
@@ -141,10 +140,8 @@ def apply_changes(
     first[1:] = (hi[1:] != hi[:-1]) | (lo[1:] != lo[:-1])
     last = np.ones(n, dtype=bool)
     last[:-1] = first[1:]
-    index, found = locate(state.hi, state.lo, hi, lo)
-    held = state.rows.take(pa.array(index, pa.int64(), mask=~found)) if len(state) else (
-        pa.nulls(n, ROW_TYPE)
-    )
+    look = lookup(state, hi, lo)
+    found, held = look.found, look.rows
     # What each change finds: the previous change of its key, or the state's row.
     prev = np.concatenate([[0], np.arange(n - 1)])
     prev_plus = ~first & (diffs[prev] == 1)
@@ -162,11 +159,13 @@ def apply_changes(
             f"replayed change at ts {int(ts[j])} for key {_hex(hi[j], lo[j])} {what}"
         )
     # Per key the last change decides: an insertion sets the row, a retraction removes it.
+    # ``lookup`` read keys with repeats; read the unique ones again for the write.
     keys_at = np.flatnonzero(last)
     write = diffs[keys_at] == 1
+    k_hi, k_lo = hi[keys_at], lo[keys_at]
     return (
-        merge_changes(
-            state, index[keys_at], found[keys_at], hi[keys_at], lo[keys_at],
+        with_changes(
+            state, lookup(state, k_hi, k_lo), k_hi, k_lo,
             rows.take(pa.array(keys_at, pa.int64())), None, write, ~write,
         ),
         n,

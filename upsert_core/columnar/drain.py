@@ -7,7 +7,8 @@ For the validated rows of one bucket at timestamp ``ts`` (``key``, ``row``,
 
 1. Winners: per key, the row with the greatest ``(order, position)`` (one
    ``lexsort``); the winners come out sorted by key.
-2. Match: ``locate`` (``searchsorted``) finds each winner in the state.
+2. Match: ``merge.lookup`` (``searchsorted`` in each level) finds each winner in the
+   state.
 3. Skip rule: in the global scope a winner is skipped when the state's order for its
    key (tombstones included) is at least the winner's order; finalized orders carry the
    maximal position, so positions only break ties within a file. The batch scope
@@ -15,8 +16,9 @@ For the validated rows of one bucket at timestamp ``ts`` (``key``, ``row``,
 4. Output: an applied winner retracts the key's current row and inserts its own (a
    delete only retracts); an identical row emits nothing (Arrow compares the bytes).
    The updates come out sorted by ``(key, row)``, as batch parts store them.
-5. Feedback: the winners' decisions are merged into a new state (batch scope: a delete
-   removes the key; global scope: the key keeps a tombstone and the order).
+5. Feedback: the winners' decisions are written into the new state's overlay (batch
+   scope: a delete removes the key; global scope: the key keeps a tombstone and the
+   order), so the cost follows the batch (``merge.with_changes``).
 
 Invariants:
 
@@ -36,13 +38,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from upsert_core.columnar.merge import merge_changes
+from upsert_core.columnar.merge import lookup, with_changes
 from upsert_core.columnar.state import (
     ROW_TYPE,
     ColumnarState,
     Index,
     join_keys,
-    locate,
     split_keys,
 )
 from upsert_core.persist.consolidate import UPDATE_SCHEMA
@@ -81,15 +82,12 @@ def drain_to_upper(state: ColumnarState, rows: pa.Table, ts: int) -> DrainResult
     if deleted.any():
         new = pc.if_else(pa.array(deleted), pa.nulls(len(new), ROW_TYPE), new)
 
-    index, found = locate(state.hi, state.lo, w_hi, w_lo)
-    if state.orders is not None and found.any():
-        held = np.where(found, state.orders[np.minimum(index, max(len(state) - 1, 0))], 0)
-        applied = ~(found & (held >= w_orders))
+    look = lookup(state, w_hi, w_lo)
+    found, old = look.found, look.rows
+    if look.orders is not None and found.any():
+        applied = ~(found & (look.orders >= w_orders))
     else:
         applied = np.ones(len(win), dtype=bool)
-    old = state.rows.take(pa.array(index, pa.int64(), mask=~found)) if len(state) else (
-        pa.nulls(len(win), ROW_TYPE)
-    )
     has_old = found & ~np.asarray(old.is_null().to_numpy(zero_copy_only=False), bool)
     has_new = ~deleted
     both = has_old & has_new
@@ -105,11 +103,11 @@ def drain_to_upper(state: ColumnarState, rows: pa.Table, ts: int) -> DrainResult
         # Batch scope: no order is remembered, a delete removes the key.
         write = applied & has_new & ~same
         remove = applied & ~has_new
-        next_state = merge_changes(state, index, found, w_hi, w_lo, new, None, write, remove)
+        next_state = with_changes(state, look, w_hi, w_lo, new, None, write, remove)
     else:
         # Global scope: every applied decision stores its order, a delete a tombstone.
         none = np.zeros(len(win), dtype=bool)
-        next_state = merge_changes(state, index, found, w_hi, w_lo, new, w_orders, applied, none)
+        next_state = with_changes(state, look, w_hi, w_lo, new, w_orders, applied, none)
     return DrainResult(
         updates, next_state, len(win), int(applied.sum()), int(insert.sum()), int(retract.sum())
     )

@@ -15,15 +15,26 @@ scope) finalized tombstones. Accumulators and provisional values never exist her
 consolidation (:mod:`~upsert_core.columnar.consolidate`) verifies a snapshot before a
 state is built from it, and the ingest's drain is always ``ToUpper`` of one timestamp.
 
+Two levels, so a batch's cost follows the batch and not the table: the columns above
+are the *base*, and an optional :class:`Overlay` holds the keys changed since the base
+was built (their current row or order, or that they were removed). Draining reads both
+levels and writes only the overlay; once the overlay outgrows a fraction of the base it
+is folded in (:mod:`~upsert_core.columnar.merge`). A checkpoint stores the folded state.
+
 Invariants:
 
-- Keys are strictly increasing by ``(hi, lo)``: unique and sorted. Every constructor
+- Keys are strictly increasing by ``(hi, lo)``: unique and sorted, in each level. Every constructor
   that takes columns from outside (:meth:`ColumnarState.checked`) verifies this.
 - All columns have the same length; ``orders`` is None exactly in the batch scope.
 - Batch scope: ``rows`` has no nulls (a deleted key is absent), exactly what
   rehydration from the shard's snapshot yields.
 - A state is never mutated: draining returns a new state, so a state taken from a
-  cache or a checkpoint is never left half-updated by a failure.
+  cache or a checkpoint is never left half-updated by a failure. (The base is shared
+  between a state and the states drained from it, which is safe because of this.)
+- An overlay key is either live (``gone`` False: its row, null for a global-scope
+  tombstone, and order replace the base's) or removed (``gone`` True: batch scope
+  only, and only for keys the base holds). ``in_base``/``base_index`` say where the key
+  is in the base (fixed, since the base never changes).
 """
 
 from __future__ import annotations
@@ -112,6 +123,22 @@ def locate(hi: U64, lo: U64, q_hi: U64, q_lo: U64) -> tuple[Index, Mask]:
 
 
 @dataclass(frozen=True)
+class Overlay:
+    """The keys changed since the base was built; see the module docstring."""
+
+    hi: U64
+    lo: U64
+    rows: pa.LargeBinaryArray
+    orders: I64 | None
+    gone: Mask
+    in_base: Mask
+    base_index: Index
+
+    def __len__(self) -> int:
+        return len(self.hi)
+
+
+@dataclass(frozen=True)
 class ColumnarState:
     """A bucket's upsert state; see the module docstring."""
 
@@ -119,6 +146,7 @@ class ColumnarState:
     lo: U64
     rows: pa.LargeBinaryArray
     orders: I64 | None = None
+    overlay: Overlay | None = None
 
     @classmethod
     def empty(cls, keeps_orders: bool) -> ColumnarState:
@@ -156,31 +184,55 @@ class ColumnarState:
         return self.orders is not None
 
     def __len__(self) -> int:
-        return len(self.hi)
-
-    @property
-    def live(self) -> int:
-        """Keys with a value (tombstones excluded)."""
-        return len(self.hi) - self.rows.null_count
+        """Keys held (tombstones included), both levels counted once."""
+        ov = self.overlay
+        if ov is None:
+            return len(self.hi)
+        added = int(np.count_nonzero(~ov.in_base & ~ov.gone))
+        removed = int(np.count_nonzero(ov.in_base & ov.gone))
+        return len(self.hi) + added - removed
 
     @property
     def nbytes(self) -> int:
-        """Memory held by the columns."""
-        extra = 0 if self.orders is None else self.orders.nbytes
-        return int(self.hi.nbytes + self.lo.nbytes + self.rows.nbytes + extra)
+        """Memory held by the columns of both levels."""
+        total = self.hi.nbytes + self.lo.nbytes + self.rows.nbytes
+        total += 0 if self.orders is None else self.orders.nbytes
+        ov = self.overlay
+        if ov is not None:
+            total += ov.hi.nbytes + ov.lo.nbytes + ov.rows.nbytes + 2 * len(ov)
+            total += ov.base_index.nbytes + (0 if ov.orders is None else ov.orders.nbytes)
+        return int(total)
 
-    def keys(self) -> pa.FixedSizeBinaryArray:
-        return join_keys(self.hi, self.lo)
+    def _level_items(self) -> Iterator[tuple[bytes, bytes | None, int | None]]:
+        keys = join_keys(self.hi, self.lo).to_pylist()
+        orders: list[int | None] = (
+            [None] * len(keys) if self.orders is None else self.orders.tolist()
+        )
+        yield from zip(keys, self.rows.to_pylist(), orders, strict=True)
 
     def items(self) -> Iterator[tuple[bytes, bytes | None, int | None]]:
         """Every ``(key, row or None for a tombstone, order or None)``, in key order
         (for tests and checks; the ingest never iterates keys)."""
-        keys = self.keys().to_pylist()
-        rows = self.rows.to_pylist()
-        orders: list[int | None] = (
-            [None] * len(keys) if self.orders is None else self.orders.tolist()
-        )
-        yield from zip(keys, rows, orders, strict=True)
+        ov = self.overlay
+        if ov is None:
+            yield from self._level_items()
+            return
+        changed = {
+            k: (r, o, g)
+            for k, r, o, g in zip(
+                join_keys(ov.hi, ov.lo).to_pylist(), ov.rows.to_pylist(),
+                [None] * len(ov) if ov.orders is None else ov.orders.tolist(),
+                ov.gone.tolist(), strict=True,
+            )
+        }
+        merged = {k: (r, o) for k, r, o in self._level_items()}
+        for k, (r, o, g) in changed.items():
+            if g:
+                merged.pop(k, None)
+            else:
+                merged[k] = (r, o)
+        for k in sorted(merged):
+            yield k, merged[k][0], merged[k][1]
 
     def live_rows(self) -> dict[bytes, bytes]:
         """``{key: row}`` of every live key (tests and checks)."""
