@@ -24,8 +24,9 @@ Invariants:
   value already gone).
 - Reads are cheap and shared: the changes are read without the k-way merge
   (:func:`~upsert_core.persist.read.unmerged_changes_after`, one decode per part), once
-  per ``(shard, seqno, lower, upper)`` for all the buckets a process replays (a small
-  per-process memo). If the unmerged updates do not form a valid chain (updates of one
+  per shard contents and ``(lower, upper)`` for all the buckets a process replays (a
+  small per-process memo keyed by the shard's batches, never by name and seqno, which
+  equally named shards of two locations share). If the unmerged updates do not form a valid chain (updates of one
   ``(key, row, ts)`` the merge would have summed), the bucket is replayed again from
   the merged, consolidated read, and only if that fails too is the state invalid.
 """
