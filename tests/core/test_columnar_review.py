@@ -173,3 +173,20 @@ def test_updates_empty_table_schema() -> None:
     state = ColumnarState.empty(False)
     result = drain_to_upper(state, as_table([(KEYS[0], None, 1)]), 0)
     assert result.updates.schema == UPDATE_SCHEMA and result.updates.num_rows == 0
+
+
+def test_split_keys_refuses_fixed_width_keys_of_another_width() -> None:
+    # A 32-byte fixed-width key column was read as 16-byte keys (the first half of
+    # the first keys), an 8-byte one failed with a ValueError.
+    import pytest
+
+    from upsert_core.errors import InvalidUpsertState
+
+    for width in (8, 32):
+        keys = pa.array([bytes(range(width))] * 3, pa.binary(width)).slice(1)
+        with pytest.raises(InvalidUpsertState):
+            split_keys(keys)
+    keys = pa.array([bytes(range(16)), bytes(range(1, 17))] * 2, pa.binary(16)).slice(1)
+    hi, lo = split_keys(keys)
+    assert [int(h).to_bytes(8, "big") + int(x).to_bytes(8, "big")
+            for h, x in zip(hi, lo, strict=True)] == keys.to_pylist()
