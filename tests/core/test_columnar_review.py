@@ -199,7 +199,7 @@ def _model_replay(stored: dict[bytes, bytes], changes) -> dict[bytes, bytes] | N
     for k, r, t, d in changes:
         sums[(k, r, t)] = sums.get((k, r, t), 0) + d
     out = dict(stored)
-    for k, r, t, d in sorted(((k, r, t, d) for (k, r, t), d in sums.items() if d),
+    for k, r, _t, d in sorted(((k, r, t, d) for (k, r, t), d in sums.items() if d),
                              key=lambda c: (c[0], c[2], c[3])):
         if d == -1 and out.get(k) == r:
             del out[k]

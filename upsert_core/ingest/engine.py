@@ -24,6 +24,7 @@ landings, and the fallback when Spark is unavailable); the Spark engine lives in
 
 from __future__ import annotations
 
+import contextlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, Protocol
@@ -106,10 +107,8 @@ class InProcessEngine:
             # reports as a failure) escapes: the driver never sees this outcome, so
             # the blobs of the buckets that finished are removed here.
             for key in outcome.new_blobs:
-                try:
+                with contextlib.suppress(Exception):  # best effort; GC's leak sweep remains
                     blob.delete(key)
-                except Exception:  # noqa: BLE001 - best effort; GC's leak sweep remains
-                    pass
             raise
         return outcome
 

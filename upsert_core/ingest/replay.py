@@ -26,9 +26,10 @@ Invariants:
   (:func:`~upsert_core.persist.read.unmerged_changes_after`, one decode per part), once
   per shard contents and ``(lower, upper)`` for all the buckets a process replays (a
   small per-process memo keyed by the shard's batches, never by name and seqno, which
-  equally named shards of two locations share). If the unmerged updates do not form a valid chain (updates of one
-  ``(key, row, ts)`` the merge would have summed), the bucket is replayed again from
-  the merged, consolidated read, and only if that fails too is the state invalid.
+  equally named shards of two locations share). If the unmerged updates do not form a
+  valid chain (updates of one ``(key, row, ts)`` the merge would have summed), the
+  bucket is replayed again from the merged, consolidated read, and only if that fails
+  too is the state invalid.
 """
 
 from __future__ import annotations
