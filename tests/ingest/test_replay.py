@@ -67,3 +67,37 @@ def test_replay_of_changes_that_do_not_fit_raises(tmp_path: Path) -> None:
     with pytest.raises(InvalidUpsertState):
         # The empty state is not the base as of upper 1: the first retraction misses.
         replay_bucket(shard.blob, state, ColumnarState.empty(False), 0, 1, 1, state.upper)
+
+
+def _ingest_history(tmp_path: Path, shard, tag: str, key_base: int):  # noqa: ANN001, ANN202
+    """A base of 40 keys at ts 0, then small files (kept on the base: replayed later),
+    each ingested by a cold engine (no cache) so every step replays from the base."""
+    files = [
+        [{"key": key_base + k, "offset": 0, "v": f"{tag}0-{k}"} for k in range(40)],
+        [{"key": key_base + 100 + k, "offset": 1, "v": f"{tag}1-{k}"} for k in range(3)],
+        [{"key": key_base + 100 + k, "offset": 2, "v": f"{tag}2-{k}"} for k in range(3)],
+    ]
+    for i, rows in enumerate(files):
+        d = tmp_path / f"{tag}{i}"
+        d.mkdir()
+        write_jsonl(d, f"{i}.jsonl", rows)
+        ingest(shard, str(d), IngestRequest(buckets=1), engine=InProcessEngine(cache=None))
+
+
+def test_replay_memo_is_not_shared_by_equally_named_shards(tmp_path: Path) -> None:
+    """Two locations holding a shard of the same name, ingested by one process: the
+    replay of one must never use the changes read from the other (same shard name,
+    seqno and uppers). Here shard B would get A's insertions (absent keys: a valid
+    chain) instead of its own, and its next file would insert a second live row for
+    a key it already holds."""
+    replay._memo.clear()
+    a, b = memory_shard("same"), memory_shard("same")
+    _ingest_history(tmp_path, a, "a", 0)
+    _ingest_history(tmp_path, b, "b", 1000)
+    assert a.state().seqno == b.state().seqno
+    for shard in (a, b):
+        snap = pa.Table.from_batches(list(snapshot(shard.blob, shard.state(),
+                                                   shard.state().upper - 1)))
+        keys = snap.column("key").to_pylist()
+        assert len(keys) == len(set(keys)) == 43, "a key holds two live rows"
+        assert all(d == 1 for d in snap.column("diff").to_pylist())

@@ -66,7 +66,12 @@ def split_keys(keys: pa.Array | pa.ChunkedArray) -> tuple[U64, U64]:
         return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
     if keys.null_count:
         raise InvalidUpsertState("upsert keys must not be null")
-    if not pa.types.is_fixed_size_binary(keys.type):
+    if pa.types.is_fixed_size_binary(keys.type):
+        if keys.type.byte_width != UPSERT_KEY_LEN:
+            raise InvalidUpsertState(
+                f"upsert keys must be {UPSERT_KEY_LEN} bytes, not {keys.type.byte_width}"
+            )
+    else:
         try:
             keys = keys.cast(pa.binary(UPSERT_KEY_LEN))
         except pa.ArrowInvalid as exc:

@@ -152,6 +152,8 @@ def _load_legacy(
     _check_meta(key, meta, shard, bucket, buckets, scope, LEGACY_FORMAT)
     if table.schema.names != LEGACY_SCHEMA.names:
         raise CheckpointUnusable(f"checkpoint {key} has columns {table.schema.names}")
+    if table.column("state").null_count:
+        raise CheckpointUnusable(f"checkpoint {key} has a key without a state")
     try:
         values = [StateValue.decode(v) for v in table.column("state").to_pylist()]
     except CodecError as exc:

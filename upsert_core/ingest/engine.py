@@ -24,6 +24,7 @@ landings, and the fallback when Spark is unavailable); the Spark engine lives in
 
 from __future__ import annotations
 
+import contextlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, Protocol
@@ -99,18 +100,39 @@ class InProcessEngine:
         outcome = FileOutcome(read=read)
         if read.file_error is not None or read.changed is not None:
             return outcome
+        try:
+            self._run_buckets(task, rows, blob, outcome)
+        except BaseException:
+            # SUBTLE: an unexpected error (not a platform error, which run_bucket
+            # reports as a failure) escapes: the driver never sees this outcome, so
+            # the blobs of the buckets that finished are removed here.
+            for key in outcome.new_blobs:
+                with contextlib.suppress(Exception):  # best effort; GC's leak sweep remains
+                    blob.delete(key)
+            raise
+        return outcome
+
+    def _run_buckets(self, task: FileTask, rows: pa.Table, blob: Blob, outcome: FileOutcome
+                     ) -> None:
         groups = bucket_groups(task, rows)
         order = sorted(groups)
         workers = min(self.threads, len(order))
         if workers > 1:
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bucket") as pool:
-                outcome.buckets.extend(pool.map(
-                    lambda b: run_bucket(task, b, groups[b], blob, self.cache), order
-                ))
-            return outcome
+                futures = [
+                    pool.submit(run_bucket, task, b, groups[b], blob, self.cache) for b in order
+                ]
+                error: BaseException | None = None
+                for future in futures:  # every bucket's result, even after an error
+                    try:
+                        outcome.buckets.append(future.result())
+                    except BaseException as exc:  # noqa: BLE001 - re-raised below
+                        error = error or exc
+            if error is not None:
+                raise error
+            return
         for bucket in order:
             result = run_bucket(task, bucket, groups[bucket], blob, self.cache)
             outcome.buckets.append(result)
             if result.failure is not None:
                 break
-        return outcome

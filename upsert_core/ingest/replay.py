@@ -24,10 +24,12 @@ Invariants:
   value already gone).
 - Reads are cheap and shared: the changes are read without the k-way merge
   (:func:`~upsert_core.persist.read.unmerged_changes_after`, one decode per part), once
-  per ``(shard, seqno, lower, upper)`` for all the buckets a process replays (a small
-  per-process memo). If the unmerged updates do not form a valid chain (updates of one
-  ``(key, row, ts)`` the merge would have summed), the bucket is replayed again from
-  the merged, consolidated read, and only if that fails too is the state invalid.
+  per shard contents and ``(lower, upper)`` for all the buckets a process replays (a
+  small per-process memo keyed by the shard's batches, never by name and seqno, which
+  equally named shards of two locations share). If the unmerged updates do not form a
+  valid chain (updates of one ``(key, row, ts)`` the merge would have summed), the
+  bucket is replayed again from the merged, consolidated read, and only if that fails
+  too is the state invalid.
 """
 
 from __future__ import annotations
@@ -41,9 +43,9 @@ from upsert_core.errors import InvalidUpsertState
 from upsert_core.ingest.buckets import bucket_of_keys, bucket_tables, split_rows
 from upsert_core.persist.location import Blob
 from upsert_core.persist.read import changes_after, unmerged_changes_after
-from upsert_core.persist.state import ShardState
+from upsert_core.persist.state import HollowBatch, ShardState
 
-_MemoKey = tuple[str, int, int, int, int]
+_MemoKey = tuple[str, int, int, int, int, tuple[HollowBatch, ...]]
 _memo: dict[_MemoKey, dict[int, pa.Table]] = {}
 _memo_lock = threading.Lock()
 
@@ -52,8 +54,15 @@ def _unmerged(
     blob: Blob, shard_state: ShardState, lower: int, upper: int, buckets: int
 ) -> dict[int, pa.Table]:
     """The shard's unmerged changes in ``[lower, upper)`` split by bucket, read once per
-    process for a given shard version (only the last one read is kept)."""
-    key = (shard_state.shard_id, shard_state.seqno, lower, upper, buckets)
+    process for given shard contents (only the last one read is kept).
+
+    SUBTLE: the key names the contents, not the shard version: shard name and seqno
+    are not unique within a process (two locations may hold equally named shards with
+    equal seqnos), and another shard's changes can form a valid chain on this state
+    (insertions of keys it does not hold), so a collision would corrupt it silently.
+    """
+    key = (shard_state.shard_id, shard_state.since, lower, upper, buckets,
+           shard_state.batches)
     with _memo_lock:
         by_bucket = _memo.get(key)
     if by_bucket is None:

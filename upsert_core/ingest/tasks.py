@@ -373,8 +373,10 @@ def _run_bucket(
             result.bytes_written += size
             new_base = Base(ts + 1, 0, len(state), size)
         result.base = new_base.encode()
-    except UpsertPlatformError:
-        # Nothing written by a failed step is referenced anywhere yet: remove it all.
+    except BaseException:
+        # Nothing written by a failed step is referenced anywhere yet: remove it all
+        # (whatever failed: a platform error becomes the bucket's failure, anything
+        # else propagates, and neither may leave the step's blobs behind).
         delete_parts(blob, result.parts)
         for key in result.new_blobs:
             blob.delete(key)
