@@ -33,10 +33,10 @@ from upsert_core.columnar import (
     drain_to_upper,
     join_keys,
     locate,
+    merge,
     split_keys,
     state_from_snapshot,
 )
-from upsert_core.columnar import merge
 from upsert_core.columnar.checkpoint_format import decode_state, encode_state
 from upsert_core.drain import (
     GLOBAL_POSITION,
