@@ -19,7 +19,9 @@ next to the simplest dict-based Python loop doing the same job:
 Usage: ``.venv/bin/python -m bench.core [--quick] [--n N] [--decode-only]``. ``--quick``
 uses N=100_000; ``--decode-only`` runs (c) alone.
 The last line printed is a JSON object with all figures; ``drain_updates_per_s`` is
-the columnar drain including feedback (what the ingest runs), and
+the columnar drain including feedback (what the ingest runs; best of three repeats of
+the same drain, ``drain_columnar_first_*`` is the first, which also first-touches its
+memory), and
 ``drain_memory_updates_per_s`` the per-key engine's staging + draining.
 """
 
@@ -179,8 +181,19 @@ def bench_columnar(figures: dict[str, float], state_keys: list[bytes], cols: dic
         "order": pa.array(cols["orders"], pa.int64()),
         "position": pa.array(cols["positions"], pa.int64()),
     })
-    with timed(figures, "drain_columnar", n):
+    # The state is never mutated, so the same drain can be repeated: the first call
+    # also pays for first-touching fresh memory (page faults, allocator growth).
+    with timed(figures, "drain_columnar_first", n):
         result = drain_to_upper(state, rows, 0)
+    runs = []
+    for _ in range(3):
+        started = time.perf_counter()
+        drain_to_upper(state, rows, 0)
+        runs.append(time.perf_counter() - started)
+    best = min(runs)
+    figures["drain_columnar_s"] = round(best, 3)
+    figures["drain_columnar_updates_per_s"] = round(n / best)
+    print(f"{'drain_columnar (best of 3)':30s} {best:8.3f} s wall {n / best:27,.0f} updates/s")
     figures["drain_columnar_output_updates"] = result.updates.num_rows
 
 
