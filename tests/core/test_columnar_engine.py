@@ -48,17 +48,11 @@ from upsert_core.drain import (
     drain_staged_input,
 )
 from upsert_core.errors import CodecError, InvalidUpsertState
+from upsert_core.ingest import tasks
 from upsert_core.persist.consolidate import UPDATE_SCHEMA
 
-ROWS_SCHEMA = pa.schema(
-    [
-        ("key", pa.binary()),
-        ("row", pa.binary()),
-        ("deleted", pa.bool_()),
-        ("order", pa.int64()),
-        ("position", pa.int64()),
-    ]
-)
+ROWS_SCHEMA = tasks.ROWS_SCHEMA.remove(tasks.ROWS_SCHEMA.get_field_index("bucket"))
+"""One bucket's validated rows, as ``read_file`` hands them to the bucket step."""
 
 
 def key_of(i: int) -> bytes:

@@ -12,7 +12,7 @@ import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.core.test_columnar_engine import per_key_items, update_list
+from tests.core.test_columnar_engine import ROWS_SCHEMA, per_key_items, update_list
 from tests.core.test_drain_support import fresh_state
 from upsert_core.columnar import (
     ColumnarState,
@@ -32,16 +32,6 @@ from upsert_core.drain import (
     drain_staged_input,
 )
 from upsert_core.persist.consolidate import UPDATE_SCHEMA, sort_updates
-
-ROWS_SCHEMA = pa.schema(
-    [
-        ("key", pa.binary()),
-        ("row", pa.binary()),
-        ("deleted", pa.bool_()),
-        ("order", pa.int64()),
-        ("position", pa.int64()),
-    ]
-)
 
 _HALVES = [b"\x00" * 8, b"\x7f" + b"\xff" * 7, b"\x80" + b"\x00" * 7, b"\xff" * 8, b"\x07" * 8]
 KEYS = sorted({a + b for a in _HALVES for b in _HALVES[:3]})
