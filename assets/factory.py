@@ -49,6 +49,7 @@ from assets.metadata import (
     column_schema_metadata,
     gc_metadata,
     ingest_metadata,
+    row_count_metadata,
     shard_metadata,
 )
 from assets.spec import SourceSpec
@@ -188,6 +189,7 @@ def build_source_assets(spec: SourceSpec) -> SourceAssets:
         shard = open_shard(consensus, blob_store, spec.shard, create=False)
         meta = shard_metadata(shard.inspect())
         meta.update(column_schema_metadata(ShardTable(shard).schema))
+        meta.update(row_count_metadata(shard.state().config))
         return MaterializeResult(metadata=meta)
 
     @asset(name=GC, deps=[output_key], key_prefix=prefix, group_name=spec.name,

@@ -15,6 +15,7 @@ import pyarrow as pa
 from dagster import MetadataValue, TableColumn, TableSchema
 
 from assets.ingest_step import PartitionIngest
+from upsert_core.ingest import live_rows
 from upsert_core.persist.gc import GcReport
 
 MAX_NAMES = 20
@@ -100,3 +101,10 @@ def gc_metadata(report: GcReport, seconds: float) -> dict[str, Any]:
     meta["duration_seconds"] = MetadataValue.float(seconds)
     meta["deleted_blobs"] = _names(list(report.deleted_keys))
     return meta
+
+
+def row_count_metadata(config: Mapping[str, str]) -> dict[str, Any]:
+    """``dagster/row_count``: the shard's live rows, as its ingest commits recorded them
+    (nothing for a shard first ingested before the count was kept)."""
+    rows = live_rows(config)
+    return {} if rows is None else {"dagster/row_count": MetadataValue.int(rows)}

@@ -140,6 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--deleted-col", metavar="COL", help="delete marker column (default __deleted)")
     p.add_argument("--order-scope", choices=("batch", "global"), help="default batch")
     p.add_argument(
+        "--json", action="store_true",
+        help="print the run's report as one JSON object on stdout (files, counts, uppers)",
+    )
+    p.add_argument(
         "--buckets", type=int, metavar="N",
         help="upsert state buckets of a new shard (default 4; fixed once set): about one "
         "bucket's state is in memory at a time, see the README [UPSERT_BUCKETS]",

@@ -146,4 +146,8 @@ def run_ingest(args: argparse.Namespace) -> int:
         shard, args.landing, request, args.engine, progress_bar=False if args.no_progress else None
     )
     sys.stderr.write(summary_line(report) + "\n")
+    if getattr(args, "json", False):
+        import json
+
+        sys.stdout.write(json.dumps(report.to_dict(), sort_keys=True) + "\n")
     return 0

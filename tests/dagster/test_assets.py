@@ -54,6 +54,8 @@ def test_partition_run_applies_pending_files_through_it(plat: Platform) -> None:
     columns = [(c.name, c.type) for c in out["dagster/column_schema"].columns]  # type: ignore[attr-defined]
     shard_schema = ShardTable(plat.shard(spec.shard)).schema
     assert columns == [(f.name, str(f.type)) for f in shard_schema] and len(columns) >= 3
+    snapshot_rows = ShardTable(plat.shard(spec.shard)).snapshot().num_rows
+    assert out["dagster/row_count"] == snapshot_rows > 0
 
     checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
     assert {n: c.passed for n, c in checks.items()} == {

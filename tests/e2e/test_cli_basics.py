@@ -213,3 +213,19 @@ def test_buckets_are_chosen_when_the_shard_is_created_and_fixed_after(
     cli.derive(env={"UPSERT_BUCKETS": "8"}).ingest(landing)  # agrees with the shard
     assert {"key": 1, "offset": 2, "v": "y"} in cli.snapshot()
     cli.check()
+
+
+def test_ingest_json_prints_the_report_on_stdout(cli: Cli, landing: Path) -> None:
+    write_jsonl(landing, "a.jsonl", [{"key": 1, "offset": 1, "v": "x"}, {"key": 2, "v": "y"}])
+    write_jsonl(landing, "b.jsonl", [{"key": 1, "offset": 2, "__deleted": True}])
+    report = cli.ingest(landing, "--json").json()
+    assert report["shard"] == "s" and report["start_upper"] == 0 and report["upper"] == 2
+    assert [f["name"] for f in report["files"]] == ["a.jsonl", "b.jsonl"]
+    first, second = report["files"]
+    assert (first["ts"], first["rows_read"], first["inserts"], first["errors"]) == (0, 2, 1, 1)
+    assert (second["ts"], second["retractions"], second["inserts"]) == (1, 1, 0)
+    assert report["files"] and report["rows_read"] == 3 and report["errors"] == 1
+    assert report["seqno"] == cli.inspect()["seqno"]
+    again = cli.ingest(landing, "--json").json()
+    assert again["files"] == [] and again["start_upper"] == again["upper"] == 2
+    assert cli.ingest(landing).out == ""  # without --json, stdout stays empty

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from upsert_core.ingest import IngestRequest, ingest
+from upsert_core.ingest import IngestRequest, ingest, live_rows
 from upsert_core.ingest.engine import InProcessEngine
 
 from .helpers import (
@@ -40,6 +40,9 @@ def _check_against_model(shard: Any, model: UpsertModel) -> None:
             assert change_rows(shard, ts) == model.changes(ts), f"changes at {ts}"
     report = shard.check()
     assert report.ok, report.problems
+    if state.upper:
+        # The catalog's row count, kept by the commits, is the live rows at the upper.
+        assert live_rows(state.config) == sum(model.history[state.upper - 1].values())
 
 
 @pytest.mark.parametrize("scope", ["batch", "global"])

@@ -15,7 +15,13 @@ one compare-and-append per file.
 from upsert_core.ingest.engine import Engine, InProcessEngine, ShardHandle
 from upsert_core.ingest.options import IngestRequest, ShardOptions, resolve_options
 from upsert_core.ingest.outcome import BucketResult, FileOutcome, FileRead
-from upsert_core.ingest.pipeline import IngestShard, checkpoints_current, ingest, plan_file
+from upsert_core.ingest.pipeline import (
+    IngestShard,
+    checkpoints_current,
+    ingest,
+    live_rows,
+    plan_file,
+)
 from upsert_core.ingest.report import FileReport, IngestReport, ProgressEvent
 from upsert_core.ingest.tasks import ROWS_SCHEMA, FileTask, read_file, run_bucket
 
@@ -36,6 +42,7 @@ __all__ = [
     "ShardOptions",
     "checkpoints_current",
     "ingest",
+    "live_rows",
     "plan_file",
     "read_file",
     "resolve_options",

@@ -81,6 +81,10 @@ CONFIG_HISTORY = "ingest.history"
 (the upper each produced and its nonce), which tells state caches which of their
 entries were committed (see ``ingest.statecache``)."""
 
+CONFIG_LIVE_ROWS = "stats.live_rows"
+"""Config entry: live rows at the shard's upper, kept by the ingest's commits (the
+catalog's row count); absent for shards first ingested before it was kept."""
+
 HISTORY_LENGTH = 16
 
 
@@ -179,6 +183,9 @@ def _commit_request(
         if result.base is not None:
             config[checkpoint_base_name(result.bucket)] = result.base
     config[CONFIG_CHECKPOINT_UPPER] = str(task.ts + 1)
+    live = _live_rows_after(task, outcome)
+    if live is not None:
+        config[CONFIG_LIVE_ROWS] = str(live)
     # SUBTLE: the nonce was minted when the task was planned, so the engine could tag
     # its cached states with it before the commit that makes them valid.
     config[CONFIG_COMMIT_NONCE] = task.commit_nonce
@@ -186,6 +193,25 @@ def _commit_request(
     recent = sorted(history)[-HISTORY_LENGTH:]
     config[CONFIG_HISTORY] = json.dumps({str(u): history[u] for u in recent})
     return batch, errors, config
+
+
+def live_rows(config: Mapping[str, str]) -> int | None:
+    """The number of live rows the ingest recorded for the shard at its upper, or None
+    for a shard whose first files were ingested before the count was kept."""
+    text = config.get(CONFIG_LIVE_ROWS, "")
+    return int(text) if text.isdigit() else None
+
+
+def _live_rows_after(task: FileTask, outcome: FileOutcome) -> int | None:
+    """Live rows once this file commits: the count before it plus its insertions minus
+    its retractions (each output update adds or removes one row of the collection)."""
+    state = task.shard_state
+    if state is None:
+        return None
+    before = 0 if state.upper == 0 else live_rows(state.config)
+    if before is None:
+        return None
+    return before + sum(b.inserts - b.retractions for b in outcome.buckets)
 
 
 def _file_report(task: FileTask, outcome: FileOutcome, seconds: float, attempt: int) -> FileReport:

@@ -77,6 +77,38 @@ class IngestReport:
         }
 
 
+    def to_dict(self) -> dict[str, object]:
+        """The report as plain JSON-ready data (``upsertctl ingest --json``): the shard,
+        uppers and seqno, totals, one entry per committed file, and the lists of files
+        ingested by someone else, left pending, warnings and rehydrations."""
+        return {
+            "shard": self.shard,
+            "start_upper": self.start_upper,
+            "upper": self.upper,
+            "seqno": self.seqno,
+            **self.totals(),
+            "files": [
+                {
+                    "name": f.name,
+                    "ts": f.ts,
+                    "rows_read": f.rows_read,
+                    "inserts": f.inserts,
+                    "retractions": f.retractions,
+                    "errors": f.errors,
+                    "bytes_written": f.bytes_written,
+                    "seconds": round(f.seconds, 6),
+                    "rehydrated_buckets": list(f.rehydrated_buckets),
+                    "attempts": f.attempts,
+                }
+                for f in self.files
+            ],
+            "ingested_elsewhere": list(self.ingested_elsewhere),
+            "pending": list(self.pending),
+            "warnings": list(self.warnings),
+            "rehydrations": list(self.rehydrations),
+        }
+
+
 ProgressKind = Literal["start", "file_started", "file_done", "file_skipped", "done"]
 
 
