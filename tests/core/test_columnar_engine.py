@@ -84,15 +84,21 @@ def as_table(rows: list[Row]) -> pa.Table:
     )
 
 
-def per_key_step(state, rows: list[Row], ts: int, scope: OrderScope) -> list[tuple]:
+def per_key_step(
+    state, rows: list, ts: int, scope: OrderScope, *, key=None, positions=None  # noqa: ANN001
+) -> list[tuple]:
+    """One file through the per-key engine (drain then feedback); its sorted output.
+    ``key`` maps a row's key field to key bytes (default ``key_of``); ``positions`` are
+    the rows' positions (default 0, 1, ...)."""
+    to_key = key_of if key is None else key
     stash = Stash(resume_upper=ts)
     if rows:
         stash.stage(
             ts,
-            [key_of(k) for k, _, _ in rows],
+            [to_key(k) for k, _, _ in rows],
             [v for _, v, _ in rows],
             np.array([o for _, _, o in rows], np.int64),
-            np.arange(len(rows), dtype=np.int64),
+            np.arange(len(rows), dtype=np.int64) if positions is None else positions,
         )
     out = DrainOutput()
     drain_staged_input(stash, state, ToUpper(ts + 1, ts), out)

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.core.test_columnar_engine import ROWS_SCHEMA, per_key_items, update_list
+from tests.core.test_columnar_engine import per_key_step as engine_step
 from tests.core.test_drain_support import fresh_state
 from upsert_core.columnar import (
     ColumnarState,
@@ -24,12 +25,7 @@ from upsert_core.columnar import (
 )
 from upsert_core.columnar.merge import merge_changes
 from upsert_core.drain import (
-    DrainOutput,
     OrderScope,
-    Stash,
-    ToUpper,
-    apply_feedback,
-    drain_staged_input,
 )
 from upsert_core.persist.consolidate import UPDATE_SCHEMA, sort_updates
 
@@ -57,20 +53,9 @@ def as_table(rows: list[tuple[bytes, bytes | None, int]]) -> pa.Table:
     )
 
 
-def per_key_step(state, rows, ts: int, scope: OrderScope) -> list[tuple]:
-    stash = Stash(resume_upper=ts)
-    if rows:
-        stash.stage(
-            ts,
-            [k for k, _, _ in rows],
-            [v for _, v, _ in rows],
-            np.array([o for _, _, o in rows], np.int64),
-            np.array([3 * i + 1 for i in range(len(rows))], np.int64),
-        )
-    out = DrainOutput()
-    drain_staged_input(stash, state, ToUpper(ts + 1, ts), out)
-    apply_feedback(state, out, scope)
-    return sorted(out.consolidated())
+def per_key_step(state, rows, ts: int, scope: OrderScope) -> list[tuple]:  # noqa: ANN001
+    positions = np.array([3 * i + 1 for i in range(len(rows))], np.int64)
+    return engine_step(state, rows, ts, scope, key=lambda k: k, positions=positions)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -52,6 +52,16 @@ def encode_state(state: ColumnarState, meta: dict[str, Any]) -> bytes:
     return MAGIC + xxhash.xxh3_128_digest(body) + body.to_pybytes()
 
 
+def schema_metadata(schema: pa.Schema) -> dict[str, Any] | None:
+    """The checkpoint metadata a table's schema carries, or None if absent or malformed."""
+    raw = (schema.metadata or {}).get(METADATA_KEY)
+    try:
+        meta = json.loads(raw) if raw is not None else None
+    except ValueError:
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
 def is_columnar(data: bytes) -> bool:
     """Whether ``data`` starts like a columnar checkpoint."""
     return data[: len(MAGIC)] == MAGIC
@@ -70,12 +80,8 @@ def decode_state(data: bytes) -> tuple[ColumnarState, dict[str, Any]]:
         table = pa.ipc.open_file(body).read_all()
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise CodecError(f"columnar checkpoint is not a valid Arrow IPC file: {exc}") from exc
-    raw = (table.schema.metadata or {}).get(METADATA_KEY)
-    try:
-        meta = json.loads(raw) if raw is not None else None
-    except ValueError:
-        meta = None
-    if not isinstance(meta, dict):
+    meta = schema_metadata(table.schema)
+    if meta is None:
         raise CodecError("columnar checkpoint has no metadata")
     names = table.schema.names
     if names not in (["hi", "lo", "row"], ["hi", "lo", "row", "order"]):

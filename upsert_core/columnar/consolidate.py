@@ -159,13 +159,11 @@ def apply_changes(
             f"replayed change at ts {int(ts[j])} for key {_hex(hi[j], lo[j])} {what}"
         )
     # Per key the last change decides: an insertion sets the row, a retraction removes it.
-    # ``lookup`` read keys with repeats; read the unique ones again for the write.
     keys_at = np.flatnonzero(last)
     write = diffs[keys_at] == 1
-    k_hi, k_lo = hi[keys_at], lo[keys_at]
     return (
         with_changes(
-            state, lookup(state, k_hi, k_lo), k_hi, k_lo,
+            state, look.select(keys_at), hi[keys_at], lo[keys_at],
             rows.take(pa.array(keys_at, pa.int64())), None, write, ~write,
         ),
         n,

@@ -130,9 +130,22 @@ class Lookup:
     overlay_index: Index | None
     in_overlay: Mask | None
 
+    def select(self, index: Index) -> Lookup:
+        """The answers for queries ``index`` only (as if only those keys were read)."""
+        return Lookup(
+            self.found[index],
+            self.rows.take(pa.array(index, pa.int64())),
+            None if self.orders is None else self.orders[index],
+            self.base_index[index],
+            self.in_base[index],
+            None if self.overlay_index is None else self.overlay_index[index],
+            None if self.in_overlay is None else self.in_overlay[index],
+        )
+
 
 def lookup(state: ColumnarState, hi: U64, lo: U64) -> Lookup:
-    """Read sorted, unique keys through both levels of ``state``."""
+    """Read keys through both levels of ``state`` (sorted and unique when the result goes
+    to :func:`with_changes`; any keys otherwise)."""
     n = len(hi)
     b_index, b_found = locate(state.hi, state.lo, hi, lo)
     rows = (

@@ -27,7 +27,6 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
@@ -35,7 +34,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from upsert_core.columnar import ColumnarState, split_keys
-from upsert_core.columnar.checkpoint_format import decode_state, encode_state, is_columnar
+from upsert_core.columnar.checkpoint_format import (
+    decode_state,
+    encode_state,
+    is_columnar,
+    schema_metadata,
+)
 from upsert_core.drain import OrderScope
 from upsert_core.errors import CodecError, InvalidUpsertState, UpsertPlatformError
 from upsert_core.persist.keys import checkpoint_prefix, unique_name
@@ -46,7 +50,6 @@ from upsert_core.state import StateValue
 CHECKPOINT_FORMAT = 2
 LEGACY_FORMAT = 1
 CONFIG_CHECKPOINT_UPPER = "checkpoint.upper"
-METADATA_KEY = b"upsert.checkpoint"
 
 LEGACY_SCHEMA = pa.schema([("key", pa.binary()), ("state", pa.binary())])
 """Format 1: one ``StateValue.encode()`` per key, as Parquet."""
@@ -144,12 +147,8 @@ def _load_legacy(
         table = pq.ParquetFile(pa.BufferReader(data)).read()  # read_table imports datasets: 0.2 s
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise CheckpointUnusable(f"checkpoint {key} is not valid Parquet: {exc}") from exc
-    raw = (table.schema.metadata or {}).get(METADATA_KEY)
-    try:
-        meta = json.loads(raw) if raw is not None else None
-    except ValueError:
-        meta = None
-    _check_meta(key, meta, shard, bucket, buckets, scope, LEGACY_FORMAT)
+    _check_meta(key, schema_metadata(table.schema), shard, bucket, buckets, scope,
+                LEGACY_FORMAT)
     if table.schema.names != LEGACY_SCHEMA.names:
         raise CheckpointUnusable(f"checkpoint {key} has columns {table.schema.names}")
     if table.column("state").null_count:
