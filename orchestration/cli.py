@@ -208,8 +208,13 @@ def _report(message: str) -> None:
     sys.stderr.flush()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``upsertctl`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
+def main(argv: Sequence[str] | None = None, *, defer_pandas: bool = False) -> int:
+    """Run ``upsertctl`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status.
+
+    ``defer_pandas`` (the console script): keep pyarrow from importing pandas, which no
+    command needs (``upsert_core.arrow_startup``); set after the arguments parsed, so
+    ``--help`` and usage errors never import pyarrow.
+    """
     from orchestration.cli_config import debug_enabled
 
     args_list = list(sys.argv[1:] if argv is None else argv)
@@ -217,6 +222,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(args_list)
         debug = debug_enabled(bool(args.debug))
+        if defer_pandas:
+            from upsert_core.arrow_startup import defer_pandas as withhold_pandas
+
+            withhold_pandas()
         from orchestration.cli_commands import run
 
         return run(args)
@@ -255,7 +264,7 @@ def entry() -> NoReturn:
     exception", exit -6) after a successful run, which would turn success into a
     failure exit status; ``os._exit`` skips that teardown.
     """
-    status = main()
+    status = main(defer_pandas=True)
     try:
         sys.stdout.flush()
         sys.stderr.flush()
