@@ -61,6 +61,7 @@ from upsert_core.landing import SourceSchema, decode_row  # noqa: E402
 from upsert_core.persist.check import check_shard  # noqa: E402
 from upsert_core.persist.keys import shard_prefix  # noqa: E402
 from upsert_core.persist.shard import Shard  # noqa: E402
+from upsert_core.persist.testing import unreferenced_blobs  # noqa: E402
 from upsert_core.persist.urls import open_blob, open_consensus  # noqa: E402
 
 MASK64 = (1 << 64) - 1
@@ -262,15 +263,6 @@ class Generator:
 
     def close(self) -> None:
         self.digests.close()
-
-
-def unreferenced_blobs(shard: Shard) -> set[str]:
-    listed = {m.key for m in shard.blob.list_keys(shard_prefix(shard.shard_id))
-              if "/part/" in m.key or "/checkpoint/" in m.key or "/errors/" in m.key}
-    referenced: set[str] = set()
-    for state in shard.versions.fetch_all_live_states():
-        referenced.update(state.referenced_blob_keys())
-    return listed - referenced
 
 
 def percentile(values: list[float], q: float) -> float:

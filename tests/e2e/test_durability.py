@@ -17,6 +17,7 @@ from tests.e2e.helpers import Cli, UpsertModel, bag, write_jsonl
 from upsert_core.errors import ShardNotFound
 from upsert_core.persist.keys import shard_prefix
 from upsert_core.persist.shard import Shard
+from upsert_core.persist.testing import unreferenced_blobs
 from upsert_core.persist.urls import open_blob, open_consensus
 
 POLL_S = 0.005
@@ -62,14 +63,7 @@ def test_two_concurrent_ingests_apply_every_file_exactly_once(cli: Cli, landing:
 
 def _unreferenced(shard: Shard) -> set[str]:
     """Part and checkpoint blobs no live state references (listing first)."""
-    listed = {
-        m.key for m in shard.blob.list_keys(shard_prefix(shard.shard_id))
-        if "/part/" in m.key or "/checkpoint/" in m.key
-    }
-    referenced: set[str] = set()
-    for state in shard.versions.fetch_all_live_states():
-        referenced.update(state.referenced_blob_keys())
-    return listed - referenced
+    return unreferenced_blobs(shard, ("part", "checkpoint"))
 
 
 def _watch_shard(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> Shard:

@@ -29,8 +29,8 @@ from upsert_core.ingest.verify import compare_state
 from upsert_core.persist.blob_memory import MemoryBlob
 from upsert_core.persist.check import check_shard
 from upsert_core.persist.consensus_memory import MemoryConsensus
-from upsert_core.persist.keys import shard_prefix
 from upsert_core.persist.shard import Shard
+from upsert_core.persist.testing import unreferenced_blobs
 
 REQUEST = IngestRequest(key=("key",), order="offset", buckets=2, inline_threshold=256)
 """Small inline threshold so most batches write real part blobs (more blob traffic)."""
@@ -64,18 +64,6 @@ def reference_shard(landing: Path, request: IngestRequest = REQUEST) -> Shard:
 
 def error_rows(shard: Shard) -> Counter[tuple[object, object, object]]:
     return Counter((e["file"], e["row"], e["reason"]) for e in shard.errors())
-
-
-def unreferenced_blobs(shard: Shard) -> set[str]:
-    """Blobs under the shard's prefix that no live state references (listing first)."""
-    listed = {
-        m.key for m in shard.blob.list_keys(shard_prefix(shard.shard_id))
-        if "/part/" in m.key or "/checkpoint/" in m.key or "/errors/" in m.key
-    }
-    referenced: set[str] = set()
-    for state in shard.versions.fetch_all_live_states():
-        referenced.update(state.referenced_blob_keys())
-    return listed - referenced
 
 
 def assert_recovered(shard: Shard, reference: Shard) -> None:

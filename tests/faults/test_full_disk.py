@@ -25,8 +25,8 @@ from upsert_core.ingest.verify import compare_state
 from upsert_core.persist.blob_local import LocalBlob
 from upsert_core.persist.check import check_shard
 from upsert_core.persist.consensus_sql import SqlConsensus
-from upsert_core.persist.location import BlobMetadata
 from upsert_core.persist.shard import Shard
+from upsert_core.persist.testing import DelegatingBlob
 from upsert_core.persist.urls import open_blob, open_consensus
 
 from .helpers import REQUEST, assert_recovered, make_landing, reference_shard
@@ -34,20 +34,17 @@ from .helpers import REQUEST, assert_recovered, make_landing, reference_shard
 NO_SPACE = "No space left on device"
 
 
-class SpaceLimitedBlob:
+class SpaceLimitedBlob(DelegatingBlob):
     """A LocalBlob whose disk holds ``capacity`` bytes: a ``set`` that would exceed it
     raises ``OSError(ENOSPC)`` and stores nothing."""
 
     def __init__(self, inner: LocalBlob, capacity: int) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.capacity = capacity
         self.refused = 0
 
     def used(self) -> int:
         return sum(m.size_in_bytes for m in self.inner.list_keys(""))
-
-    def get(self, key: str) -> bytes | None:
-        return self.inner.get(key)
 
     def set(self, key: str, value: bytes) -> None:
         old = self.inner.get(key)
@@ -55,12 +52,6 @@ class SpaceLimitedBlob:
             self.refused += 1
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), key)
         self.inner.set(key, value)
-
-    def delete(self, key: str) -> int | None:
-        return self.inner.delete(key)
-
-    def list_keys(self, prefix: str) -> Iterator[BlobMetadata]:
-        return self.inner.list_keys(prefix)
 
 
 def _assert_consistent(shard: Shard) -> None:

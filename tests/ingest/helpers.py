@@ -18,6 +18,7 @@ from upsert_core.landing import SourceSchema, decode_row
 from upsert_core.persist.blob_memory import MemoryBlob
 from upsert_core.persist.consensus_memory import MemoryConsensus
 from upsert_core.persist.shard import Shard
+from upsert_core.persist.testing import unreferenced_blobs as leaked_blobs  # noqa: F401 - until tests/spark use the new name
 
 Row = tuple[tuple[str, Any], ...]
 """A row as sorted (column, value) pairs of its non-null columns (hashable)."""
@@ -77,17 +78,6 @@ def contents(shard: Shard) -> list[tuple[Counter[Row], Counter[Row]]]:
     """Per readable ts: (snapshot, changes) decoded, for comparing shards."""
     state = shard.state()
     return [(snapshot_rows(shard, ts), change_rows(shard, ts)) for ts in range(state.upper)]
-
-
-def leaked_blobs(shard: Shard) -> set[str]:
-    """Part, error and checkpoint blobs no live state references."""
-    referenced: set[str] = set()
-    for state in shard.versions.fetch_all_live_states():
-        referenced.update(state.referenced_blob_keys())
-    prefix = f"{shard.shard_id}/"
-    found = {m.key for m in shard.blob.list_keys(prefix)}
-    data = {k for k in found if k.split("/")[1] in ("part", "errors", "checkpoint")}
-    return data - referenced
 
 
 # --- the model ------------------------------------------------------------------------

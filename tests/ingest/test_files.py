@@ -10,8 +10,9 @@ import pytest
 from upsert_core.errors import ConfigError, IngestError
 from upsert_core.ingest import FileOutcome, FileTask, IngestRequest, ProgressEvent, ingest
 from upsert_core.ingest.engine import InProcessEngine, ShardHandle
+from upsert_core.persist.testing import unreferenced_blobs
 
-from .helpers import leaked_blobs, memory_shard, snapshot_rows, write_jsonl, write_parquet
+from .helpers import memory_shard, snapshot_rows, write_jsonl, write_parquet
 
 
 def _good(root: Path, name: str, key: int, offset: int) -> None:
@@ -55,7 +56,7 @@ def test_file_error_stops_at_the_file_and_a_rerun_continues(
     state = shard.state()
     assert state.upper == 1 and dict(state.ingested_files) == {"a.jsonl": 0}
     assert snapshot_rows(shard, 0) == snapshot_rows(shard, 0)  # still readable
-    assert leaked_blobs(shard) == set()
+    assert unreferenced_blobs(shard) == set()
     # Fix the file, re-run: it and the files after it are ingested, in order.
     (tmp_path / bad).unlink()
     if bad.endswith(".parquet"):
@@ -236,7 +237,7 @@ def test_a_file_still_being_written_waits_with_the_files_after_it(tmp_path: Path
     assert warning.startswith("b.jsonl: changed while being ingested")
     assert "left pending for the next run, with the 1 file(s) after it" in warning
     assert dict(shard.state().ingested_files) == {"a.jsonl": 0}
-    assert leaked_blobs(shard) == set()
+    assert unreferenced_blobs(shard) == set()
     # The next run reads the whole file, as it is then.
     report = ingest(shard, str(tmp_path), IngestRequest(), engine=engine)
     assert [f.name for f in report.files] == ["b.jsonl", "c.jsonl"] and not report.warnings

@@ -3,7 +3,7 @@ state instead of reporting corruption; a failure on an unchanged state still fai
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,20 +13,20 @@ from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.engine import InProcessEngine
 from upsert_core.persist.blob_memory import MemoryBlob
 from upsert_core.persist.consensus_memory import MemoryConsensus
-from upsert_core.persist.location import BlobMetadata
 from upsert_core.persist.shard import Shard
+from upsert_core.persist.testing import DelegatingBlob
 
 from .helpers import snapshot_rows, write_jsonl
 
 REQUEST = IngestRequest(key=("key",), order="offset", buckets=2, inline_threshold=0)
 
 
-class VanishingPartsBlob:
+class VanishingPartsBlob(DelegatingBlob):
     """A blob that, while armed, reports batch parts missing (as after a GC) and calls
     ``on_vanish`` first (e.g. another process moving the shard on)."""
 
     def __init__(self, inner: MemoryBlob) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.armed = 0
         self.on_vanish: Callable[[], None] = lambda: None
 
@@ -36,15 +36,6 @@ class VanishingPartsBlob:
             self.on_vanish()
             return None
         return self.inner.get(key)
-
-    def set(self, key: str, value: bytes) -> None:
-        self.inner.set(key, value)
-
-    def delete(self, key: str) -> int | None:
-        return self.inner.delete(key)
-
-    def list_keys(self, prefix: str) -> Iterator[BlobMetadata]:
-        return self.inner.list_keys(prefix)
 
 
 def _landing(tmp_path: Path) -> tuple[Path, Path]:

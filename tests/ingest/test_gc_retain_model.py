@@ -20,11 +20,11 @@ from hypothesis import strategies as st
 
 from upsert_core.ingest import IngestRequest, ingest, live_rows
 from upsert_core.ingest.engine import InProcessEngine
+from upsert_core.persist.testing import unreferenced_blobs
 
 from .helpers import (
     UpsertModel,
     change_rows,
-    leaked_blobs,
     memory_shard,
     snapshot_rows,
     write_jsonl,
@@ -137,4 +137,4 @@ def test_gc_retain_interleaved_matches_model(
             _check_against_model(shard, model)
     _check_against_model(shard, model)
     shard.gc(leak_grace_ms=0)
-    assert leaked_blobs(shard) == set()
+    assert unreferenced_blobs(shard) == set()

@@ -13,11 +13,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from upsert_core.ingest import IngestRequest, ingest
+from upsert_core.persist.testing import unreferenced_blobs
 
 from .helpers import (
     UpsertModel,
     change_rows,
-    leaked_blobs,
     memory_shard,
     snapshot_rows,
     write_jsonl,
@@ -75,4 +75,4 @@ def test_ingest_matches_model(
     for ts in range(len(data)):
         assert snapshot_rows(shard, ts) == model.history[ts], f"snapshot at {ts}"
         assert change_rows(shard, ts) == model.changes(ts), f"changes at {ts}"
-    assert leaked_blobs(shard) == set()
+    assert unreferenced_blobs(shard) == set()

@@ -10,9 +10,10 @@ from pathlib import Path
 from upsert_core.errors import ConcurrentModification
 from upsert_core.ingest import IngestReport, IngestRequest, ingest
 from upsert_core.persist.shard import Shard
+from upsert_core.persist.testing import unreferenced_blobs
 from upsert_core.persist.urls import open_blob, open_consensus
 
-from .helpers import contents, leaked_blobs, memory_shard, write_jsonl
+from .helpers import contents, memory_shard, write_jsonl
 
 FILES = 8
 
@@ -69,7 +70,7 @@ def test_racing_ingesters_apply_every_file_exactly_once(tmp_path: Path) -> None:
     assert sorted((e["file"], e["row"]) for e in errors) == [
         (f"{i:02d}.jsonl", 5) for i in range(FILES)
     ]
-    assert leaked_blobs(shard) == set()
+    assert unreferenced_blobs(shard) == set()
     single = memory_shard("single")
     ingest(single, str(landing), IngestRequest())
     assert contents(shard) == contents(single)

@@ -41,6 +41,7 @@ from upsert_core.persist.location import (
     VersionedData,
 )
 from upsert_core.persist.shard import Shard
+from upsert_core.persist.testing import DelegatingBlob
 from upsert_core.persist.urls import open_blob, open_consensus
 
 Update = tuple[bytes, bytes, int, int]
@@ -123,19 +124,13 @@ def live_rollup_keys(shard: Shard) -> set[str]:
     return keys
 
 
-class RecordingBlob:
+class RecordingBlob(DelegatingBlob):
     """A Blob wrapper that records every deleted key (and can run hooks)."""
 
     def __init__(self, inner: Blob) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.deleted: list[str] = []
         self.after_list: list[Any] = []  # callables run once after the next list_keys
-
-    def get(self, key: str) -> bytes | None:
-        return self.inner.get(key)
-
-    def set(self, key: str, value: bytes) -> None:
-        self.inner.set(key, value)
 
     def delete(self, key: str) -> int | None:
         size = self.inner.delete(key)

@@ -24,11 +24,12 @@ from upsert_core.persist.gc import gc as run_gc
 from upsert_core.persist.gc import leak_candidates_key, truncation_point
 from upsert_core.persist.keys import rollup_key, rollup_prefix, writer_id_of
 from upsert_core.persist.leases import DEFAULT_LEASE_DURATION_MS
-from upsert_core.persist.location import Blob, BlobMetadata, Consensus
+from upsert_core.persist.location import Blob, Consensus
 from upsert_core.persist.parts import write_batch
 from upsert_core.persist.read import read_all
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.state_versions import check_invariants
+from upsert_core.persist.testing import DelegatingBlob
 
 from .helpers_proc import (
     RecordingBlob,
@@ -318,25 +319,13 @@ def test_an_unleased_read_restarts_when_gc_removed_its_parts() -> None:
         reader.snapshot(12)
 
 
-class LazyBlob:
+class LazyBlob(DelegatingBlob):
     """A blob whose readers fetch from ``inner`` at every read (as S3's do), so a part
     deleted while a read streams fails that read's next fetch; counts those failures."""
 
     def __init__(self, inner: Blob) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.vanished = 0
-
-    def get(self, key: str) -> bytes | None:
-        return self.inner.get(key)
-
-    def set(self, key: str, value: bytes) -> None:
-        self.inner.set(key, value)
-
-    def delete(self, key: str) -> int | None:
-        return self.inner.delete(key)
-
-    def list_keys(self, prefix: str) -> Iterator[BlobMetadata]:
-        return self.inner.list_keys(prefix)
 
     def open_reader(self, key: str) -> io.BytesIO | None:
         if self.inner.get(key) is None:

@@ -27,6 +27,7 @@ from upsert_core.persist.location import (
 from upsert_core.persist.machine import Machine
 from upsert_core.persist.state import ErrorBatch, HollowBatch, InlinePart, ShardState
 from upsert_core.persist.state_versions import StateVersions, check_invariants
+from upsert_core.persist.testing import DelegatingBlob
 from upsert_core.persist.unreliable import FaultRates, UnreliableBlob, UnreliableConsensus
 
 Stores = tuple[Consensus, Blob]
@@ -90,15 +91,12 @@ class CountingConsensus:
         return self.inner.list_keys()
 
 
-class HookedSetBlob:
+class HookedSetBlob(DelegatingBlob):
     """A blob that runs a hook once, before the first ``set``."""
 
     def __init__(self, inner: Blob, hook: object) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.hook = hook
-
-    def get(self, key: str) -> bytes | None:
-        return self.inner.get(key)
 
     def set(self, key: str, value: bytes) -> None:
         hook, self.hook = self.hook, None
@@ -106,11 +104,9 @@ class HookedSetBlob:
             hook()
         self.inner.set(key, value)
 
-    def delete(self, key: str) -> int | None:
-        return self.inner.delete(key)
-
     def list_keys(self, prefix: str) -> Iterator[BlobMetadata]:
         return self.inner.list_keys(prefix)
+
 
 
 # --- single writer ----------------------------------------------------------------------

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -21,10 +20,11 @@ from upsert_core.persist.consolidate import (
     merge_indices,
     sort_updates,
 )
-from upsert_core.persist.location import Blob, BlobMetadata
+from upsert_core.persist.location import Blob
 from upsert_core.persist.parts import write_parts
 from upsert_core.persist.read import changes, changes_after, merge_sorted, read_all, snapshot
 from upsert_core.persist.state import HollowBatch, ShardState, initial_state
+from upsert_core.persist.testing import DelegatingBlob
 
 from .test_parts import Update, key, rows_of, updates_table
 
@@ -248,25 +248,13 @@ def test_merging_sorted_runs_equals_sorting_and_consolidating(runs: list[list[Up
     assert sorted(rows_of(merged)) == sorted(rows_of(table)) and is_sorted(merged)
 
 
-class CountingBlob:
+class CountingBlob(DelegatingBlob):
     """A ranged blob that counts the readers it opened and closed."""
 
     def __init__(self) -> None:
-        self.inner = MemoryBlob()
+        super().__init__(MemoryBlob())
         self.opened = 0
         self.readers: list[io.BytesIO] = []
-
-    def get(self, key: str) -> bytes | None:
-        return self.inner.get(key)
-
-    def set(self, key: str, value: bytes) -> None:
-        self.inner.set(key, value)
-
-    def delete(self, key: str) -> int | None:
-        return self.inner.delete(key)
-
-    def list_keys(self, prefix: str) -> Iterator[BlobMetadata]:
-        return self.inner.list_keys(prefix)
 
     def open_reader(self, key: str) -> io.BytesIO | None:
         data = self.inner.get(key)

@@ -44,6 +44,7 @@ from upsert_core.persist.state_versions import (
     assert_invariants,
     check_invariants,
 )
+from upsert_core.persist.testing import DelegatingBlob
 from upsert_core.persist.unreliable import FaultRates, UnreliableConsensus
 
 Stores = tuple[Consensus, Blob]
@@ -59,11 +60,11 @@ def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stores]:
     consensus.close()
 
 
-class HookBlob:
+class HookBlob(DelegatingBlob):
     """A blob that runs a hook (once) before getting or setting chosen keys."""
 
     def __init__(self, inner: Blob) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.before_get: dict[str, Callable[[], None]] = {}
         self.before_set: Callable[[str], None] | None = None
         self.gets: list[str] = []
@@ -81,11 +82,9 @@ class HookBlob:
             hook(key)
         self.inner.set(key, value)
 
-    def delete(self, key: str) -> int | None:
-        return self.inner.delete(key)
-
     def list_keys(self, prefix: str) -> Iterator[BlobMetadata]:
         return self.inner.list_keys(prefix)
+
 
 
 def bump(state: ShardState) -> ShardState:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ingest.helpers import UpsertModel, leaked_blobs, snapshot_rows, write_jsonl
+from tests.ingest.helpers import UpsertModel, snapshot_rows, write_jsonl
 from upsert_core.errors import WriterFenced
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.persist import leases
@@ -25,6 +25,7 @@ from upsert_core.persist.keys import is_writer_id, new_writer_id, writer_id_of
 from upsert_core.persist.location import Blob, CasResult, VersionedData
 from upsert_core.persist.read import read_all
 from upsert_core.persist.shard import Shard
+from upsert_core.persist.testing import unreferenced_blobs
 from upsert_core.persist.unreliable import FaultRates, UnreliableConsensus
 from upsert_core.persist.writers import WriterLease, expire_dead_local_writers
 
@@ -216,7 +217,7 @@ def test_an_ingest_stalled_past_its_lease_is_fenced_redoes_its_file_and_loses_no
         assert snapshot_rows(observer, ts) == model.history[ts]
     assert observer.check().ok
     observer.gc(leak_grace_ms=0)
-    assert leaked_blobs(observer) == set()
+    assert unreferenced_blobs(observer) == set()
 
 
 def test_append_by_a_handle_whose_registration_expired_writes_again_as_a_new_writer() -> None:
@@ -336,4 +337,4 @@ def test_gc_killed_between_truncation_and_deletion_leaves_no_dangling_reference(
     monkeypatch.undo()
     assert shard.check().ok, shard.check().problems
     shard.gc(retain=2, leak_grace_ms=0)
-    assert shard.check().ok and leaked_blobs(shard) == set()
+    assert shard.check().ok and unreferenced_blobs(shard) == set()
