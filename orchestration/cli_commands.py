@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from upsert_core.persist.shard import Shard
 
 EXIT_OK = 0
-EXIT_CHECK_FAILED = 1
 
 
 def store_config(args: argparse.Namespace) -> StoreConfig:

@@ -96,15 +96,6 @@ class NotReadable(InvalidUsage):
     """A read outside ``[since, upper)``; the message says what is readable."""
 
 
-class UpperMismatch(ShardError):
-    """A compare-and-append whose expected upper was not the shard's upper."""
-
-    def __init__(self, message: str, expected: int, actual: int) -> None:
-        super().__init__(message)
-        self.expected = expected
-        self.actual = actual
-
-
 class ConcurrentModification(ShardError):
     """The shard was concurrently modified and the operation gave up."""
 

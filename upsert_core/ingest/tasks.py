@@ -41,7 +41,6 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -388,5 +387,3 @@ def _run_bucket(
             CachedState(state, ts + 1, task.commit_nonce, result.checkpoint or ""),
         )
 
-
-RunBucket = Callable[[FileTask, int, pa.Table, Blob, StateCache | None], BucketResult]
