@@ -8,6 +8,8 @@ import pytest
 from dagster import AssetKey, materialize
 
 from orchestration.backfill import failure_message
+from orchestration.definitions import build_definitions
+from resources.spark import SparkResource
 from tests.dagster.helpers import Platform, shard_contents
 from upsert_core.ingest import InProcessEngine, ingest
 from upsert_core.persist.keys import host_id, writer_of
@@ -96,6 +98,11 @@ def test_partition_run_applies_pending_files_through_it(plat: Platform) -> None:
     assert got == shard_contents(ref)
 
 
+class _NoEngine(SparkResource):
+    def ingest_engine(self):  # type: ignore[no-untyped-def]
+        raise AssertionError("an engine was made for a run with nothing pending")
+
+
 def test_already_ingested_partition_is_a_no_op(plat: Platform) -> None:
     names = plat.write_batches(["b-01.jsonl", "b-02.jsonl"])
     spec = plat.spec()
@@ -105,7 +112,11 @@ def test_already_ingested_partition_is_a_no_op(plat: Platform) -> None:
     assert job.execute_in_process(partition_key=names[1], instance=plat.instance).success
     before = plat.shard().state()
 
-    again = job.execute_in_process(partition_key=names[0], instance=plat.instance)
+    # No engine is made (no Spark session starts) for a run with nothing pending.
+    no_engine = build_definitions([spec], {**plat.resources(), "spark": _NoEngine(
+        engine="spark", pyspark=plat.resources()["spark"].pyspark)})
+    again = no_engine.resolve_job_def("feed_ingest").execute_in_process(
+        partition_key=names[0], instance=plat.instance)
     assert again.success
     meta = _meta(again, built.key("upsert_state"))
     assert meta["files_applied"] == 0 and "rows_read" not in meta
