@@ -3,14 +3,15 @@
 For a source ``S`` (group ``S``, keys prefixed ``S/``):
 
 - ``S/source_snapshot`` (partitioned, one partition per landing file F): the landing as
-  the partition sees it: F's size and format, and which pending files the run for F
-  will apply (every pending file with a name <= F). Reads no data.
+  the run sees it: each partition's file, size and format, and which pending files the
+  run will apply (every pending file with a name <= the run's greatest partition). Reads
+  no data.
 - ``S/upsert_state`` (partitioned): THE ingest step (``upsert_core.ingest.ingest``, the
   code path ``upsertctl ingest`` runs) on the Spark engine through :class:`SparkResource`,
-  stopped after F (:mod:`assets.ingest_step`). It drains each file against the bucketed
-  upsert state and commits data, errors and state checkpoints in one compare-and-append
-  per file. Its checks (:mod:`assets.checks`) run after it; blocking ones gate
-  ``output_shard``.
+  stopped after the run's greatest partition (:mod:`assets.ingest_step`). It drains each
+  file against the bucketed upsert state and commits data, errors and state checkpoints
+  in one compare-and-append per file. Its checks (:mod:`assets.checks`) run after it;
+  blocking ones gate ``output_shard``.
 - ``S/output_shard`` (partitioned): the consolidated shard as published after the checks
   passed: upper, seqno, batches, bytes, error rows.
 - ``S/rollup_gc`` (not partitioned; on a schedule): rollup, compaction and GC, with what
@@ -18,15 +19,33 @@ For a source ``S`` (group ``S``, keys prefixed ``S/``):
 
 Invariants:
 
-- Whatever order partitions run in, files are applied in name order (see
-  ``ingest_step``); a run for an already-ingested F is a no-op that says so.
+- Whatever partitions a run covers and whatever order runs come in, files are applied in
+  name order (see ``ingest_step``); a run whose partitions are all ingested is a no-op
+  that says so and makes no engine (no Spark session).
+- Backfills are single runs (``BackfillPolicy.single_run()``): a backfill of N files is
+  one run and one ingest; each partition of the run is reported materialized with the
+  ts its file went in at (``ts``, ``applied_by`` per partition).
+- Partition status tells the truth about the shard: besides the run's own partitions,
+  ``upsert_state`` and ``output_shard`` report (as ``AssetMaterialization`` events of
+  the run, with ``partition=``) every file the shard holds whose partition exists but is
+  not materialized yet: files applied by this run outside its range (earlier pending
+  files) and files applied by any other path (``upsertctl ingest``). The landing sensor
+  does the same for shards no run touches (:mod:`orchestration.sensors`). A failed
+  ``upsert_state`` still reports the files it committed before the failure.
+- The assets that write the shard (``upsert_state``, ``rollup_gc``) share the
+  concurrency pool :func:`shard_pool` (``upsert-shard-<shard>``, limit 1 in
+  ``deploy/dagster.yaml`` and ``deploy/dagster-dev.yaml``), so runs of one shard do not
+  race. Should another writer win a race anyway, ``upsert_state`` fails with
+  ``ConcurrentModification`` and its :data:`RACE_RETRY_POLICY` re-runs the step (shown
+  as a retry in the UI); the ingest is idempotent, so the retry applies only what is
+  still pending. File-level problems are not retried.
 - A file-level problem fails the run with the pipeline's one-line message; files before
-  it stay committed. Losing a race with another writer more often than the pipeline
-  retries re-runs the ingest (it is idempotent), up to :data:`RACE_RETRIES` times.
+  it stay committed.
 """
 
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dagster import (
@@ -34,34 +53,47 @@ from dagster import (
     AssetExecutionContext,
     AssetKey,
     AssetsDefinition,
+    BackfillPolicy,
+    Backoff,
     Config,
     DynamicPartitionsDefinition,
     Failure,
+    Jitter,
     MaterializeResult,
     MetadataValue,
+    RetryPolicy,
     asset,
 )
 from pydantic import Field
 
 from assets.checks import build_checks
-from assets.ingest_step import ingest_through, pending_through
+from assets.ingest_step import find_file, ingest_through, run_partitions
 from assets.metadata import (
+    APPLIED_BEFORE,
+    APPLIED_BY_RUN,
     column_schema_metadata,
     gc_metadata,
     ingest_metadata,
+    partition_materializations,
+    partition_metadata,
     row_count_metadata,
     shard_metadata,
+    unreported_partitions,
 )
 from assets.spec import SourceSpec
 from resources.spark import SparkResource
 from resources.stores import BlobStoreResource, ConsensusResource, open_shard
 from upsert_core.errors import ConcurrentModification, ShardNotFound, UpsertPlatformError
 from upsert_core.ingest import ProgressEvent
+from upsert_core.landing import list_landing, pending
 from upsert_core.persist.keys import claim_writer_token
 from upsert_core.redact import redact_url
 from upsert_core.shard_table import ShardTable
 
-RACE_RETRIES = 3
+#: Retries of ``upsert_state`` after a lost race (``ConcurrentModification``): 1 s, 2 s,
+#: 4 s apart (+-jitter). Other failures are not retried (``Failure(allow_retries=False)``).
+RACE_RETRY_POLICY = RetryPolicy(max_retries=3, delay=1.0, backoff=Backoff.EXPONENTIAL,
+                                jitter=Jitter.PLUS_MINUS)
 SNAPSHOT, STATE, OUTPUT, GC = "source_snapshot", "upsert_state", "output_shard", "rollup_gc"
 ASSET_NAMES = (SNAPSHOT, STATE, OUTPUT, GC)
 
@@ -99,8 +131,43 @@ class SourceAssets:
         return tuple(self.key(n) for n in (SNAPSHOT, STATE, OUTPUT))
 
 
-def _failure(exc: UpsertPlatformError) -> Failure:
-    return Failure(description=str(exc), metadata={"error": MetadataValue.text(str(exc))})
+def shard_pool(shard: str) -> str:
+    """The concurrency pool of the assets that write ``shard`` (limit 1 per instance)."""
+    return f"upsert-shard-{shard}"
+
+
+def _failure(exc: UpsertPlatformError, *, retry: bool = False) -> Failure:
+    return Failure(description=str(exc), metadata={"error": MetadataValue.text(str(exc))},
+                   allow_retries=retry)
+
+
+def _ingested(consensus: ConsensusResource, blob_store: BlobStoreResource,
+              shard_name: str) -> dict[str, int]:
+    try:
+        shard = open_shard(consensus, blob_store, shard_name, create=False)
+    except ShardNotFound:
+        return {}
+    return dict(shard.state().ingested_files)
+
+
+def _report_unreported(
+    context: AssetExecutionContext, key: AssetKey, partitions_name: str,
+    ingested: Mapping[str, int], exclude: list[str], applied_here: Mapping[str, int],
+) -> None:
+    """Log a materialization of every partition the shard holds that Dagster does not
+    show as materialized (outside ``exclude``, the partitions the run itself reports)."""
+    instance = context.instance
+    missing = unreported_partitions(
+        instance, key, ingested, instance.get_dynamic_partitions(partitions_name), exclude
+    )
+    ours = {n: ts for n, ts in missing.items() if n in applied_here}
+    others = {n: ts for n, ts in missing.items() if n not in applied_here}
+    for event in [*partition_materializations(key, ours, APPLIED_BY_RUN),
+                  *partition_materializations(key, others, APPLIED_BEFORE)]:
+        context.log_event(event)
+    if missing:
+        context.log.info(f"{key.to_user_string()}: reported {len(missing)} partition(s) the"
+                         f" shard already holds: {sorted(missing)[:10]}")
 
 
 def build_source_assets(spec: SourceSpec) -> SourceAssets:
@@ -110,34 +177,48 @@ def build_source_assets(spec: SourceSpec) -> SourceAssets:
     snapshot_key, state_key, output_key = (AssetKey([spec.name, n]) for n in (SNAPSHOT, STATE,
                                                                              OUTPUT))
 
+    pool = shard_pool(spec.shard)
+    backfill = BackfillPolicy.single_run()
+
     @asset(name=SNAPSHOT, partitions_def=partitions, key_prefix=prefix, group_name=spec.name,
+           backfill_policy=backfill,
            description=f"Landing file (partition) of {redact_url(spec.landing)} and what its run"
            " applies.")
     def source_snapshot(
         context: AssetExecutionContext, consensus: ConsensusResource,
         blob_store: BlobStoreResource,
     ) -> MaterializeResult:
+        ingested = _ingested(consensus, blob_store, spec.shard)
+        keys = run_partitions(context.partition_keys)
         try:
-            shard = open_shard(consensus, blob_store, spec.shard, create=False)
-            ingested = dict(shard.state().ingested_files)
-        except ShardNotFound:
-            ingested = {}
-        try:
-            file, todo = pending_through(spec.landing, ingested, context.partition_key)
+            files = list_landing(spec.landing)
+            chosen = {k: find_file(files, k, spec.landing) for k in keys if k not in ingested}
         except UpsertPlatformError as exc:
             raise _failure(exc) from exc
+        by_name = {f.name: f for f in files}
+        for k in keys:
+            f = by_name.get(k)
+            context.add_asset_metadata({
+                "file_bytes": MetadataValue.int(max(f.size, 0) if f else 0),
+                "already_ingested": MetadataValue.bool(k in ingested),
+            }, partition_key=k)
+        target = keys[-1]
+        todo = [f for f in pending(files, ingested) if f.name <= target]
+        file = chosen.get(target) or by_name.get(target)
         return MaterializeResult(metadata={
-            "file": MetadataValue.text(file.name),
-            "landing": MetadataValue.text(file.root),
-            "format": MetadataValue.text(file.suffix.lstrip(".")),
-            "file_bytes": MetadataValue.int(max(file.size, 0)),
-            "already_ingested": MetadataValue.bool(file.name in ingested),
+            "file": MetadataValue.text(target),
+            "landing": MetadataValue.text(file.root if file else redact_url(spec.landing)),
+            "format": MetadataValue.text(file.suffix.lstrip(".") if file else ""),
+            "file_bytes": MetadataValue.int(max(file.size, 0) if file else 0),
+            "already_ingested": MetadataValue.bool(target in ingested),
+            "partitions": MetadataValue.int(len(keys)),
             "pending_through": MetadataValue.int(len(todo)),
             "pending_files": MetadataValue.json([f.name for f in todo[:20]]),
         })
 
     @asset(name=STATE, partitions_def=partitions, deps=[snapshot_key], kinds={"spark"},
-           key_prefix=prefix, group_name=spec.name,
+           key_prefix=prefix, group_name=spec.name, pool=pool, backfill_policy=backfill,
+           retry_policy=RACE_RETRY_POLICY,
            description=f"Ingest (Spark) of the pending files through the partition into"
                        f" shard {spec.shard!r}, with the bucketed upsert state.")
     def upsert_state(
@@ -145,12 +226,13 @@ def build_source_assets(spec: SourceSpec) -> SourceAssets:
         blob_store: BlobStoreResource, spark: SparkResource,
     ) -> MaterializeResult:
         started = time.monotonic()
+        keys = run_partitions(context.partition_keys)
         # The ingest registers its own writer id in the shard (upsert_core.persist.writers),
         # which is what protects and fences the blobs it writes; the legacy process token
         # only names blobs written outside any registration (rollups).
         claim_writer_token()
         shard = open_shard(consensus, blob_store, spec.shard, create=True)
-        engine = spark.ingest_engine()
+        start_upper = shard.state().upper
 
         def log_progress(event: ProgressEvent) -> None:
             if event.kind == "file_done" and event.report is not None:
@@ -161,38 +243,57 @@ def build_source_assets(spec: SourceSpec) -> SourceAssets:
                     f" error row(s), {r.seconds:.2f}s"
                 )
 
-        for attempt in range(1, RACE_RETRIES + 1):
-            try:
-                result = ingest_through(
-                    shard, spec.landing, spec.request(), context.partition_key, engine=engine,
-                    progress=log_progress,
-                )
-                break
-            except ConcurrentModification as exc:
-                context.log.warning(f"attempt {attempt}: {exc}")
-                if attempt == RACE_RETRIES:
-                    raise _failure(exc) from exc
-            except UpsertPlatformError as exc:
-                raise _failure(exc) from exc
+        try:
+            # The engine (a Spark session) is made only if a file is actually pending.
+            result = ingest_through(
+                shard, spec.landing, spec.request(), keys, engine_factory=spark.ingest_engine,
+                progress=log_progress,
+            )
+        except ConcurrentModification as exc:
+            context.log.warning(f"lost a race on shard {spec.shard!r}; retrying: {exc}")
+            raise _failure(exc, retry=True) from exc
+        except UpsertPlatformError as exc:
+            # Files committed before the failure are in the shard: show them.
+            ingested = dict(shard.state().ingested_files)
+            _report_unreported(context, state_key, spec.partitions_name, ingested, [],
+                               {n: ts for n, ts in ingested.items() if ts >= start_upper})
+            raise _failure(exc) from exc
         for warning in result.warnings:
             context.log.warning(warning)
+        here = result.applied_here
+        for k in keys:
+            context.add_asset_metadata(
+                partition_metadata(k, result.applied_at[k],
+                                   APPLIED_BY_RUN if k in here else APPLIED_BEFORE),
+                partition_key=k,
+            )
+        _report_unreported(context, state_key, spec.partitions_name,
+                           dict(shard.state().ingested_files), keys, here)
         meta = ingest_metadata(result, time.monotonic() - started, spark.engine)
         context.log.info(meta["status"].value)
         return MaterializeResult(metadata=meta)
 
     @asset(name=OUTPUT, partitions_def=partitions, deps=[state_key], key_prefix=prefix,
-           group_name=spec.name,
+           group_name=spec.name, backfill_policy=backfill,
            description=f"The consolidated shard {spec.shard!r}, published after its checks.")
     def output_shard(
-        consensus: ConsensusResource, blob_store: BlobStoreResource
+        context: AssetExecutionContext, consensus: ConsensusResource,
+        blob_store: BlobStoreResource,
     ) -> MaterializeResult:
         shard = open_shard(consensus, blob_store, spec.shard, create=False)
+        keys = run_partitions(context.partition_keys)
+        ingested = dict(shard.state().ingested_files)
+        for k in keys:
+            if k in ingested:
+                context.add_asset_metadata({"ts": MetadataValue.int(ingested[k])},
+                                           partition_key=k)
+        _report_unreported(context, output_key, spec.partitions_name, ingested, keys, {})
         meta = shard_metadata(shard.inspect())
         meta.update(column_schema_metadata(ShardTable(shard).schema))
         meta.update(row_count_metadata(shard.state().config))
         return MaterializeResult(metadata=meta)
 
-    @asset(name=GC, deps=[output_key], key_prefix=prefix, group_name=spec.name,
+    @asset(name=GC, deps=[output_key], key_prefix=prefix, group_name=spec.name, pool=pool,
            description=f"Rollup, compaction and GC of shard {spec.shard!r}.")
     def rollup_gc(
         config: RollupGcConfig, consensus: ConsensusResource, blob_store: BlobStoreResource

@@ -1,24 +1,34 @@
-"""The ingest step of one partition: every pending landing file up to and including F.
+"""The ingest step of one run: every pending landing file up to the run's greatest partition.
 
-A partition is one landing file F. Running partition F runs THE ingest
-(``upsert_core.ingest.ingest``, the same driver ``upsertctl ingest`` runs, with the
-engine the caller passes) but stops before the first pending file whose name sorts
-after F. So whatever order partitions run in, files are applied in name order and the
-shard ends exactly as after one sequential ingest:
+A partition is one landing file F. A run covers one partition or, with the assets'
+single-run backfill policy, a key range of them (``context.partition_keys``). Dynamic
+partitions are ordered by when they were added, not by name, so the keys of a range are
+sorted here and the run's *target* is the greatest name among them. The run calls THE
+ingest (``upsert_core.ingest.ingest``, the same driver ``upsertctl ingest`` runs, with the
+engine the caller makes) once, stopping before the first pending file whose name sorts
+after the target. So whatever partitions a run covers and whatever order runs come in,
+files are applied in name order and the shard ends exactly as after one sequential
+ingest:
 
-- F pending: every pending file with a name <= F is applied, in name order (earlier
-  partitions that have not run yet are applied now; their own runs become no-ops).
-- F already ingested: nothing is read or written; the result says at which ts it was.
-- F not in the landing: :class:`IngestError` naming F (nothing is applied).
+- something pending <= target: every pending file with a name <= target is applied, in
+  name order, in ONE ingest (one engine: one Spark session for the whole range); files
+  that no run covers yet are applied now and their own runs become no-ops.
+- every partition of the run already ingested: nothing is read or written and no engine
+  is made (no Spark session starts); the result says at which ts each went in.
+- a partition not yet ingested and not in the landing: :class:`IngestError` naming it
+  (nothing is applied).
 
-Invariants: the driver's ``through=F`` stops before the first file after F, so
-nothing of it is read or written; a file-level error in a file <= F raises the
-pipeline's one-line :class:`IngestError` with earlier files committed (as the CLI).
+Invariants: the driver's ``through=target`` stops before the first file after it, so
+nothing of it is read or written; a file-level error in a file <= target raises the
+pipeline's one-line :class:`IngestError` with earlier files committed (as the CLI). Every
+partition of a successful run is in the shard afterwards (``applied_at``), which is what
+lets Dagster mark the whole range materialized truthfully. Re-running is idempotent: a
+retry applies only what is still pending.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from upsert_core.errors import IngestError
@@ -29,16 +39,34 @@ from upsert_core.redact import redact_url
 
 @dataclass
 class PartitionIngest:
-    """What running one partition did."""
+    """What running one partition (or a range of them) did."""
 
-    partition: str
+    partitions: list[str]
     start_upper: int
     upper: int = 0
     seqno: int = 0
-    already_ingested_at: int | None = None
     files: list[FileReport] = field(default_factory=list)
     ingested_elsewhere: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    #: the ts each of ``partitions`` went in at (every one, after a successful run)
+    applied_at: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def partition(self) -> str:
+        """The run's target: its greatest partition name."""
+        return self.partitions[-1]
+
+    @property
+    def applied_here(self) -> dict[str, int]:
+        """The files this run committed, name -> ts."""
+        return {f.name: f.ts for f in self.files}
+
+    @property
+    def already_ingested_at(self) -> int | None:
+        """The target's ts when this run did not apply it (someone else had)."""
+        if self.partition in self.applied_here:
+            return None
+        return self.applied_at.get(self.partition)
 
     @property
     def no_op(self) -> bool:
@@ -56,6 +84,15 @@ def find_file(files: list[LandingFile], name: str, landing: str) -> LandingFile:
     raise IngestError(f"{name}: no such file in the landing location {redact_url(landing)}")
 
 
+def run_partitions(partitions: str | Iterable[str]) -> list[str]:
+    """A run's partitions in name order, without repeats (a range's keys come in the
+    order the partitions were added)."""
+    keys = [partitions] if isinstance(partitions, str) else list(partitions)
+    if not keys:
+        raise IngestError("a run needs at least one partition (landing file)")
+    return sorted(set(keys))
+
+
 def pending_through(
     landing: str, ingested: Mapping[str, int] | Iterable[str], partition: str
 ) -> tuple[LandingFile, list[LandingFile]]:
@@ -69,28 +106,37 @@ def ingest_through(
     shard: IngestShard,
     landing: str,
     request: IngestRequest,
-    partition: str,
+    partitions: str | Sequence[str],
     *,
     engine: Engine | None = None,
+    engine_factory: Callable[[], Engine] | None = None,
     progress: Callable[[ProgressEvent], None] | None = None,
 ) -> PartitionIngest:
-    """Ingest every pending file of ``landing`` whose name is <= ``partition``
-    (``progress`` receives the driver's events, e.g. to log each file)."""
+    """Ingest every pending file of ``landing`` whose name is <= the greatest of
+    ``partitions``, in one ingest (``progress`` receives the driver's events, e.g. to log
+    each file). ``engine_factory`` is called only when a file is actually pending, so a
+    run whose partitions are all ingested never makes an engine."""
+    keys = run_partitions(partitions)
     state = shard.state()
-    result = PartitionIngest(partition=partition, start_upper=state.upper)
-    if partition in state.ingested_files:
-        result.already_ingested_at = state.ingested_files[partition]
+    result = PartitionIngest(partitions=keys, start_upper=state.upper)
+    done = state.ingested_files
+    if all(k in done for k in keys):
+        result.applied_at = {k: done[k] for k in keys}
         result.upper, result.seqno = state.upper, state.seqno
         return result
-    find_file(list_landing(landing), partition, landing)
+    files = list_landing(landing)
+    for key in keys:
+        if key not in done:
+            find_file(files, key, landing)
 
+    if engine is None and engine_factory is not None:
+        engine = engine_factory()
     report = ingest(shard, landing, request, engine=engine, progress=progress,
-                    through=partition)
+                    through=result.partition)
     result.files.extend(report.files)
     result.ingested_elsewhere.extend(report.ingested_elsewhere)
     result.warnings.extend(report.warnings)
     state = shard.state()
     result.upper, result.seqno = state.upper, state.seqno
-    if partition in state.ingested_files and not any(f.name == partition for f in result.files):
-        result.already_ingested_at = state.ingested_files[partition]
+    result.applied_at = {k: state.ingested_files[k] for k in keys if k in state.ingested_files}
     return result

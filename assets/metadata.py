@@ -4,15 +4,26 @@ Numbers are ``MetadataValue.int``/``float`` so the UI plots them across
 materializations (rows read, inserts, retractions, errors, bytes written, upper, seqno,
 state size, durations); text and lists are ``text``/``json``. Keys are stable: the UI
 plots a key's history, so renaming one breaks its plot.
+
+Every materialization of a partition (one landing file) carries ``ts`` (the timestamp the
+file went in at) and ``applied_by`` (:func:`partition_metadata`), whether a run applied
+it, a run found it already applied, or the landing sensor found it in the shard.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pyarrow as pa
-from dagster import MetadataValue, TableColumn, TableSchema
+from dagster import (
+    AssetKey,
+    AssetMaterialization,
+    DagsterInstance,
+    MetadataValue,
+    TableColumn,
+    TableSchema,
+)
 
 from assets.ingest_step import PartitionIngest
 from upsert_core.ingest import live_rows
@@ -28,14 +39,38 @@ def _names(names: list[str]) -> MetadataValue:
     return MetadataValue.json(shown)
 
 
+APPLIED_BY_RUN = "this run"
+APPLIED_BEFORE = "already in the shard"
+
+
+def partition_status(name: str, ts: int, applied_by: str) -> str:
+    """One partition's one-line status (the backfill CLI prints it)."""
+    if applied_by == APPLIED_BY_RUN:
+        return f"applied at ts {ts}"
+    return f"{name} was already ingested at ts {ts}"
+
+
+def partition_metadata(name: str, ts: int, applied_by: str) -> dict[str, Any]:
+    """The metadata of one partition's materialization: where its file went in, and how
+    (``applied_by``: this run, already in the shard, or found by the sensor)."""
+    return {
+        "partition_status": MetadataValue.text(partition_status(name, ts, applied_by)),
+        "ts": MetadataValue.int(ts),
+        "applied_by": MetadataValue.text(applied_by),
+    }
+
+
 def ingest_metadata(result: PartitionIngest, seconds: float, engine: str) -> dict[str, Any]:
-    """What one partition's ingest did."""
+    """What one run's ingest did (shared by every partition of the run)."""
     if result.already_ingested_at is not None and result.no_op:
         status = f"{result.partition} was already ingested at ts {result.already_ingested_at}"
+        if len(result.partitions) > 1:
+            status = f"all {len(result.partitions)} partition(s) were already ingested"
     else:
         status = f"applied {len(result.files)} file(s) through {result.partition}"
     meta: dict[str, Any] = {
         "status": MetadataValue.text(status),
+        "partitions": MetadataValue.int(len(result.partitions)),
         "engine": MetadataValue.text(engine),
         "files_applied": MetadataValue.int(len(result.files)),
         "start_upper": MetadataValue.int(result.start_upper),
@@ -108,3 +143,31 @@ def row_count_metadata(config: Mapping[str, str]) -> dict[str, Any]:
     (nothing for a shard first ingested before the count was kept)."""
     rows = live_rows(config)
     return {} if rows is None else {"dagster/row_count": MetadataValue.int(rows)}
+
+
+def unreported_partitions(
+    instance: DagsterInstance,
+    key: AssetKey,
+    ingested: Mapping[str, int],
+    partitions: Iterable[str],
+    exclude: Iterable[str] = (),
+) -> dict[str, int]:
+    """The files of ``ingested`` (name -> ts) that have a partition (in ``partitions``),
+    are not in ``exclude`` and are not materialized for ``key`` yet: what still shows as
+    Missing in Dagster although the shard holds it. One event-storage query."""
+    candidates = set(ingested).intersection(partitions).difference(exclude)
+    if not candidates:
+        return {}
+    candidates -= instance.get_materialized_partitions(key)
+    return {name: ingested[name] for name in sorted(candidates)}
+
+
+def partition_materializations(
+    key: AssetKey, files: Mapping[str, int], applied_by: str
+) -> list[AssetMaterialization]:
+    """One ``AssetMaterialization`` per file (partition) with its ts."""
+    return [
+        AssetMaterialization(asset_key=key, partition=name,
+                             metadata=partition_metadata(name, ts, applied_by))
+        for name, ts in files.items()
+    ]

@@ -1,21 +1,29 @@
-"""Backfill a source's partitions from the command line (the UI does the same with
-"Materialize" -> partitions, or "Launch backfill").
+"""Backfill a source's partitions from the command line, as ONE run (the UI does the
+same with "Materialize" -> partitions, or "Launch backfill": the assets' backfill policy
+is ``BackfillPolicy.single_run()``).
 
 ``python -m orchestration.backfill SOURCE [FILE ...] [--all] [--shuffle SEED]``
 
 - no FILE: every landing file not yet ingested; ``--all``: every landing file; or the
-  named files. Each becomes a dynamic partition (if it is not one yet) and a run of
-  ``SOURCE_ingest`` in this process, recorded in the Dagster instance
+  named files. Each becomes a dynamic partition (if it is not one yet; new ones are
+  added in name order) and the whole selection is ONE run of ``SOURCE_ingest`` in this
+  process (one ingest, one engine, one Spark session), recorded in the Dagster instance
   (``DAGSTER_HOME``; without it a throwaway instance, with a warning).
-- ``--shuffle SEED`` runs the partitions in a seeded random order, to show that the
-  order does not matter (each run applies every pending file up to its own).
+- A Dagster run covers a key *range* of partitions, in the order they were added, not
+  by name: the run covers the range from the first to the last selected partition in
+  that order, so it may cover (and apply, and report) partitions between them that were
+  not selected. The run applies every pending file up to the greatest name it covers.
+- ``--shuffle SEED`` selects the partitions in a seeded random order, to show that the
+  order does not matter (the run sorts them).
 
-One line per partition on stdout (``<file>: <status>``); stops at the first failed run
-with exit status 1 and its error on stderr. H9's ``upsertctl`` can expose this as a
-``backfill`` command by calling :func:`main` (or :func:`run_backfill`).
+One line per partition on stdout, in name order (``<file>: <status>``, e.g.
+``b-02.jsonl: applied at ts 1``); exit status 0 when the run succeeded, 1 when it failed
+(its error on stderr; files committed before the failure are listed as applied, the
+rest as failed), 2 for a usage or configuration error. H9's ``upsertctl`` can expose
+this as a ``backfill`` command by calling :func:`main` (or :func:`run_backfill`).
 
-Invariants: partitions are added before their runs; runs go one at a time; a file
-already ingested gives a no-op run that says so.
+Invariants: partitions are added before the run; one run per backfill; files already
+ingested are reported with the ts they went in at, and nothing is re-applied.
 """
 
 from __future__ import annotations
@@ -28,8 +36,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dagster import DagsterInstance, Definitions
+from dagster import AssetKey, DagsterEventType, DagsterInstance, Definitions
+from dagster._core.storage.tags import (
+    ASSET_PARTITION_RANGE_END_TAG,
+    ASSET_PARTITION_RANGE_START_TAG,
+)
 
+from assets.factory import STATE
 from assets.spec import SourceSpec
 from orchestration.jobs import ingest_job_name
 from resources.stores import BlobStoreResource, ConsensusResource, open_shard
@@ -96,6 +109,31 @@ def failure_message(result: Any) -> str:
     return "see the run log"
 
 
+def covering_range(instance: DagsterInstance, spec: SourceSpec,
+                   partitions: Sequence[str]) -> list[str]:
+    """The partitions of the key range (in the order they were added) from the first to
+    the last of ``partitions``: what one run for them covers."""
+    order = instance.get_dynamic_partitions(spec.partitions_name)
+    index = {p: i for i, p in enumerate(order)}
+    first = min(index[p] for p in partitions)
+    last = max(index[p] for p in partitions)
+    return list(order[first:last + 1])
+
+
+def _statuses(instance: DagsterInstance, run_id: str, state_key: AssetKey) -> dict[str, str]:
+    """Partition -> ``partition_status`` of the run's ``upsert_state`` materializations
+    (from the instance: a failed step's events are not in the in-process result)."""
+    statuses: dict[str, str] = {}
+    for entry in instance.all_logs(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION):
+        event = entry.asset_materialization
+        if event is None or event.asset_key != state_key or event.partition is None:
+            continue
+        value = event.metadata.get("partition_status")
+        if value is not None:
+            statuses[event.partition] = str(value.value)
+    return statuses
+
+
 def run_backfill(
     defs: Definitions,
     spec: SourceSpec,
@@ -104,42 +142,46 @@ def run_backfill(
     instance: DagsterInstance,
     on_run: Callable[[PartitionRun], None] | None = None,
 ) -> list[PartitionRun]:
-    """Run the source's ingest job for each partition in order; stop at a failure."""
+    """Run the source's ingest job ONCE over ``partitions`` (see the module docstring);
+    one :class:`PartitionRun` per partition the run covered, in name order."""
+    if not partitions:
+        return []
     job = defs.resolve_job_def(ingest_job_name(spec.name))
     known = set(instance.get_dynamic_partitions(spec.partitions_name))
-    missing = [p for p in partitions if p not in known]
+    missing = sorted({p for p in partitions if p not in known})
     if missing:
-        instance.add_dynamic_partitions(spec.partitions_name, list(dict.fromkeys(missing)))
+        instance.add_dynamic_partitions(spec.partitions_name, missing)
+    covered = covering_range(instance, spec, partitions)
+    result = job.execute_in_process(
+        instance=instance, raise_on_error=False,
+        tags={ASSET_PARTITION_RANGE_START_TAG: covered[0],
+              ASSET_PARTITION_RANGE_END_TAG: covered[-1]},
+    )
+    statuses = _statuses(instance, result.run_id, AssetKey([spec.name, STATE]))
+    message = None if result.success else failure_message(result)
     runs: list[PartitionRun] = []
-    for partition in partitions:
-        result = job.execute_in_process(
-            partition_key=partition, instance=instance, raise_on_error=False
-        )
-        status = "failed"
-        for event in result.get_asset_materialization_events():
-            value = event.materialization.metadata.get("status")
-            if value is not None:
-                status = str(value.value)
-        if not result.success:
-            status = f"failed: {failure_message(result)}"
-        run = PartitionRun(partition, result.run_id, result.success, status)
-        runs.append(run)
+    for partition in sorted(covered):
+        status = statuses.get(partition)
+        ok = status is not None
+        if not result.success and status is None:
+            status = f"failed: {message}"
+        runs.append(PartitionRun(partition, result.run_id, ok, status or "failed"))
         if on_run is not None:
-            on_run(run)
-        if not result.success:
-            break
+            on_run(runs[-1])
     return runs
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m orchestration.backfill",
-        description="Run a source's ingest partitions (one landing file each) in Dagster.",
+        description="Run a source's ingest partitions (one landing file each) in Dagster,"
+        " as one run.",
     )
     parser.add_argument("source", help="source name (sources.yaml or UPSERT_SHARD)")
     parser.add_argument("files", nargs="*", help="partitions (landing file names)")
     parser.add_argument("--all", action="store_true", help="every landing file")
-    parser.add_argument("--shuffle", type=int, metavar="SEED", help="run in a random order")
+    parser.add_argument("--shuffle", type=int, metavar="SEED",
+                        help="select in a random order (the run sorts them)")
     args = parser.parse_args(argv)
     try:
         from orchestration.definitions import SOURCES, default_resources, defs

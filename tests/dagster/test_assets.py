@@ -8,15 +8,20 @@ import pytest
 from dagster import AssetKey, materialize
 
 from orchestration.backfill import failure_message
+from orchestration.definitions import build_definitions
+from resources.spark import SparkResource
 from tests.dagster.helpers import Platform, shard_contents
 from upsert_core.ingest import InProcessEngine, ingest
 from upsert_core.persist.keys import host_id, writer_of
 from upsert_core.shard_table import ShardTable
 
 
-def _meta(result, key: AssetKey) -> dict[str, object]:  # type: ignore[no-untyped-def]
-    events = [e for e in result.get_asset_materialization_events() if e.asset_key == key]
-    assert len(events) == 1, f"{key} materialized {len(events)} times"
+def _meta(result, key: AssetKey, partition: str | None = None) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """The metadata of ``key``'s materialization of ``partition`` (default: the run's)."""
+    partition = partition or result.dagster_run.tags.get("dagster/partition")
+    events = [e for e in result.get_asset_materialization_events()
+              if e.asset_key == key and e.partition == partition]
+    assert len(events) == 1, f"{key} {partition} materialized {len(events)} times"
     return {k: v.value for k, v in events[0].materialization.metadata.items()}
 
 
@@ -47,6 +52,17 @@ def test_partition_run_applies_pending_files_through_it(plat: Platform) -> None:
     assert (state["start_upper"], state["upper"]) == (0, 3)
     assert state["inserts"] > 0 and state["retractions"] > 0 and state["bytes_written"] > 0
     assert state["engine"] == "local"
+
+    assert (state["ts"], state["applied_by"]) == (2, "this run")
+    assert state["partition_status"] == "applied at ts 2"
+    # The earlier files this run applied are shown materialized too, each with its ts.
+    for key in (built.key("upsert_state"), built.key("output_shard")):
+        for ts, name in enumerate(names[:2]):
+            earlier = _meta(result, key, name)
+            assert earlier["ts"] == ts, (key, name)
+            assert earlier["applied_by"] == ("this run" if "state" in key.path[-1]
+                                             else "already in the shard")
+        assert plat.instance.get_materialized_partitions(key) == set(names[:3])
 
     out = _meta(result, built.key("output_shard"))
     assert out["upper"] == 3 and out["ingested_files"] == 3 and out["error_rows"] == 1
@@ -82,6 +98,11 @@ def test_partition_run_applies_pending_files_through_it(plat: Platform) -> None:
     assert got == shard_contents(ref)
 
 
+class _NoEngine(SparkResource):
+    def ingest_engine(self):  # type: ignore[no-untyped-def]
+        raise AssertionError("an engine was made for a run with nothing pending")
+
+
 def test_already_ingested_partition_is_a_no_op(plat: Platform) -> None:
     names = plat.write_batches(["b-01.jsonl", "b-02.jsonl"])
     spec = plat.spec()
@@ -91,11 +112,16 @@ def test_already_ingested_partition_is_a_no_op(plat: Platform) -> None:
     assert job.execute_in_process(partition_key=names[1], instance=plat.instance).success
     before = plat.shard().state()
 
-    again = job.execute_in_process(partition_key=names[0], instance=plat.instance)
+    # No engine is made (no Spark session starts) for a run with nothing pending.
+    no_engine = build_definitions([spec], {**plat.resources(), "spark": _NoEngine(
+        engine="spark", pyspark=plat.resources()["spark"].pyspark)})
+    again = no_engine.resolve_job_def("feed_ingest").execute_in_process(
+        partition_key=names[0], instance=plat.instance)
     assert again.success
     meta = _meta(again, built.key("upsert_state"))
     assert meta["files_applied"] == 0 and "rows_read" not in meta
     assert meta["status"] == f"{names[0]} was already ingested at ts 0"
+    assert (meta["ts"], meta["applied_by"]) == (0, "already in the shard")
     after = plat.shard().state()
     assert (after.upper, after.seqno) == (before.upper, before.seqno)
 

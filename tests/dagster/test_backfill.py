@@ -1,15 +1,30 @@
-"""Partitions run in any order leave the shard identical to one sequential ingest."""
+"""A backfill is ONE run: partitions selected in any order (and added to Dagster in any
+order) leave the shard identical to one sequential ingest, with every partition
+materialized at the ts its file went in at."""
 
 from __future__ import annotations
 
 import random
 
-from orchestration.backfill import find_source, run_backfill, select_partitions
+from dagster import AssetKey, DagsterEventType
+
+from orchestration.backfill import find_source, main, run_backfill, select_partitions
 from tests.dagster.helpers import Platform, shard_contents
 from upsert_core.ingest import InProcessEngine, ingest
 
 
-def test_shuffled_backfill_equals_sequential_ingest(plat: Platform) -> None:
+def _partition_ts(plat: Platform, key: AssetKey) -> dict[str, int]:
+    """Each materialized partition of ``key`` -> the ``ts`` of its latest materialization."""
+    records = plat.instance.fetch_materializations(key, limit=1000).records
+    found: dict[str, int] = {}
+    for record in reversed(records):  # oldest first, so the latest wins
+        event = record.asset_materialization
+        assert event is not None and event.partition is not None
+        found[event.partition] = int(event.metadata["ts"].value)  # type: ignore[arg-type]
+    return found
+
+
+def test_shuffled_single_run_backfill_equals_sequential_ingest(plat: Platform) -> None:
     names = plat.write_batches()
     spec = plat.spec()
     reference = plat.shard(stores="reference")
@@ -19,19 +34,34 @@ def test_shuffled_backfill_equals_sequential_ingest(plat: Platform) -> None:
 
     order = list(names)
     random.Random(7).shuffle(order)
-    assert order != sorted(order) and order[0] != names[0]
+    assert order != sorted(order)
+    # Partitions added out of name order: the run's key range is not in name order.
+    plat.add_partitions(spec, order)
     _, defs = plat.build(spec)
     res = plat.resources()
     assert select_partitions(spec, res["consensus"], res["blob_store"]) == names
 
     runs = run_backfill(defs, spec, order, instance=plat.instance)
-    assert [r.partition for r in runs] == order and all(r.success for r in runs)
-    # The first run applied everything up to its file; runs of earlier files were no-ops.
-    assert runs[0].status == f"applied {names.index(order[0]) + 1} file(s) through {order[0]}"
-    assert any("was already ingested" in r.status for r in runs)
+    assert [r.partition for r in runs] == names and all(r.success for r in runs)
+    assert len({r.run_id for r in runs}) == 1  # one run for the whole backfill
+    assert [r.status for r in runs] == [f"applied at ts {i}" for i in range(len(names))]
     assert shard_contents(plat.shard()) == expected
     assert select_partitions(spec, res["consensus"], res["blob_store"]) == []
     assert plat.shard().check().ok
+    for asset in ("source_snapshot", "upsert_state", "output_shard"):
+        assert plat.instance.get_materialized_partitions(AssetKey(["feed", asset])) == set(names)
+    state_ts = _partition_ts(plat, AssetKey(["feed", "upsert_state"]))
+    assert state_ts == {n: i for i, n in enumerate(names)}
+    assert _partition_ts(plat, AssetKey(["feed", "output_shard"])) == state_ts
+    [run] = plat.instance.get_runs()
+    starts = plat.instance.all_logs(run.run_id, of_type=DagsterEventType.STEP_START)
+    assert len(starts) == 4  # each asset and the checks ran once for all five partitions
+
+    # Again: one no-op run that reports where each file went in.
+    again = run_backfill(defs, spec, names[1:3], instance=plat.instance)
+    assert [r.status for r in again] == [f"{n} was already ingested at ts {i + 1}"
+                                         for i, n in enumerate(names[1:3])]
+    assert shard_contents(plat.shard()) == expected
 
 
 def test_backfill_stops_at_a_broken_file(plat: Platform) -> None:
@@ -40,7 +70,40 @@ def test_backfill_stops_at_a_broken_file(plat: Platform) -> None:
     spec = plat.spec()
     _, defs = plat.build(spec)
     runs = run_backfill(defs, spec, ["b-03.jsonl", names[0]], instance=plat.instance)
-    assert len(runs) == 1 and not runs[0].success
-    assert runs[0].status.startswith("failed: b-02.jsonl: ")
+    assert [(r.partition, r.success) for r in runs] == [("b-01.jsonl", True),
+                                                        ("b-03.jsonl", False)]
+    assert runs[0].status == "applied at ts 0"  # committed before the failure
+    assert runs[1].status.startswith("failed: b-02.jsonl: ")
     assert dict(plat.shard().state().ingested_files) == {"b-01.jsonl": 0}
+    # The file committed before the failure shows as materialized.
+    key = AssetKey(["feed", "upsert_state"])
+    assert plat.instance.get_materialized_partitions(key) == {"b-01.jsonl"}
     assert find_source([spec], "feed") is spec
+
+
+def test_cli_prints_one_line_per_partition_and_exit_codes(
+    plat: Platform, monkeypatch, capsys  # type: ignore[no-untyped-def]
+) -> None:
+    home = plat.root / "upsert_home"
+    monkeypatch.setenv("UPSERT_HOME", str(home))
+    monkeypatch.setenv("UPSERT_ENGINE", "local")
+    monkeypatch.setenv("UPSERT_LANDING", str(plat.landing))
+    monkeypatch.setenv("UPSERT_SHARD", "feed")
+    monkeypatch.setenv("DAGSTER_HOME", str(plat.root / "dagster_home"))
+    import orchestration.definitions as definitions
+
+    monkeypatch.setattr(definitions, "SOURCES", definitions.load_sources())
+    monkeypatch.setattr(definitions, "defs", definitions.build_definitions(definitions.SOURCES))
+    names = plat.write_batches(["b-01.jsonl", "b-02.jsonl", "b-03.jsonl"])
+    assert main(["feed", "--shuffle", "3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"{n}: applied at ts {i}" for i, n in enumerate(names)]
+    assert main(["feed"]) == 0
+    assert "nothing to backfill" in capsys.readouterr().err
+    assert main(["nope"]) == 2
+    assert "no source named 'nope'" in capsys.readouterr().err
+    (plat.landing / "b-04.jsonl").write_text('{"offset": 1}\n')  # no key column
+    assert main(["feed"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.startswith("b-04.jsonl: failed: b-04.jsonl: ")
+    assert "error: b-04.jsonl: failed: b-04.jsonl: missing key column" in captured.err

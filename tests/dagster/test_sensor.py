@@ -1,15 +1,17 @@
-"""The landing sensor: run requests with run keys, dynamic partitions, and its cursor."""
+"""The landing sensor: run requests with run keys, dynamic partitions, its cursor, and
+runless materializations of files the shard already holds."""
 
 from __future__ import annotations
 
 import boto3
 import pytest
-from dagster import SensorResult, SkipReason, build_sensor_context
+from dagster import AssetKey, SensorResult, SkipReason, build_sensor_context
 
 from orchestration.jobs import ingest_job
 from orchestration.sensors import landing_sensor
 from tests.dagster.helpers import BATCHES, Platform, write_jsonl
 from tests.services import AWS_TEST_CREDENTIALS
+from upsert_core.errors import IngestError
 from upsert_core.ingest import ingest
 
 
@@ -23,7 +25,9 @@ def _tick(plat: Platform, spec, cursor: str | None):  # type: ignore[no-untyped-
     )
     result = sensor(context)
     if isinstance(result, SensorResult):
-        # The daemon applies partition requests after a tick; do what it does.
+        # The daemon stores the asset events, then applies partition requests; do the same.
+        for event in result.asset_events or []:
+            plat.instance.report_runless_asset_event(event)
         for request in result.dynamic_partitions_requests or []:
             plat.instance.add_dynamic_partitions(request.partitions_def_name,
                                                  list(request.partition_keys))
@@ -73,12 +77,34 @@ def test_files_already_in_the_shard_get_partitions_but_no_runs(plat: Platform) -
     ]
     assert result.cursor == "b-03.jsonl"
 
+    # ... and they show as materialized (not Missing), with the ts they went in at.
+    events = {(e.asset_key.path[-1], e.partition): e.metadata for e in result.asset_events}
+    assert set(events) == {(a, n) for a in ("upsert_state", "output_shard")
+                           for n in ("b-01.jsonl", "b-02.jsonl")}
+    for (_, name), meta in events.items():
+        assert meta["ts"].value == int(name[3]) - 1
+        assert "sensor" in str(meta["applied_by"].value)
+    for asset in ("upsert_state", "output_shard"):
+        assert plat.instance.get_materialized_partitions(AssetKey(["feed", asset])) == {
+            "b-01.jsonl", "b-02.jsonl"}
 
-def test_unlistable_landing_skips_and_keeps_the_cursor(plat: Platform) -> None:
+    # Nothing new and nothing unreported: a skip, no events again.
+    assert isinstance(_tick(plat, spec, result.cursor), SkipReason)
+
+    # A later CLI ingest of b-03 (whose partition exists): reported once, no run.
+    ingest(plat.shard(), str(plat.landing), spec.request())
+    later = _tick(plat, spec, result.cursor)
+    assert isinstance(later, SensorResult) and not later.run_requests
+    assert sorted((e.asset_key.path[-1], e.partition, e.metadata["ts"].value)
+                  for e in later.asset_events) == [("output_shard", "b-03.jsonl", 2),
+                                                   ("upsert_state", "b-03.jsonl", 2)]
+    assert isinstance(_tick(plat, spec, result.cursor), SkipReason)
+
+
+def test_unlistable_landing_fails_the_tick(plat: Platform) -> None:
     spec = plat.spec()  # the landing directory does not exist yet
-    result = _tick(plat, spec, "b-01.jsonl")
-    assert isinstance(result, SkipReason)
-    assert "landing directory does not exist" in (result.skip_message or "")
+    with pytest.raises(IngestError, match="cannot list .*landing directory does not exist"):
+        _tick(plat, spec, "b-01.jsonl")
 
 
 @pytest.mark.s3

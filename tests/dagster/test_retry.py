@@ -1,0 +1,104 @@
+"""Runs of one shard: a lost race is retried by the asset's RetryPolicy (a step retry the
+UI shows), and the retry applies only what is still pending; the shard's writers share
+a concurrency pool, limited to 1 by the instance configuration users get."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from dagster import AssetKey, DagsterEventType
+
+from assets.factory import shard_pool
+from resources.stores import SqliteConsensus
+from tests.dagster.helpers import Platform, shard_contents
+from upsert_core.errors import ConcurrentModification
+from upsert_core.ingest import InProcessEngine, ingest
+from upsert_core.persist.location import Consensus
+
+REPO = Path(__file__).resolve().parents[2]
+#: consensus path -> how many commits of the marked file are still to lose
+_LOSSES: dict[str, int] = {}
+
+
+class _LosingConsensus:
+    """Loses the first compare-and-set that commits ``marker`` (another writer won)."""
+
+    def __init__(self, inner: Consensus, path: str, marker: bytes) -> None:
+        self._inner, self._path, self._marker = inner, path, marker
+
+    def compare_and_set(self, key: str, expected: Any, new: Any) -> Any:
+        if _LOSSES.get(self._path, 0) > 0 and self._marker in new.data:
+            _LOSSES[self._path] -= 1
+            raise ConcurrentModification(f"shard {key}: concurrently modified (test)")
+        return self._inner.compare_and_set(key, expected, new)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class LosingConsensus(SqliteConsensus):
+    marker: str
+
+    def open(self) -> Consensus:
+        return _LosingConsensus(super().open(), self.path, self.marker.encode())  # type: ignore[return-value]
+
+
+def test_lost_race_is_retried_by_the_retry_policy(plat: Platform) -> None:
+    names = plat.write_batches(["b-01.jsonl", "b-02.jsonl"])
+    spec = plat.spec()
+    built, _ = plat.build(spec)
+    plat.add_partitions(spec, names)
+    resources = plat.resources()
+    consensus = LosingConsensus(path=resources["consensus"].path, marker=names[1])
+    _LOSSES[consensus.path] = 1
+    from orchestration.definitions import build_definitions
+
+    defs = build_definitions([spec], {**resources, "consensus": consensus})
+    result = defs.resolve_job_def("feed_ingest").execute_in_process(
+        partition_key=names[1], instance=plat.instance
+    )
+    assert result.success and _LOSSES[consensus.path] == 0
+    types = [e.event_type for e in result.all_events if e.step_key == "feed__upsert_state"]
+    assert DagsterEventType.STEP_UP_FOR_RETRY in types and DagsterEventType.STEP_RESTARTED in types
+    # b-01 was committed by the first attempt; the retry applied only b-02.
+    reference = plat.shard(stores="reference")
+    ingest(reference, str(plat.landing), spec.request(), engine=InProcessEngine())
+    assert shard_contents(plat.shard()) == shard_contents(reference)
+    key = AssetKey(["feed", "upsert_state"])
+    assert plat.instance.get_materialized_partitions(key) == set(names)
+
+
+def test_shard_writers_share_a_pool_limited_to_one() -> None:
+    from orchestration.definitions import defs
+
+    graph = defs.resolve_asset_graph()
+    pools = {name: graph.assets_def_for_key(AssetKey(["demo", name])).op.pool
+             for name in ("upsert_state", "rollup_gc")}
+    assert set(pools.values()) == {shard_pool("demo")} == {"upsert-shard-demo"}
+    for config in ("deploy/dagster.yaml", "deploy/dagster-dev.yaml"):
+        text = yaml.safe_load((REPO / config).read_text())
+        assert text["concurrency"]["pools"]["default_limit"] == 1, config
+
+
+def test_runs_claim_the_pool_on_the_users_instance(plat: Platform) -> None:
+    """The demo's instance configuration loads, and a run takes (and frees) its pool slot."""
+    from dagster import DagsterInstance
+    from dagster._core.instance.ref import InstanceRef
+
+    home = plat.root / "dev_home"  # in memory: SQLite commits are fsync-bound
+    home.mkdir()
+    (home / "dagster.yaml").write_text((REPO / "deploy/dagster-dev.yaml").read_text())
+    names = plat.write_batches(["b-01.jsonl"])
+    spec = plat.spec()
+    _, defs = plat.build(spec)
+    with DagsterInstance.from_ref(InstanceRef.from_dir(str(home))) as instance:
+        instance.add_dynamic_partitions(spec.partitions_name, names)
+        result = defs.resolve_job_def("feed_ingest").execute_in_process(
+            partition_key=names[0], instance=instance
+        )
+        assert result.success
+        info = instance.event_log_storage.get_concurrency_info(shard_pool("feed"))
+        assert info.slot_count == 1 and not info.active_slot_count
+    assert dict(plat.shard().state().ingested_files) == {"b-01.jsonl": 0}
