@@ -294,12 +294,20 @@ class _Buckets:
     def at(self, config: Mapping[str, str], bucket: int, upper: int) -> ColumnarState:
         """Raises CheckpointUnusable, NotReadable or InvalidUpsertState."""
         ref = config.get(checkpoint_ref_name(bucket), "")
+        base = Base.decode(config.get(checkpoint_base_name(bucket)), upper)
         loaded = new_state(self.scope) if not ref else load_checkpoint(
             self.shard.blob, ref, self.shard.shard_id, bucket, self.buckets, self.scope
         )
+        if ref and base.size >= 0:
+            # The digest proves the blob is intact, not that it is the one committed: a
+            # blob replaced by another valid checkpoint shows in its size.
+            sizes = [m.size_in_bytes for m in self.shard.blob.list_keys(ref) if m.key == ref]
+            if sizes and sizes[0] != base.size:
+                raise CheckpointUnusable(
+                    f"checkpoint {ref} holds {sizes[0]} bytes, but {base.size} were committed"
+                )
         if self.scope is not OrderScope.BATCH:
             return loaded
-        base = Base.decode(config.get(checkpoint_base_name(bucket)), upper)
         if base.as_of >= upper:
             return loaded
         check_catch_up_readable(self.state, base.as_of, upper)
@@ -385,8 +393,13 @@ def compare_touched_buckets(
         try:
             previous = loader.at(before, bucket, start_upper)
         except CheckpointUnusable as exc:
-            report.notes.append(f"bucket {bucket}: its checkpoint before the run is"
-                                f" unusable (the run rebuilt it): {exc}")
+            ref = checkpoint_ref_name(bucket)
+            if before.get(ref, "") == after.get(ref, ""):
+                # Still the committed checkpoint: the state at the upper stands on it.
+                report.add(STATE, f"bucket {bucket}: its checkpoint cannot be used: {exc}")
+            else:
+                report.notes.append(f"bucket {bucket}: its checkpoint before the run is"
+                                    f" unusable (the run rebuilt it): {exc}")
             continue
         except NotReadable as exc:
             report.notes.append(f"bucket {bucket}: its state before the run cannot be"
