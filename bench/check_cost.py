@@ -38,6 +38,7 @@ REPEATS = 5
 
 
 def _write_batches(root: Path, ts_count: int, rows_per_batch: int, keys: int) -> None:
+    root.mkdir(parents=True)
     rng = np.random.default_rng(7)
     for i in range(ts_count):
         key = rng.integers(0, keys, rows_per_batch)
@@ -61,20 +62,36 @@ def _best(fn: object, repeats: int) -> float:
 
 
 def check_seconds_at(
-    ts_count: int, rows_per_batch: int, keys: int, *, full: bool = True
+    ts_count: int, rows_per_batch: int, keys: int, *, full: bool = True,
+    gc_every: int | None = 100,
 ) -> dict[str, float | int]:
     """Build a shard of ``ts_count`` batches and time the checks of its last batch.
 
+    ``gc_every``: run ``gc`` (compaction, rollups: what the ``rollup_gc`` schedule
+    does) after every that many batches, never after the last one (None: never; the
+    shard's state then lists one batch per ts and fetching it grows with the history).
+
     Returns ``ts_count``, ``rows_per_batch``, ``keys``, ``build_seconds``,
-    ``blocking_seconds`` (best of :data:`REPEATS`), ``touched_buckets``,
-    ``new_updates`` and, with ``full``, ``full_seconds`` (one run). Raises
+    ``blocking_seconds`` (best of :data:`REPEATS`), ``state_seconds`` (of that, about
+    what fetching the shard's current state costs), ``touched_buckets``,
+    ``new_updates``, ``batches`` and, with ``full``, ``full_seconds`` (one run). Raises
     AssertionError if a check finds a problem (the shard is built by the ingest)."""
     root = Path(tempfile.mkdtemp(prefix="check-cost-"))
     try:
-        _write_batches(root, ts_count, rows_per_batch, keys)
+        _write_batches(root / "all", ts_count, rows_per_batch, keys)
+        landing = root / "landing"
+        landing.mkdir()
         shard = Shard.open(MemoryConsensus(), MemoryBlob(), "bench")
         started = time.perf_counter()
-        ingest(shard, str(root), IngestRequest(key=("key",), order="offset"), engine=None)
+        files = sorted((root / "all").iterdir())
+        step = gc_every or len(files)
+        for start in range(0, len(files), step):
+            for file in files[start:start + step]:
+                file.rename(landing / file.name)
+            ingest(shard, str(landing), IngestRequest(key=("key",), order="offset"),
+                   engine=None)
+            if gc_every and start + step < len(files):
+                shard.gc()  # what the rollup_gc schedule does: compaction and rollups
         build = time.perf_counter() - started
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -88,6 +105,8 @@ def check_seconds_at(
         "keys": keys,
         "build_seconds": build,
         "blocking_seconds": _best(lambda: check_new_batch(shard, upper - 1, upper), REPEATS),
+        "state_seconds": _best(shard.state, REPEATS),
+        "batches": len(shard.state().batches),
         "touched_buckets": report.counts.get("touched_buckets", 0),
         "new_updates": report.counts.get("new_updates", 0),
     }
@@ -105,13 +124,18 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="ts 10 and 100 instead of 1,000")
     parser.add_argument("--rows", type=int, default=1_000, help="rows per batch")
     parser.add_argument("--keys", type=int, default=10_000)
+    parser.add_argument("--gc-every", type=int, default=100,
+                        help="run gc after every N batches (0: never)")
     args = parser.parse_args()
     late = 100 if args.quick else 1_000
-    results = [check_seconds_at(ts, args.rows, args.keys) for ts in (10, late)]
+    results = [check_seconds_at(ts, args.rows, args.keys, gc_every=args.gc_every or None)
+               for ts in (10, late)]
     for r in results:
         print(
             f"ts {r['ts_count']:>5}: blocking check {r['blocking_seconds'] * 1000:7.1f} ms"
-            f" ({r['new_updates']} updates, {r['touched_buckets']} buckets), full check"
+            f" (fetching the shard state {r['state_seconds'] * 1000:.1f} ms,"
+            f" {r['batches']} batches; {r['new_updates']} updates,"
+            f" {r['touched_buckets']} buckets), full check"
             f" {r['full_seconds'] * 1000:8.1f} ms (shard built in {r['build_seconds']:.1f} s)"
         )
     early, last = results

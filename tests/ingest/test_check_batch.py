@@ -208,3 +208,14 @@ def test_two_insertions_of_a_key_at_one_ts_fail_consolidation(tmp_path: Path) ->
     problems = check_new_batch(shard, upper).of_kind(CONSOLIDATION)
     assert any("2 insertion(s)" in p for p in problems), problems
     assert any("diff 2" in p for p in problems), problems
+
+
+def test_a_run_after_gc_is_checked_in_full(tmp_path: Path) -> None:
+    # GC truncates the state diffs before its rollup; the run's own diffs stay, and the
+    # backward walk must find them although its page reaches past the earliest diff.
+    shard = _built(tmp_path, "batch")
+    shard.gc()
+    upper = _ingest(shard, tmp_path, "batch", {"04.jsonl": _big(4)})
+    report = check_new_batch(shard, upper)
+    _ok(report)
+    assert report.counts["touched_buckets"] == BUCKETS

@@ -230,7 +230,7 @@ def configs_at_uppers(
         start = max(1, newest - page + 1)
         entries = [e for e in shard.consensus.scan(key, start, newest - start + 1)
                    if e.seqno <= newest]
-        if not entries or entries[-1].seqno != newest or entries[0].seqno != start:
+        if not entries or entries[-1].seqno != newest:
             return found  # truncated by GC: the older versions are gone
         for entry in reversed(entries):
             diff = decode_diff(entry.data)
@@ -251,6 +251,8 @@ def configs_at_uppers(
                 found[current_upper] = dict(config)
             if current_upper < lowest or not wanted - found.keys():
                 return found
+        if entries[0].seqno != start:
+            return found  # truncated by GC below this page: the older versions are gone
         newest = start - 1
         page *= 2
     return found
