@@ -34,8 +34,8 @@ from dagster import (
 from assets.factory import SourceAssets, build_source_assets
 from assets.spec import SourceSpec
 from orchestration.cli_config import ENV_BLOB, ENV_CONSENSUS, upsert_home
-from orchestration.jobs import gc_job, ingest_job
-from orchestration.schedules import gc_schedule
+from orchestration.jobs import full_check_job, gc_job, ingest_job
+from orchestration.schedules import full_check_schedule, gc_schedule
 from orchestration.sensors import landing_sensor
 from orchestration.sources import load_sources
 from resources.spark import spark_resource_from_env
@@ -87,10 +87,10 @@ def build_definitions(
     for b in built:
         assets.extend(b.assets)
         checks.append(b.checks)
-        ingest, gc = ingest_job(b), gc_job(b)
-        jobs.extend([ingest, gc])
+        ingest, gc, full = ingest_job(b), gc_job(b), full_check_job(b)
+        jobs.extend([ingest, gc, full])
         sensors.append(landing_sensor(b, ingest))
-        schedules.append(gc_schedule(b.spec, gc))
+        schedules.extend([gc_schedule(b.spec, gc), full_check_schedule(b.spec, full)])
     return Definitions(
         assets=assets,
         asset_checks=checks,

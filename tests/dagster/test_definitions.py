@@ -36,8 +36,12 @@ def test_repository_definitions_load() -> None:
         for checks_def in defs.asset_checks or [] for spec in checks_def.check_specs
     }
     assert blocking == {"shard_consolidated": True, "storage_invariants": True,
-                        "state_matches_shard": True, "error_rows_did_not_grow": False}
+                        "state_matches_shard": True, "error_rows_did_not_grow": False,
+                        "full_shard_consolidated": False, "full_storage_invariants": False,
+                        "full_state_matches_shard": False}
     assert defs.resolve_job_def("demo_ingest") and defs.resolve_job_def("demo_rollup_gc")
+    assert defs.resolve_job_def("demo_full_check")
+    assert defs.resolve_schedule_def("demo_full_check_schedule").cron_schedule == "0 3 * * *"
     assert defs.resolve_sensor_def("demo_landing_sensor")
     assert defs.resolve_schedule_def("demo_rollup_gc_schedule").cron_schedule == "0 * * * *"
 

@@ -15,28 +15,73 @@ back and compares them with the shard's own consolidated snapshot at ``upper - 1
   same keys, byte-identical rows, each with multiplicity 1. Tombstones (order scope
   ``global``) are state only; they have no row in the shard and are not compared.
 
-Used by ``upsertctl check`` and by the Dagster asset check ``state_matches_shard``.
-It holds the state and the snapshot in memory, like an ingest's rehydration would.
+:func:`compare_state` is the full check: used by ``upsertctl check`` and by the
+scheduled, non-blocking Dagster check ``full_state_matches_shard``. It holds the state
+and the snapshot in memory, like an ingest's rehydration would, so its cost follows the
+table and the shard's history.
+
+Batch-scoped checks (the blocking Dagster checks after every ingest run):
+:func:`check_new_batch` checks what one run committed, ``start_upper <= ts < upper``,
+and nothing else. On top of ``persist.check_batch`` (the run's parts exist, decode and
+consolidate; kinds ``storage`` and ``consolidation``), :func:`compare_touched_buckets`
+verifies, for every *touched* bucket (one with changes in the batch, or whose
+checkpoint reference changed during the run):
+
+- the batch's changes fit the bucket's state before the run (kind ``consolidation``):
+  per key in time order each retraction retracts exactly the row that was live, and no
+  insertion lands on a live row without its retraction (``columnar.apply_changes``).
+  The state before the run comes from the checkpoint chain: the checkpoint the shard's
+  config referenced at ``start_upper`` (found by undoing the run's state diffs,
+  ``check_batch.configs_at_uppers``) plus, in the batch scope, the changes since its
+  base (``ingest.replay``), never from a snapshot;
+- the state committed at ``upper`` (its checkpoint, digest verified on load, plus the
+  changes since its base) equals, key for key and row for row, that previous state
+  plus the batch's changes (kind ``state``). A bucket that kept its checkpoint base
+  through the run is that computation by construction, so only its chain is checked.
+  In the global scope the shard holds no orders and no tombstones: the live rows are
+  compared, tombstones and order values are not.
+
+Untouched buckets are not read. Cost: O(touched buckets' states + the changes since
+their checkpoint bases, which the ingest bounds by ``REPLAY_FRACTION`` of a base and
+``MAX_REPLAY_BATCHES`` batches + the batch's updates + the state diffs since
+``start_upper``): it follows the batch and the bucket sizes, never the shard's age.
+What cannot be verified without history (the run's first state diffs truncated by a
+concurrent GC, the state before the run not current because something else appended,
+a checkpoint the ingest itself found unusable and rebuilt) is reported in ``notes``,
+not as a problem; the full check covers it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from upsert_core.columnar import ColumnarState
-from upsert_core.errors import NotReadable, UpsertPlatformError
+import numpy as np
+import pyarrow as pa
+
+from upsert_core.columnar import ColumnarState, apply_changes
+from upsert_core.columnar.merge import fold
+from upsert_core.drain import OrderScope
+from upsert_core.errors import InvalidUpsertState, NotReadable, UpsertPlatformError
 from upsert_core.ingest import IngestRequest, checkpoints_current, resolve_options
-from upsert_core.ingest.buckets import bucket_of
+from upsert_core.ingest.buckets import bucket_of, bucket_of_keys, split_rows
 from upsert_core.ingest.checkpoint import (
     CONFIG_CHECKPOINT_UPPER,
     CheckpointUnusable,
     checkpoint_base_name,
     checkpoint_ref_name,
     load_checkpoint,
+    new_state,
 )
 from upsert_core.ingest.options import CONFIG_SCHEMA
 from upsert_core.ingest.replay import replay_bucket
 from upsert_core.ingest.tasks import Base
+from upsert_core.persist.check import CONSOLIDATION, STORAGE, CheckReport
+from upsert_core.persist.check_batch import (
+    check_batch_consolidated,
+    configs_at_uppers,
+    read_new_updates,
+)
 from upsert_core.persist.keys import checkpoint_prefix
 from upsert_core.persist.read import check_catch_up_readable
 from upsert_core.persist.shard import Shard
@@ -185,3 +230,212 @@ def compare_state(shard: Shard) -> StateComparison:
             + ", ".join(sorted(missing)[:MAX_LISTED])
         )
     return result
+
+
+# --- batch-scoped checks ----------------------------------------------------------------
+
+STATE = "state"
+"""Kind of problem: a touched bucket's committed state differs from the shard."""
+
+
+def check_new_batch(shard: Shard, start_upper: int, upper: int | None = None) -> CheckReport:
+    """The batch-scoped checks of the changes committed in ``[start_upper, upper)``
+    (default: up to the shard's upper); see the module docstring. A run that committed
+    nothing (``start_upper == upper``) reads nothing and passes."""
+    state = shard.state()
+    upper = state.upper if upper is None else upper
+    report = CheckReport(shard_id=shard.shard_id)
+    report.counts.update(start_upper=start_upper, upper=upper, shard_upper=state.upper)
+    if not 0 <= start_upper <= upper <= state.upper:
+        report.add(STORAGE, f"shard {shard.shard_id!r}: the run's range [{start_upper},"
+                            f" {upper}) is not within the shard's [0, {state.upper})")
+        return report
+    if start_upper == upper:
+        return report
+    updates = read_new_updates(shard, state, start_upper, upper, report)
+    changes = check_batch_consolidated(updates, report)
+    compare_touched_buckets(shard, start_upper, upper, changes=changes, state=state,
+                            report=report)
+    return report
+
+
+def _live_only(state: ColumnarState) -> ColumnarState:
+    """The live rows of ``state`` as a batch-scope state (tombstones and orders dropped)."""
+    state = fold(state)
+    if state.orders is None:
+        return state
+    live = ~np.asarray(state.rows.is_null().to_numpy(zero_copy_only=False), bool)
+    return ColumnarState.checked(
+        state.hi[live], state.lo[live], state.rows.filter(pa.array(live)), None
+    )
+
+
+def _same(a: ColumnarState, b: ColumnarState) -> bool:
+    return (
+        len(a.hi) == len(b.hi)
+        and bool(np.array_equal(a.hi, b.hi))
+        and bool(np.array_equal(a.lo, b.lo))
+        and a.rows.equals(b.rows)
+    )
+
+
+def _differing_keys(a: ColumnarState, b: ColumnarState) -> list[str]:
+    rows_a, rows_b = a.live_rows(), b.live_rows()
+    keys = {k for k in rows_a.keys() | rows_b.keys() if rows_a.get(k) != rows_b.get(k)}
+    return sorted(k.hex() for k in keys)
+
+
+class _Buckets:
+    """Loads one bucket's state as a config of the shard describes it at some upper."""
+
+    def __init__(self, shard: Shard, state: ShardState, buckets: int, scope: OrderScope):
+        self.shard, self.state, self.buckets, self.scope = shard, state, buckets, scope
+
+    def at(self, config: Mapping[str, str], bucket: int, upper: int) -> ColumnarState:
+        """Raises CheckpointUnusable, NotReadable or InvalidUpsertState."""
+        ref = config.get(checkpoint_ref_name(bucket), "")
+        base = Base.decode(config.get(checkpoint_base_name(bucket)), upper)
+        loaded = new_state(self.scope) if not ref else load_checkpoint(
+            self.shard.blob, ref, self.shard.shard_id, bucket, self.buckets, self.scope
+        )
+        if ref and base.size >= 0:
+            # The digest proves the blob is intact, not that it is the one committed: a
+            # blob replaced by another valid checkpoint shows in its size.
+            sizes = [m.size_in_bytes for m in self.shard.blob.list_keys(ref) if m.key == ref]
+            if sizes and sizes[0] != base.size:
+                raise CheckpointUnusable(
+                    f"checkpoint {ref} holds {sizes[0]} bytes, but {base.size} were committed"
+                )
+        if self.scope is not OrderScope.BATCH:
+            return loaded
+        if base.as_of >= upper:
+            return loaded
+        check_catch_up_readable(self.state, base.as_of, upper)
+        caught_up, _ = replay_bucket(
+            self.shard.blob, self.state, loaded, bucket, self.buckets, base.as_of, upper
+        )
+        return caught_up
+
+
+def _kept_base(before: Mapping[str, str], after: Mapping[str, str], bucket: int,
+               start_upper: int, upper: int) -> bool:
+    """Whether the bucket's checkpoint at ``upper`` is, by construction, its checkpoint
+    at ``start_upper`` plus the shard's changes in between (same blob, same base)."""
+    ref = checkpoint_ref_name(bucket)
+    base = checkpoint_base_name(bucket)
+    return (
+        before.get(ref, "") == after.get(ref, "")
+        and Base.decode(before.get(base), start_upper).as_of
+        == Base.decode(after.get(base), upper).as_of
+    )
+
+
+def compare_touched_buckets(
+    shard: Shard,
+    start_upper: int,
+    upper: int,
+    *,
+    changes: pa.Table | None = None,
+    state: ShardState | None = None,
+    report: CheckReport | None = None,
+) -> CheckReport:
+    """Check every touched bucket's state against the batch ``[start_upper, upper)``
+    (module docstring). ``changes``: the batch's consolidated updates (read and checked
+    here when not given); problems go to ``report`` (a new one when not given)."""
+    state = shard.state() if state is None else state
+    report = CheckReport(shard_id=shard.shard_id) if report is None else report
+    if start_upper >= upper:
+        return report
+    if changes is None:
+        changes = check_batch_consolidated(
+            read_new_updates(shard, state, start_upper, upper, report), report
+        )
+    if CONFIG_SCHEMA not in state.config:
+        report.add(STATE, f"shard {shard.shard_id!r} has data up to {state.upper} but no"
+                          " ingest options: it was not written by the ingest")
+        return report
+    options = resolve_options(state.config, IngestRequest())
+    buckets, scope = options.buckets, options.order_scope
+    configs = configs_at_uppers(shard, state, {start_upper, upper})
+    after = configs.get(upper)
+    before = {} if start_upper == 0 else configs.get(start_upper)
+    if after is None or before is None:
+        report.notes.append(
+            f"the state diffs since upper {start_upper} are truncated (GC): the touched"
+            " buckets' states were not compared"
+        )
+        return report
+    if after.get(CONFIG_CHECKPOINT_UPPER) != str(upper):
+        report.add(STATE, f"the upsert state checkpoints at upper {upper} describe upper"
+                          f" {after.get(CONFIG_CHECKPOINT_UPPER)!s}: something other than the"
+                          " ingest appended to the shard")
+        return report
+    if start_upper > 0 and before.get(CONFIG_CHECKPOINT_UPPER) != str(start_upper):
+        report.notes.append(
+            f"the upsert state was not current at upper {start_upper} (something else had"
+            " appended; the run rebuilt it): the touched buckets' states were not compared"
+        )
+        return report
+    by_bucket = (
+        split_rows(changes, bucket_of_keys(changes.column("key"), buckets))
+        if changes.num_rows else {}
+    )
+    moved = {
+        b for b in range(buckets)
+        if before.get(checkpoint_ref_name(b), "") != after.get(checkpoint_ref_name(b), "")
+    }
+    touched = sorted(set(by_bucket) | moved)
+    report.counts["touched_buckets"] = len(touched)
+    report.counts["buckets"] = buckets
+    loader = _Buckets(shard, state, buckets, scope)
+    state_keys = 0
+    for bucket in touched:
+        try:
+            previous = loader.at(before, bucket, start_upper)
+        except CheckpointUnusable as exc:
+            ref = checkpoint_ref_name(bucket)
+            if before.get(ref, "") == after.get(ref, ""):
+                # Still the committed checkpoint: the state at the upper stands on it.
+                report.add(STATE, f"bucket {bucket}: its checkpoint cannot be used: {exc}")
+            else:
+                report.notes.append(f"bucket {bucket}: its checkpoint before the run is"
+                                    f" unusable (the run rebuilt it): {exc}")
+            continue
+        except NotReadable as exc:
+            report.notes.append(f"bucket {bucket}: its state before the run cannot be"
+                                f" caught up: {exc}")
+            continue
+        except InvalidUpsertState as exc:
+            report.add(STATE, f"bucket {bucket}: its checkpoint before the run does not fit"
+                              f" the shard's changes since its base: {exc}")
+            continue
+        bucket_changes = by_bucket.get(bucket)
+        try:
+            expected, _ = apply_changes(
+                _live_only(previous), [] if bucket_changes is None else [bucket_changes]
+            )
+        except InvalidUpsertState as exc:
+            report.add(CONSOLIDATION, f"bucket {bucket}: the batch does not fit the state"
+                                      f" before it: {exc}")
+            continue
+        expected = fold(expected)
+        state_keys += len(expected)
+        if scope is OrderScope.BATCH and _kept_base(before, after, bucket, start_upper, upper):
+            continue  # the committed state is `previous` + these changes by construction
+        try:
+            committed = _live_only(loader.at(after, bucket, upper))
+        except (CheckpointUnusable, InvalidUpsertState, NotReadable) as exc:
+            report.add(STATE, f"bucket {bucket}: its checkpoint at upper {upper} cannot be"
+                              f" used: {exc}")
+            continue
+        if not _same(committed, expected):
+            keys = _differing_keys(committed, expected)
+            report.add(
+                STATE,
+                f"bucket {bucket}: the checkpoint at upper {upper} differs from the state"
+                f" before the run plus the run's changes in {len(keys)} key(s): "
+                + ", ".join(keys[:MAX_LISTED]),
+            )
+    report.counts["state_keys_compared"] = state_keys
+    return report
+

@@ -54,6 +54,8 @@ class CheckReport:
     problems_by_kind: dict[str, list[str]] = field(default_factory=dict)
     """The same problems grouped by kind: :data:`STORAGE` or :data:`CONSOLIDATION`
     (callers may add their own kinds, e.g. the upsert state comparison)."""
+    notes: list[str] = field(default_factory=list)
+    """What a check could not verify and why (not problems; e.g. history GC removed)."""
 
     @property
     def ok(self) -> bool:
@@ -68,8 +70,12 @@ class CheckReport:
         return self.problems_by_kind.get(kind, [])
 
     def as_dict(self) -> dict[str, object]:
-        return {"shard": self.shard_id, "ok": self.ok, "problems": self.problems,
-                "problems_by_kind": self.problems_by_kind, **self.counts}
+        out: dict[str, object] = {"shard": self.shard_id, "ok": self.ok,
+                                  "problems": self.problems,
+                                  "problems_by_kind": self.problems_by_kind, **self.counts}
+        if self.notes:
+            out["notes"] = self.notes
+        return out
 
 
 def _first_in_group(values: pa.ChunkedArray | pa.Array) -> np.ndarray:
