@@ -86,14 +86,19 @@ def _split(report: CheckReport) -> tuple[list[str], list[str]]:
 
 
 def _run_metadata(context: AssetCheckExecutionContext, key: AssetKey) -> dict[str, Any]:
-    """The metadata of ``key``'s materialization in this run, else its latest one."""
+    """The metadata of the ingest's own materialization of ``key`` in this run (the one
+    carrying ``start_upper``), else ``key``'s latest materialization.
+
+    SUBTLE: a run also logs runtime materializations of other partitions (files applied
+    by an earlier run or another path, with only their ``ts``); those must not be taken
+    for the ingest's result, or the checks would cover the wrong range."""
     materialization = None
     records = context.instance.get_records_for_run(
         context.run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION, ascending=False
     ).records
     for record in records:
         found = record.event_log_entry.asset_materialization
-        if found is not None and found.asset_key == key:
+        if found is not None and found.asset_key == key and "start_upper" in found.metadata:
             materialization = found
             break
     if materialization is None:
