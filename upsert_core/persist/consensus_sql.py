@@ -580,6 +580,7 @@ class _SqliteDriver:
             raise DeterminateError(
                 f"cannot connect to consensus {self.url_for_errors}: {redact_url(str(e))}"
             ) from e
+        keep = True
         try:
             # SUBTLE: a write takes SQLite's write lock before reading the head, so the
             # read and the insert see the same database (and the busy timeout, not a
@@ -594,12 +595,16 @@ class _SqliteDriver:
                         self.execute(conn, "ROLLBACK")
             return result
         except sqlite3.Error as e:
+            if not _sqlite_busy(e):
+                # SUBTLE: a connection that failed otherwise may be the cause (e.g. a
+                # schema it cached that failed to compile): the next attempt opens a new one.
+                keep = False
             raise classify_db_error(e, dialect="sqlite", wrote=wrote) from e
         finally:
-            if conn.in_transaction:  # could not roll back: do not hand it out again
-                conn.close()
-            else:
+            if keep and not conn.in_transaction:
                 self._checkin(conn, generation)
+            else:  # failed, or could not roll back: do not hand it out again
+                conn.close()
 
 
 def _url_flag(query: Mapping[str, str], name: str, shown: str) -> bool:
