@@ -473,9 +473,7 @@ class _SqliteDriver:
 
     def __init__(self, url: re.Match[str], url_for_errors: str, busy_timeout_s: float) -> None:
         shown = repr(url_for_errors)
-        if url["username"] or url["password"] or url["ipv4host"] or url["ipv6host"] or url[
-            "port"
-        ]:
+        if any(url[part] for part in ("username", "password", "ipv4host", "ipv6host", "port")):
             raise ConfigError(
                 f"invalid SQLite URL {shown}: it takes no user, password, host or port;"
                 " use sqlite:///relative/path.db or sqlite:////absolute/path.db"
