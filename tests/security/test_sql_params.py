@@ -1,7 +1,9 @@
 """Every SQL statement ``SqlConsensus`` sends uses bound parameters (SQLite and PostgreSQL).
 
-A ``before_cursor_execute`` listener on the consensus engine records every statement
-and its parameters while a whole workload runs (create, compare-and-set from nothing and
+A listener on the consensus driver (``SqlConsensus._listen``: SQLAlchemy's
+``before_cursor_execute`` on PostgreSQL; on SQLite the one function through which every
+``sqlite3`` statement is sent, pragmas and ``BEGIN``/``COMMIT`` included) records every
+statement and its parameters while a whole workload runs (create, compare-and-set from nothing and
 from a seqno, mismatches, head, scan, truncate, list of keys) with hostile keys and data
 (quotes, ``; DROP TABLE``, comment markers, backslashes, Unicode). No test value ever
 appears in a statement's text; each appears among the parameters instead; the keys are
@@ -16,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event
 
 from upsert_core.errors import ConfigError
 from upsert_core.persist.blob_memory import MemoryBlob
@@ -45,14 +46,14 @@ def consensus(
     c = SqlConsensus(url)
     sent: list[tuple[str, Any]] = []
 
-    def record(_conn: Any, _cursor: Any, statement: str, params: Any, *_: Any) -> None:
+    def record(statement: str, params: Any) -> None:
         sent.append((statement, params))
 
-    event.listen(c._engine, "before_cursor_execute", record)  # noqa: SLF001
+    stop = c._listen(record)  # noqa: SLF001
     try:
         yield c, sent
     finally:
-        event.remove(c._engine, "before_cursor_execute", record)  # noqa: SLF001
+        stop()
         c.close()
 
 

@@ -3,6 +3,24 @@
 Table: ``consensus(shard TEXT, sequence_number BIGINT, data BLOB/BYTEA,
 PRIMARY KEY (shard, sequence_number))``, created if missing.
 
+Drivers: SQLite runs on the stdlib ``sqlite3`` module (here); PostgreSQL on SQLAlchemy
+with psycopg 3 (:mod:`~upsert_core.persist.consensus_postgres`), imported only when a
+PostgreSQL URL is opened, so a process on the default embedded stores never pays
+SQLAlchemy's ~0.2 s import. Both share the statements, the retry loop and the error
+classification below; each attempt sees the database through a small session
+(``read``/``write``/``create_table``).
+
+SQLite URLs take the forms SQLAlchemy takes: ``sqlite:///relative.db`` (relative to the
+working directory when opened), ``sqlite:////abs/path.db``, ``sqlite+pysqlite:///...``,
+with pysqlite's query options (``uri=true`` makes the path a SQLite URI and passes the
+other options to it; ``cached_statements`` is honoured; ``timeout``,
+``check_same_thread``, ``isolation_level`` and ``detect_types`` are fixed by this module
+and ignored). An existing file made by the SQLAlchemy-based version opens as it is.
+Each connection sets ``busy_timeout``, ``journal_mode = WAL`` (readers never block the
+writer; several processes share the file) and ``synchronous = FULL``. Connections are
+pooled: a thread takes one for one attempt and puts it back, so threads never share one
+at the same time.
+
 Invariants kept:
 
 - ``compare_and_set`` is ONE conditional statement: insert the new row only if the
@@ -31,33 +49,22 @@ Errors (``upsert_core.errors``):
   deadlocks are retried with backoff, then reported as :class:`DeterminateError`.
 - A write whose connection dropped or timed out after the statement was sent is an
   :class:`IndeterminateError` (PostgreSQL runs each statement in autocommit, so it may
-  have committed). Any other failure of a read is determinate: reads have no effect.
+  have committed), as is any SQLite write that failed for another reason than a busy
+  lock or a constraint. Any other failure of a read is determinate: reads have no effect.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
+import re
+import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
-
-from sqlalchemy import (
-    BigInteger,
-    Column,
-    Connection,
-    Engine,
-    LargeBinary,
-    MetaData,
-    Table,
-    Text,
-    create_engine,
-    event,
-    inspect,
-    text,
-)
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, SQLAlchemyError
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol, TypeVar
+from urllib.parse import parse_qsl
 
 from upsert_core.errors import (
     ConfigError,
@@ -78,41 +85,41 @@ from upsert_core.redact import redact_url
 
 T = TypeVar("T")
 
-_METADATA = MetaData()
-CONSENSUS_TABLE = Table(
-    "consensus",
-    _METADATA,
-    Column("shard", Text, primary_key=True),
-    Column("sequence_number", BigInteger, primary_key=True, autoincrement=False),
-    Column("data", LargeBinary, nullable=False),
-)
-
-_HEAD_SQL = text(
+_HEAD_SQL = (
     "SELECT sequence_number, data FROM consensus WHERE shard = :shard"
     " ORDER BY sequence_number DESC LIMIT 1"
 )
-_CAS_SQL = text(
+_CAS_SQL = (
     "INSERT INTO consensus (shard, sequence_number, data)"
     " SELECT CAST(:shard AS TEXT), CAST(:seqno AS BIGINT), :data"
     " WHERE (SELECT MAX(sequence_number) FROM consensus WHERE shard = :shard) = :expected"
     " ON CONFLICT DO NOTHING"
 )
-_CAS_FROM_NONE_SQL = text(
+_CAS_FROM_NONE_SQL = (
     "INSERT INTO consensus (shard, sequence_number, data)"
     " SELECT CAST(:shard AS TEXT), CAST(:seqno AS BIGINT), :data"
     " WHERE NOT EXISTS (SELECT 1 FROM consensus WHERE shard = :shard)"
     " ON CONFLICT DO NOTHING"
 )
-_SCAN_SQL = text(
+_SCAN_SQL = (
     "SELECT sequence_number, data FROM consensus"
     " WHERE shard = :shard AND sequence_number >= :from_seqno"
     " ORDER BY sequence_number ASC LIMIT :limit"
 )
-_TRUNCATE_SQL = text(
+_TRUNCATE_SQL = (
     "DELETE FROM consensus WHERE shard = :shard AND sequence_number < :seqno"
     " AND EXISTS (SELECT 1 FROM consensus WHERE shard = :shard AND sequence_number >= :seqno)"
 )
-_LIST_KEYS_SQL = text("SELECT DISTINCT shard FROM consensus ORDER BY shard")
+_LIST_KEYS_SQL = "SELECT DISTINCT shard FROM consensus ORDER BY shard"
+
+# The DDL SQLAlchemy emitted for the table on SQLite, kept byte for byte so databases
+# made by either version look the same.
+_SQLITE_HAS_TABLE_SQL = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'consensus'"
+_SQLITE_CREATE_SQL = (
+    "CREATE TABLE IF NOT EXISTS consensus (\n\tshard TEXT NOT NULL, "
+    "\n\tsequence_number BIGINT NOT NULL, \n\tdata BLOB NOT NULL, "
+    "\n\tPRIMARY KEY (shard, sequence_number)\n)"
+)
 
 # PostgreSQL SQLSTATEs. Class 08: connection exceptions; 57014: statement timeout or
 # cancel; 57P01-03: server shutting down. 40001/40P01: serialization failure, deadlock.
@@ -145,6 +152,39 @@ def pg_connect_is_transient(message: str) -> bool:
     return any(phrase in lowered for phrase in _PG_TRANSIENT_CONNECT)
 
 
+StatementObserver = Callable[[str, Any], None]
+"""Called with each statement's text and its parameters just before a driver sends it."""
+
+
+class _Session(Protocol):
+    """What one attempt may do with its connection (one transaction)."""
+
+    integrity_error: type[Exception]
+
+    def read(self, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        """Rows of a query."""
+
+    def write(self, sql: str, params: Mapping[str, Any] | None = None) -> int:
+        """The rowcount of a statement that changes rows."""
+
+    def create_table(self) -> None:
+        """Create the consensus table unless it exists."""
+
+
+class _Driver(Protocol):
+    url_for_errors: str
+
+    def run_once(self, op: Callable[[_Session], T], *, wrote: bool) -> T:
+        """Run ``op`` in one transaction; raise :class:`_Retry`, :class:`_Unreachable`
+        or a :class:`LocationError` when it fails."""
+
+    def listen(self, observer: StatementObserver) -> Callable[[], None]:
+        """Call ``observer`` before every statement; returns the function that stops it."""
+
+    def close(self) -> None:
+        """Close idle connections."""
+
+
 class _Retry(Exception):
     """Internal: the attempt definitely failed for a transient reason; try again."""
 
@@ -159,28 +199,53 @@ def _sqlite_busy(exc: BaseException) -> bool:
     return name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in msg or "busy" in msg
 
 
-def classify_db_error(exc: DBAPIError, *, dialect: str, wrote: bool) -> LocationError | _Retry:
+def classify_db_error(exc: BaseException, *, dialect: str, wrote: bool) -> LocationError | _Retry:
     """Map a driver error raised after connecting into the location error hierarchy.
 
-    ``wrote``: the failed call may have changed the database (compare-and-set,
-    truncate). Returns an internal retry marker for transient, definitely-failed attempts.
+    ``exc``: a ``sqlite3.Error``, or a SQLAlchemy ``DBAPIError`` wrapping the driver's
+    error (its ``orig``). ``wrote``: the failed call may have changed the database
+    (compare-and-set, truncate). Returns an internal retry marker for transient,
+    definitely-failed attempts.
     """
-    orig = exc.orig if exc.orig is not None else exc
+    orig = getattr(exc, "orig", None) or exc
     if dialect == "sqlite":
         if _sqlite_busy(orig):
             return _Retry(str(orig))
-        if wrote and not isinstance(exc, IntegrityError):
+        if wrote and not isinstance(orig, sqlite3.IntegrityError):
             return IndeterminateError(f"sqlite write failed, outcome unknown: {orig}")
         return DeterminateError(f"sqlite operation failed: {orig}")
     sqlstate: str | None = getattr(orig, "sqlstate", None)
     if sqlstate in _PG_RETRYABLE:
         return _Retry(str(orig))
     lost = sqlstate is None or sqlstate.startswith("08") or sqlstate in _PG_UNCERTAIN
-    if wrote and (lost or exc.connection_invalidated):
+    if wrote and (lost or getattr(exc, "connection_invalidated", False)):
         return IndeterminateError(
             f"postgres write failed after it was sent, outcome unknown: {orig}"
         )
     return DeterminateError(f"postgres operation failed: {orig}")
+
+
+# How SQLAlchemy splits a URL (``sqlalchemy.engine.url._parse_url``): the same URLs
+# parse the same way without importing it.
+_URL = re.compile(
+    r"""
+        (?P<name>[\w\+]+)://
+        (?:
+            (?P<username>[^:/]*)
+            (?::(?P<password>[^@]*))?
+        @)?
+        (?:
+            (?:
+                \[(?P<ipv6host>[^/\?]+)\] |
+                (?P<ipv4host>[^/:\?]+)
+            )?
+            (?::(?P<port>[^/\?]*))?
+        )?
+        (?:/(?P<database>[^\?]*))?
+        (?:\?(?P<query>.*))?
+    """,
+    re.X,
+)
 
 
 class SqlConsensus:
@@ -203,43 +268,31 @@ class SqlConsensus:
         reconnect_s: float = DEFAULT_RECONNECT_S,
     ) -> None:
         # URLs may hold a password (userinfo or ``?password=``), so every message below
-        # shows them through the one redaction (SQLAlchemy's ``hide_password`` misses the
-        # query string).
+        # shows them through the one redaction.
         shown = redact_url(repr(url))
-        try:
-            parsed = make_url(url)
-        except (ArgumentError, ValueError) as e:  # ValueError: e.g. a non-numeric port
-            raise ConfigError(f"invalid consensus URL {shown}: {redact_url(str(e))}") from None
-        self._dialect = parsed.get_backend_name()
+        match = _URL.match(url) if isinstance(url, str) else None
+        if match is None:
+            raise ConfigError(f"invalid consensus URL {shown}")
+        scheme = match["name"].lower()
+        self._dialect = scheme.split("+", 1)[0]
         self._max_retries = max_retries
         self._backoff_s = backoff_s
         if not reconnect_s >= 0:  # also rejects NaN
             raise ConfigError(f"reconnect_s must be >= 0 seconds, got {reconnect_s!r}")
         self._reconnect_s = reconnect_s
-        self._url_for_errors = redact_url(parsed.render_as_string(hide_password=False))
-        if self._dialect == "sqlite":
-            db = parsed.database or ""
-            if db in ("", ":memory:") or db.startswith("file::memory:"):
-                raise ConfigError(
-                    f"in-memory SQLite cannot be shared between connections ({shown});"
-                    " use a file (sqlite:///path/consensus.db) or mem://"
-                )
-            self._engine = _sqlite_engine(url, busy_timeout_s)
+        self._driver: _Driver
+        if scheme in ("sqlite", "sqlite+pysqlite"):
+            self._driver = _SqliteDriver(match, redact_url(url), busy_timeout_s)
         elif self._dialect == "postgresql":
-            if parsed.get_driver_name() != "psycopg":
-                parsed = parsed.set(drivername="postgresql+psycopg")
-            # Keep any libpq ``options`` from the URL (e.g. a search_path) and add ours.
-            options = parsed.query.get("options", "")
-            if isinstance(options, tuple):
-                options = " ".join(options)
-            parsed = parsed.difference_update_query(["options"])
-            self._engine = _postgres_engine(
-                parsed.render_as_string(False), connect_timeout_s, options
-            )
+            # SQLAlchemy (~0.2 s to import) is loaded only for PostgreSQL.
+            from upsert_core.persist.consensus_postgres import PostgresDriver
+
+            self._driver = PostgresDriver(url, shown, connect_timeout_s)
         else:
             raise ConfigError(
                 f"unsupported consensus URL {shown}: use sqlite:///... or postgresql+psycopg://..."
             )
+        self._url_for_errors = self._driver.url_for_errors
         self._create_lock = threading.Lock()
         self._created = False
 
@@ -250,13 +303,18 @@ class SqlConsensus:
 
     def close(self) -> None:
         """Close pooled connections (the object stays usable; it reconnects)."""
-        self._engine.dispose()
+        self._driver.close()
+
+    def _listen(self, observer: StatementObserver) -> Callable[[], None]:
+        """Test hook: call ``observer(statement, parameters)`` before every statement sent
+        to the database; returns the function that stops it."""
+        return self._driver.listen(observer)
 
     # --- the Consensus protocol -------------------------------------------------------
 
     def head(self, key: str) -> VersionedData | None:
         check_key(key)
-        return self._run(lambda conn: _head(conn, key), wrote=False)
+        return self._run(lambda s: _head(s, key), wrote=False)
 
     def compare_and_set(
         self, key: str, expected: SeqNo | None, new: VersionedData
@@ -269,17 +327,17 @@ class SqlConsensus:
             stmt = _CAS_SQL
             params["expected"] = expected
 
-        def cas(conn: Connection) -> CasResult:
+        def cas(session: _Session) -> CasResult:
             try:
-                inserted = conn.execute(stmt, params).rowcount
-            except IntegrityError:
+                inserted = session.write(stmt, params)
+            except session.integrity_error:
                 # SUBTLE: a racing inserter of the same seqno that slipped past ON
                 # CONFLICT (e.g. a driver without upsert support) lost the race: that is
                 # an ordinary mismatch, not a failure.
                 inserted = 0
             if inserted == 1:
                 return CasCommitted()
-            return CasMismatch(current=_head(conn, key))
+            return CasMismatch(current=_head(session, key))
 
         return self._run(cas, wrote=True)
 
@@ -289,8 +347,8 @@ class SqlConsensus:
             return []
         params = {"shard": key, "from_seqno": from_seqno, "limit": limit}
 
-        def scan(conn: Connection) -> list[VersionedData]:
-            rows = conn.execute(_SCAN_SQL, params).all()
+        def scan(session: _Session) -> list[VersionedData]:
+            rows = session.read(_SCAN_SQL, params)
             return [VersionedData(int(r[0]), bytes(r[1])) for r in rows]
 
         return self._run(scan, wrote=False)
@@ -300,24 +358,24 @@ class SqlConsensus:
         check_seqno(seqno)
         params = {"shard": key, "seqno": seqno}
 
-        def truncate(conn: Connection) -> int:
-            deleted = conn.execute(_TRUNCATE_SQL, params).rowcount
+        def truncate(session: _Session) -> int:
+            deleted = session.write(_TRUNCATE_SQL, params)
             if deleted > 0:
-                return int(deleted)
+                return deleted
             # Zero rows: either nothing lay below the bound, or no row at or above it
             # exists (the statement refused to remove the head). The head tells which.
-            head = _head(conn, key)
+            head = _head(session, key)
             if head is None or head.seqno < seqno:
                 raise truncate_error(key, seqno, head)
             # SUBTLE: on PostgreSQL (autocommit) the head may have reached the bound
             # between the two statements; deleting again makes this call linearize after
             # that append instead of leaving rows that a truncate "after" it would remove.
-            return int(conn.execute(_TRUNCATE_SQL, params).rowcount)
+            return session.write(_TRUNCATE_SQL, params)
 
         return self._run(truncate, wrote=True)
 
     def list_keys(self) -> Iterator[str]:
-        rows = self._run(lambda conn: conn.execute(_LIST_KEYS_SQL).all(), wrote=False)
+        rows = self._run(lambda s: s.read(_LIST_KEYS_SQL), wrote=False)
         return iter([str(r[0]) for r in rows])
 
     # --- plumbing -------------------------------------------------------------------
@@ -327,29 +385,20 @@ class SqlConsensus:
             return
         with self._create_lock:
             if not self._created:
-                self._retrying(self._create_table, wrote=False)
+                self._retrying(lambda s: s.create_table(), wrote=False)
                 self._created = True
 
-    def _create_table(self, conn: Connection) -> None:
-        try:
-            CONSENSUS_TABLE.create(conn, checkfirst=True)
-        except DBAPIError as e:
-            # SUBTLE: two processes creating the table at once: PostgreSQL reports a
-            # unique violation on its catalog for the loser. The table exists; go on.
-            if not inspect(conn).has_table("consensus"):
-                raise e
-
-    def _run(self, op: Callable[[Connection], T], *, wrote: bool) -> T:
+    def _run(self, op: Callable[[_Session], T], *, wrote: bool) -> T:
         self._ensure_table()
         return self._retrying(op, wrote=wrote)
 
-    def _retrying(self, op: Callable[[Connection], T], *, wrote: bool) -> T:
+    def _retrying(self, op: Callable[[_Session], T], *, wrote: bool) -> T:
         attempt = 0
         started = time.monotonic()
         pause = _RECONNECT_BACKOFF_S[0]
         while True:
             try:
-                return self._run_once(op, wrote=wrote)
+                return self._driver.run_once(op, wrote=wrote)
             except _Unreachable as u:
                 waited = time.monotonic() - started
                 if waited >= self._reconnect_s:
@@ -371,76 +420,196 @@ class SqlConsensus:
                 delay = self._backoff_s * (2 ** (attempt - 1))
                 time.sleep(delay * (0.5 + random.random()))
 
-    def _run_once(self, op: Callable[[Connection], T], *, wrote: bool) -> T:
+
+def _head(session: _Session, key: str) -> VersionedData | None:
+    rows = session.read(_HEAD_SQL, {"shard": key})
+    return None if not rows else VersionedData(int(rows[0][0]), bytes(rows[0][1]))
+
+
+# --- SQLite on the stdlib sqlite3 module ----------------------------------------------
+
+_TRUE = frozenset({"true", "yes", "on", "y", "t", "1"})
+_FALSE = frozenset({"false", "no", "off", "n", "f", "0"})
+# pysqlite's connect arguments that SQLAlchemy took from the URL's query string.
+_PYSQLITE_OPTIONS = (
+    "uri", "timeout", "isolation_level", "detect_types", "check_same_thread",
+    "cached_statements",
+)
+
+
+class _SqliteSession:
+    integrity_error: type[Exception] = sqlite3.IntegrityError
+
+    def __init__(self, driver: _SqliteDriver, conn: sqlite3.Connection) -> None:
+        self._driver = driver
+        self._conn = conn
+
+    def read(self, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        cur = self._driver.execute(self._conn, sql, params)
         try:
-            conn = self._engine.connect()
-        except DBAPIError as e:
-            if self._dialect == "sqlite" and _sqlite_busy(e.orig or e):
-                raise _Retry(str(e.orig)) from e
-            if self._dialect == "postgresql" and pg_connect_is_transient(str(e.orig)):
-                raise _Unreachable(str(e.orig)) from e
-            raise DeterminateError(
-                f"cannot connect to consensus {self._url_for_errors}: {redact_url(str(e.orig))}"
-            ) from e
-        except SQLAlchemyError as e:
-            raise DeterminateError(
-                f"cannot connect to consensus {self._url_for_errors}: {redact_url(str(e))}"
-            ) from e
-        with conn:
-            try:
-                if self._dialect == "sqlite" and wrote:
-                    # SUBTLE: take SQLite's write lock before reading the head, so the
-                    # read and the insert see the same database (and the busy timeout,
-                    # not a snapshot conflict, handles waiting writers).
-                    conn.execution_options(sqlite_begin="IMMEDIATE")
-                with conn.begin():
-                    return op(conn)
-            except DBAPIError as e:
-                err = classify_db_error(e, dialect=self._dialect, wrote=wrote)
-                raise err from e
-
-
-def _head(conn: Connection, key: str) -> VersionedData | None:
-    row = conn.execute(_HEAD_SQL, {"shard": key}).first()
-    return None if row is None else VersionedData(int(row[0]), bytes(row[1]))
-
-
-def _sqlite_engine(url: str, busy_timeout_s: float) -> Engine:
-    engine = create_engine(
-        url, connect_args={"timeout": busy_timeout_s, "check_same_thread": False}
-    )
-
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        # We issue BEGIN ourselves (below); the sqlite3 module must not.
-        dbapi_conn.isolation_level = None
-        cur = dbapi_conn.cursor()
-        try:
-            cur.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-            # WAL: readers never block the writer, several processes share the file.
-            cur.execute("PRAGMA journal_mode = WAL")
-            cur.execute("PRAGMA synchronous = FULL")
+            return cur.fetchall()
         finally:
             cur.close()
 
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn: Connection) -> None:
-        mode = conn.get_execution_options().get("sqlite_begin", "DEFERRED")
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if mode == "IMMEDIATE" else "BEGIN")
+    def write(self, sql: str, params: Mapping[str, Any] | None = None) -> int:
+        cur = self._driver.execute(self._conn, sql, params)
+        try:
+            return int(cur.rowcount)
+        finally:
+            cur.close()
 
-    return engine
+    def create_table(self) -> None:
+        if not self.read(_SQLITE_HAS_TABLE_SQL):
+            self.write(_SQLITE_CREATE_SQL)
 
 
-def _postgres_engine(url: str, connect_timeout_s: float, options: str) -> Engine:
-    # SUBTLE: every statement runs in its own SERIALIZABLE transaction (autocommit with a
-    # serializable default): the compare-and-set costs one round trip, and two racers
-    # reading the same head cannot both insert, whatever seqnos they insert.
-    return create_engine(
-        url,
-        isolation_level="AUTOCOMMIT",
-        pool_pre_ping=True,
-        connect_args={
-            "connect_timeout": max(1, int(connect_timeout_s)),
-            "options": f"{options} -c default_transaction_isolation=serializable".strip(),
-        },
-    )
+class _SqliteDriver:
+    """Pooled ``sqlite3`` connections to one database file.
+
+    A thread takes an idle connection (or opens one) for one attempt and puts it back;
+    ``check_same_thread=False`` lets the next attempt run on another thread.
+    ``close()`` closes the idle ones; one in use is closed when it comes back.
+    """
+
+    def __init__(self, url: re.Match[str], url_for_errors: str, busy_timeout_s: float) -> None:
+        shown = repr(url_for_errors)
+        if any(url[part] for part in ("username", "password", "ipv4host", "ipv6host", "port")):
+            raise ConfigError(
+                f"invalid SQLite URL {shown}: it takes no user, password, host or port;"
+                " use sqlite:///relative/path.db or sqlite:////absolute/path.db"
+            )
+        query: dict[str, str] = dict(parse_qsl(url["query"] or ""))
+        db = url["database"] or ""
+        if db in ("", ":memory:") or db.startswith("file::memory:"):
+            raise ConfigError(
+                f"in-memory SQLite cannot be shared between connections ({shown});"
+                " use a file (sqlite:///path/consensus.db) or mem://"
+            )
+        uri = _url_flag(query, "uri", shown)
+        if uri:
+            extra = {k: v for k, v in query.items() if k not in _PYSQLITE_OPTIONS}
+            if extra:
+                db += "?" + "&".join(f"{k}={extra[k]}" for k in sorted(extra))
+        else:
+            db = os.path.abspath(db)
+        self._connect_args: dict[str, Any] = {"uri": uri}
+        if "cached_statements" in query:
+            try:
+                self._connect_args["cached_statements"] = int(query["cached_statements"])
+            except ValueError:
+                raise ConfigError(
+                    f"invalid SQLite URL {shown}: cached_statements must be an integer"
+                ) from None
+        self._database = db
+        self._busy_timeout_s = busy_timeout_s
+        self.url_for_errors = url_for_errors
+        self._lock = threading.Lock()
+        self._idle: list[sqlite3.Connection] = []
+        self._generation = 0  # close() bumps it: connections of older ones are closed
+        self._pid = os.getpid()
+        self._observers: list[StatementObserver] = []
+
+    def execute(
+        self, conn: sqlite3.Connection, sql: str, params: Mapping[str, Any] | None = None
+    ) -> sqlite3.Cursor:
+        for observer in self._observers:
+            observer(sql, params)
+        return conn.execute(sql, params or {})
+
+    def listen(self, observer: StatementObserver) -> Callable[[], None]:
+        with self._lock:
+            self._observers = [*self._observers, observer]
+
+        def stop() -> None:
+            with self._lock:
+                self._observers = [o for o in self._observers if o is not observer]
+
+        return stop
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+            self._generation += 1
+        for conn in idle:
+            conn.close()
+
+    def _connect(self) -> sqlite3.Connection:
+        # We issue BEGIN ourselves (isolation_level=None); the sqlite3 module must not.
+        conn = sqlite3.connect(
+            self._database,
+            timeout=self._busy_timeout_s,
+            isolation_level=None,
+            check_same_thread=False,
+            **self._connect_args,
+        )
+        try:
+            self.execute(conn, f"PRAGMA busy_timeout = {int(self._busy_timeout_s * 1000)}")
+            # WAL: readers never block the writer, several processes share the file.
+            self.execute(conn, "PRAGMA journal_mode = WAL").close()
+            self.execute(conn, "PRAGMA synchronous = FULL")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _checkout(self) -> tuple[sqlite3.Connection, int]:
+        with self._lock:
+            if self._pid != os.getpid():
+                # SUBTLE: a forked child must not use (or close) its parent's connections.
+                self._pid, self._idle = os.getpid(), []
+            generation = self._generation
+            if self._idle:
+                return self._idle.pop(), generation
+        return self._connect(), generation
+
+    def _checkin(self, conn: sqlite3.Connection, generation: int) -> None:
+        with self._lock:
+            if generation == self._generation and self._pid == os.getpid():
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def run_once(self, op: Callable[[_SqliteSession], T], *, wrote: bool) -> T:
+        try:
+            conn, generation = self._checkout()
+        except sqlite3.Error as e:
+            if _sqlite_busy(e):
+                raise _Retry(str(e)) from e
+            raise DeterminateError(
+                f"cannot connect to consensus {self.url_for_errors}: {redact_url(str(e))}"
+            ) from e
+        keep = True
+        try:
+            # SUBTLE: a write takes SQLite's write lock before reading the head, so the
+            # read and the insert see the same database (and the busy timeout, not a
+            # snapshot conflict, handles waiting writers).
+            self.execute(conn, "BEGIN IMMEDIATE" if wrote else "BEGIN")
+            try:
+                result = op(_SqliteSession(self, conn))
+                self.execute(conn, "COMMIT")
+            finally:
+                if conn.in_transaction:  # op or COMMIT failed: undo, keep its error
+                    with contextlib.suppress(sqlite3.Error):
+                        self.execute(conn, "ROLLBACK")
+            return result
+        except sqlite3.Error as e:
+            if not _sqlite_busy(e):
+                # SUBTLE: a connection that failed otherwise may be the cause (e.g. a
+                # schema it cached that failed to compile): the next attempt opens a new one.
+                keep = False
+            raise classify_db_error(e, dialect="sqlite", wrote=wrote) from e
+        finally:
+            if keep and not conn.in_transaction:
+                self._checkin(conn, generation)
+            else:  # failed, or could not roll back: do not hand it out again
+                conn.close()
+
+
+def _url_flag(query: Mapping[str, str], name: str, shown: str) -> bool:
+    raw = query.get(name)
+    if raw is None:
+        return False
+    value = raw.strip().lower()
+    if value not in _TRUE | _FALSE:
+        raise ConfigError(f"invalid SQLite URL {shown}: {name} must be true or false")
+    return value in _TRUE
