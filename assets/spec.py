@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from upsert_core.ingest import IngestRequest
 
 DEFAULT_GC_CRON = "0 * * * *"
+DEFAULT_SENSOR_INTERVAL_S = 10
+"""How often a source's landing sensor lists its landing by default: a new file waits at
+most this long (plus the run) before it is ingested."""
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,7 @@ class SourceSpec:
     order_scope: str | None = None
     gc_cron: str = DEFAULT_GC_CRON
     gc_retain: int | None = None
+    sensor_interval_s: int = DEFAULT_SENSOR_INTERVAL_S
     origin: str = field(default="sources.yaml", compare=False)
 
     def request(self) -> IngestRequest:

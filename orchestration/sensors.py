@@ -53,7 +53,6 @@ from upsert_core.landing import list_landing
 from upsert_core.redact import redact_url
 
 DEFAULT_MAX_REQUESTS = 50
-DEFAULT_INTERVAL_SECONDS = 30
 _BAD_KEY_PARTS = ("...",)
 #: ``applied_by`` of the materializations the sensor reports
 APPLIED_BY_SHARD = "found in the shard by the landing sensor"
@@ -73,7 +72,7 @@ def landing_sensor(
     job: "UnresolvedAssetJobDefinition",
     *,
     max_requests: int = DEFAULT_MAX_REQUESTS,
-    interval_seconds: int = DEFAULT_INTERVAL_SECONDS,
+    interval_seconds: int | None = None,
 ) -> SensorDefinition:
     """The sensor of one source (see the module docstring)."""
     spec = built.spec
@@ -81,7 +80,7 @@ def landing_sensor(
     @sensor(
         name=sensor_name(spec.name),
         job=job,
-        minimum_interval_seconds=interval_seconds,
+        minimum_interval_seconds=interval_seconds or spec.sensor_interval_s,
         default_status=DefaultSensorStatus.STOPPED,
         description=f"New files in {redact_url(spec.landing)} -> partitions and ingest runs.",
     )

@@ -17,6 +17,7 @@ root)::
         order_scope: batch
         gc_cron: "0 * * * *"            # rollup_gc schedule
         gc_retain: null                 # rollup_gc --retain, >= 1 (null keeps all history)
+        sensor_interval_s: 10           # how often the landing sensor lists the landing
 
 ``${VAR}`` and ``${VAR:-default}`` expand from the environment; ``UPSERT_HOME``
 defaults to ``./.upsert`` made absolute, as for ``upsertctl``.
@@ -43,7 +44,7 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped]
 
-from assets.spec import DEFAULT_GC_CRON, SourceSpec
+from assets.spec import DEFAULT_GC_CRON, DEFAULT_SENSOR_INTERVAL_S, SourceSpec
 from upsert_core.errors import ConfigError
 
 ENV_SOURCES = "UPSERT_SOURCES"
@@ -62,7 +63,7 @@ __all__ = ["SourceSpec", "load_sources", "merge_sources", "parse_source", "env_s
 
 _FIELDS = {
     "name", "landing", "shard", "key", "order", "deleted_col", "order_scope", "gc_cron",
-    "gc_retain",
+    "gc_retain", "sensor_interval_s",
 }
 
 
@@ -128,6 +129,11 @@ def parse_source(entry: object, where: str, env: Mapping[str, str]) -> SourceSpe
     if retain is not None and (isinstance(retain, bool) or not isinstance(retain, int)
                                or retain < 1):
         raise ConfigError(f"{where}: gc_retain must be an integer >= 1 or null, got {retain!r}")
+    interval = entry.get("sensor_interval_s", DEFAULT_SENSOR_INTERVAL_S)
+    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+        raise ConfigError(
+            f"{where}: sensor_interval_s must be an integer >= 1 (seconds), got {interval!r}"
+        )
     return SourceSpec(
         name=name,
         landing=landing,
@@ -138,6 +144,7 @@ def parse_source(entry: object, where: str, env: Mapping[str, str]) -> SourceSpe
         order_scope=_opt_str(entry, "order_scope", where, env),
         gc_cron=_opt_str(entry, "gc_cron", where, env) or DEFAULT_GC_CRON,
         gc_retain=retain,
+        sensor_interval_s=interval,
         origin=where,
     )
 

@@ -102,6 +102,10 @@ def test_environment_source_replaces_a_file_source_of_the_same_shard(tmp_path: P
          "gc_retain must be an integer >= 1"),
         ("sources:\n  - {name: a, landing: /x, gc_retain: -1}\n",
          "gc_retain must be an integer >= 1"),
+        ("sources:\n  - {name: a, landing: /x, sensor_interval_s: 0}\n",
+         "sensor_interval_s must be an integer >= 1"),
+        ("sources:\n  - {name: a, landing: /x, sensor_interval_s: fast}\n",
+         "sensor_interval_s must be an integer >= 1"),
     ],
 )
 def test_malformed_sources_file(tmp_path: Path, text: str, message: str) -> None:
@@ -121,8 +125,13 @@ def test_sources_file_options_and_defaults(tmp_path: Path) -> None:
         "    order_scope: global\n"
         "    gc_cron: '*/5 * * * *'\n"
         "    gc_retain: 10\n"
+        "    sensor_interval_s: 3\n"
+        "  - {name: other, landing: /y}\n"
     )
-    [orders] = load_sources(path, env={})
+    [orders, other] = load_sources(path, env={})
+    assert (orders.sensor_interval_s, other.sensor_interval_s) == (3, 10)
+    sensor = build_definitions([orders]).resolve_sensor_def("orders_landing_sensor")
+    assert sensor.minimum_interval_seconds == 3
     assert orders.landing == "/srv/orders" and orders.shard == "orders"
     assert orders.key == ("id", "region") and orders.order is None
     assert (orders.gc_cron, orders.gc_retain) == ("*/5 * * * *", 10)
