@@ -22,10 +22,12 @@ kind of session: a classic one (``local[*]``, a standalone cluster) and a Spark 
 one alike, so there is one code path and it is the one a long-lived Connect server
 runs. It used to be the RDD API (``parallelize(...).mapPartitionsWithIndex``) on
 classic sessions, chosen because it skips the SQL planner and the Arrow exchange; but
-Spark Connect has no RDD API, and the two paths cost the same per batch on the bench
-(1M keys, 100k-row batches: RDD 0.28-0.34 s, ``mapInArrow`` see the README): the
-planner and one Arrow batch of a few result lines are milliseconds next to a bucket
-step.
+Spark Connect has no RDD API. The price, measured on 2 shared cores (issue 12): an
+empty two-task job costs about 50-70 ms more through ``mapInArrow`` (building the Arrow
+UDF and planning take ~40 py4j round trips; ``toArrow()`` instead of ``collect()`` saves
+nothing), against a bucket step of 0.2-0.3 s; whole bench batches (1M keys, 100k rows)
+ranged 0.28-0.99 s on the RDD path and 0.44-1.34 s on this one as the machine's load
+varied, too noisy to separate. A long-lived Connect server saves 9-13 s per command.
 
 Invariants:
 
