@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # A whole "beyond one machine" configuration on 127.0.0.1, for tests and demos:
 #   - a Spark standalone master and one worker (from the venv's pyspark package),
+#   - a long-lived Spark Connect server, an application on that master: every
+#     `upsertctl ingest` and every Dagster run attaches to it (SPARK_REMOTE) in about a
+#     second instead of starting a driver JVM and executors of its own (9-13 s),
 #   - a moto S3 server with one bucket (the blob store and an S3 landing area),
 #   - a PostgreSQL database for consensus AND Dagster's run storage (dagster-postgres).
 #
 # Usage: deploy/cluster.sh start|stop|status|env
-#   eval "$(deploy/cluster.sh env)"   # exports SPARK_MASTER, UPSERT_*, AWS_*, DAGSTER_HOME
+#   eval "$(deploy/cluster.sh env)"   # exports SPARK_REMOTE, SPARK_MASTER, UPSERT_*, AWS_*, DAGSTER_HOME
 #
 # Invariants:
 #   - Everything listens on 127.0.0.1 only, on free ports chosen at start.
@@ -14,6 +17,12 @@
 #   - Every process is started in a session of its own; `stop` signals those process
 #     groups (TERM, then KILL) and nothing else. The database is kept (data, not a process).
 #   - `start` returns only when each service answers (or fails, printing its log tail).
+#   - The worker offers twice UPSERT_CLUSTER_CORES and _MEMORY: the Connect server holds
+#     one half for good (spark.cores.max, its executors stay up between ingests); the
+#     other half is for applications submitted to the master directly (SPARK_REMOTE
+#     unset: SPARK_MASTER), which would otherwise wait forever for a free core.
+#   - The Connect server's executors import this checkout (spark.executorEnv.PYTHONPATH,
+#     the repo first) with UPSERT_PYTHON; its gRPC port listens on 127.0.0.1 only.
 # Settings: UPSERT_PYTHON (default: the repo's .venv, else /work/main/.venv, else python3),
 #   UPSERT_CLUSTER_PG (default postgresql://postgres@127.0.0.1:5432),
 #   UPSERT_CLUSTER_DB (default upsert_cluster), UPSERT_CLUSTER_BUCKET (default upsert),
@@ -33,7 +42,8 @@ if [[ -n "${UPSERT_PYTHON:-}" ]]; then PY="$UPSERT_PYTHON"
 elif [[ -x "$REPO/.venv/bin/python" ]]; then PY="$REPO/.venv/bin/python"
 elif [[ -x /work/main/.venv/bin/python ]]; then PY=/work/main/.venv/bin/python
 else PY="$(command -v python3)"; fi
-SERVICES=(spark-master spark-worker moto)
+SERVICES=(spark-master spark-worker spark-connect moto)
+CONNECT_CLASS=org.apache.spark.sql.connect.service.SparkConnectServer
 
 die() { echo "cluster.sh: $*" >&2; exit 1; }
 free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -61,14 +71,23 @@ wait_for() {
   done
 }
 
+port_open() { "$PY" -c 'import socket,sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=1).close()' "$1"; }
 http_ok() { "$PY" -c 'import sys,urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' "$1"; }
 log_has() { grep -q "$2" "$DIR/$1.log"; }
 
 do_start() {
   for s in "${SERVICES[@]}"; do alive "$s" && die "already running ($s); run stop first"; done
   local spark_home; spark_home="$("$PY" -c 'import os,pyspark; print(os.path.dirname(pyspark.__file__))')"
-  local master_port master_ui worker_ui moto_port
+  local master_port master_ui worker_ui moto_port connect_port
   master_port="$(free_port)"; master_ui="$(free_port)"; worker_ui="$(free_port)"; moto_port="$(free_port)"
+  connect_port="$(free_port)"
+  local memory_mb
+  case "$MEMORY" in
+    *[gG]) memory_mb=$(( ${MEMORY%[gG]} * 1024 )) ;;
+    *[mM]) memory_mb=${MEMORY%[mM]} ;;
+    *) die "UPSERT_CLUSTER_MEMORY must be like 1g or 512m, got $MEMORY" ;;
+  esac
+  local pythonpath="$REPO${PYTHONPATH:+:$PYTHONPATH}"
   export SPARK_LOCAL_IP=127.0.0.1 SPARK_MASTER_HOST=127.0.0.1 SPARK_HOME="$spark_home"
   export SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false"
   export PYSPARK_PYTHON="$PY" SPARK_LOG_DIR="$DIR" SPARK_WORKER_DIR="$DIR/spark-work"
@@ -85,7 +104,7 @@ do_start() {
   launch moto "$(dirname "$PY")/moto_server" -H 127.0.0.1 -p "$moto_port"
   wait_for spark-master 60 log_has spark-master "I have been elected leader"
   launch spark-worker "$spark_home/bin/spark-class" org.apache.spark.deploy.worker.Worker \
-    --host 127.0.0.1 --webui-port "$worker_ui" --cores "$CORES" --memory "$MEMORY" \
+    --host 127.0.0.1 --webui-port "$worker_ui" --cores "$((CORES * 2))" --memory "$((memory_mb * 2))m" \
     --work-dir "$SPARK_WORKER_DIR" "spark://127.0.0.1:$master_port"
   wait_for moto 30 http_ok "http://127.0.0.1:$moto_port/moto-api/"
   AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_DEFAULT_REGION=us-east-1 \
@@ -93,9 +112,23 @@ do_start() {
     "http://127.0.0.1:$moto_port" "$BUCKET"
   wait_for spark-worker 60 log_has spark-worker "Successfully registered with master"
 
+  # Spark Connect, in the foreground of its own session (so `stop` ends it like the rest).
+  launch spark-connect env PYTHONPATH="$pythonpath" "$spark_home/bin/spark-submit" \
+    --class "$CONNECT_CLASS" --name "upsert Spark Connect" \
+    --master "spark://127.0.0.1:$master_port" \
+    --conf spark.connect.grpc.binding.address=127.0.0.1 \
+    --conf "spark.connect.grpc.binding.port=$connect_port" \
+    --conf spark.ui.enabled=false \
+    --conf "spark.cores.max=$CORES" --conf "spark.executor.memory=${memory_mb}m" \
+    --conf "spark.executorEnv.PYTHONPATH=$pythonpath" \
+    --conf "spark.executorEnv.PYSPARK_PYTHON=$PY" --conf "spark.pyspark.python=$PY" \
+    --conf spark.sql.shuffle.partitions=8
+  wait_for spark-connect 120 port_open "$connect_port"
+
   cp "$REPO/deploy/dagster.yaml" "$DIR/dagster/dagster.yaml"
   local pg_sa="${PG/postgresql:\/\//postgresql+psycopg://}/$DB"
   cat > "$DIR/env.sh" <<ENV
+export SPARK_REMOTE=sc://127.0.0.1:$connect_port
 export SPARK_MASTER=spark://127.0.0.1:$master_port
 export SPARK_LOCAL_IP=127.0.0.1
 export PYSPARK_PYTHON=$PY
@@ -109,7 +142,8 @@ export AWS_DEFAULT_REGION=us-east-1
 export DAGSTER_HOME=$DIR/dagster
 export DAGSTER_PG_URL=$PG/$DB
 ENV
-  echo "cluster up: master spark://127.0.0.1:$master_port (UI :$master_ui), moto :$moto_port, db $DB"
+  echo "cluster up: master spark://127.0.0.1:$master_port (UI :$master_ui)," \
+    "Spark Connect sc://127.0.0.1:$connect_port, moto :$moto_port, db $DB"
   echo "  eval \"\$($0 env)\"  # to use it"
 }
 

@@ -168,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--engine",
         choices=("spark", "local"),
         default=os.environ.get("UPSERT_ENGINE", "spark"),
-        help="spark (default; SPARK_MASTER or local[*]) or local (in-process) [UPSERT_ENGINE]",
+        help="spark (default; SPARK_REMOTE, else SPARK_MASTER, else local[*]) or local "
+        "(in-process) [UPSERT_ENGINE]",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 

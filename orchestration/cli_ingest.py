@@ -1,8 +1,11 @@
 """``upsertctl ingest``: run the ingest pipeline on a landing with the chosen engine.
 
 - ``--engine spark`` (default): the Spark step (``resources.spark_ingest.SparkEngine``)
-  on ``get_spark()`` (``SPARK_MASTER`` or ``local[*]``); the session is stopped before
-  the command returns.
+  on ``get_spark()``: the Spark Connect server at ``SPARK_REMOTE`` when set (attaching
+  takes about a second), else ``SPARK_MASTER``, else ``local[*]``. The session is
+  created on the first file that runs (``resources.engines``: nothing pending, no
+  Spark) and stopped before the command returns (for Connect: the remote session is
+  released, the server keeps running).
 - ``--engine local``: the in-process engine (no JVM; fast for small landings).
 
 Options not given are ``None`` so that a shard's stored options apply (conflicting
@@ -16,21 +19,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from orchestration.cli_progress import ProgressPrinter, summary_line
 
 if TYPE_CHECKING:
-    from upsert_core.ingest import (
-        Engine,
-        FileOutcome,
-        FileTask,
-        IngestReport,
-        IngestRequest,
-        ShardHandle,
-    )
+    from upsert_core.ingest import IngestReport, IngestRequest
     from upsert_core.persist.shard import Shard
 
 
@@ -73,43 +67,6 @@ def _buckets(args: argparse.Namespace) -> int | None:
         raise ConfigError(f"UPSERT_BUCKETS must be an integer, got {text!r}") from None
 
 
-class LazySparkEngine:
-    """The Spark engine, started on the first file: an ingest with nothing pending (or
-    one that fails on its options) never pays for a JVM."""
-
-    def __init__(self) -> None:
-        self.spark: Any = None
-        self._engine: Engine | None = None
-
-    def run_file(self, task: FileTask, shard: ShardHandle) -> FileOutcome:
-        if self._engine is None:
-            from resources.spark_ingest import SparkEngine
-            from resources.spark_session import get_spark
-
-            self.spark = get_spark()
-            self._engine = SparkEngine(self.spark)
-        return self._engine.run_file(task, shard)
-
-    def stop(self) -> None:
-        if self.spark is not None:
-            self.spark.stop()
-            self.spark = None
-            self._engine = None
-
-
-@contextmanager
-def engine_named(name: str) -> Iterator[Engine | None]:
-    """The engine for ``--engine NAME`` (None = in-process), cleaned up afterwards."""
-    if name == "local":
-        yield None
-        return
-    engine = LazySparkEngine()
-    try:
-        yield engine
-    finally:
-        engine.stop()
-
-
 def ingest_landing(
     shard: Shard,
     landing: str,
@@ -119,6 +76,7 @@ def ingest_landing(
     progress_bar: bool | None = None,
 ) -> IngestReport:
     """Ingest every pending file of ``landing``, reporting progress on stderr."""
+    from resources.engines import engine_named
     from upsert_core.ingest import ingest
 
     printer = ProgressPrinter(bar=progress_bar)

@@ -1,22 +1,27 @@
-"""The Spark resource: which engine runs the ingest step, and the SparkSession through
-dagster-pyspark.
+"""The Spark resource: which engine runs the ingest step of a Dagster run, and on which
+Spark.
 
-:class:`SparkResource` wraps dagster-pyspark's ``LazyPySparkResource`` (the session is
-created on first use, so a run with nothing to ingest never starts a JVM) and hands the
-ingest driver a ``resources.spark_ingest.SparkEngine`` on that session: the same engine
-``upsertctl ingest`` uses. ``engine="local"`` selects the in-process engine instead
-(tests, tiny landings, machines without Java).
+:class:`SparkResource` hands the ingest driver the engine ``resources.engines`` makes:
+``engine="spark"`` (default) the Spark engine, whose session comes from
+``resources.spark_session.get_spark`` (the same factory ``upsertctl ingest`` uses) on
+the first file that runs; ``engine="local"`` the in-process engine (tests, tiny
+landings, machines without Java).
 
-:func:`spark_config` builds the session config from the environment: ``spark.master``
-from ``SPARK_MASTER`` (else ``local[*]``), the UI and console progress off, few shuffle
-partitions, Arrow on; ``spark.remote`` from ``SPARK_REMOTE`` for Spark Connect.
+Which Spark: ``remote`` (a Spark Connect URL) or ``master`` when set, else the run's
+environment: ``SPARK_REMOTE`` (one long-lived Spark Connect server serves every run; a
+run attaches in about a second), else ``SPARK_MASTER``, else ``local[*]``.
+:func:`spark_resource_from_env` fills them, and ``engine``, from ``SPARK_REMOTE``,
+``SPARK_MASTER`` and ``UPSERT_ENGINE``.
 
 Invariants:
 
-- ``resources.spark_session.prepare_environment`` runs before the session is created,
-  so workers use this interpreter and Spark binds 127.0.0.1 unless told otherwise.
+- A run with nothing pending creates no session: no JVM, no Connect session.
 - The resource never stops a session: in ``dagster dev`` each run is its own process
-  (the JVM ends with it); in-process tests share one session.
+  (a local JVM ends with it, a Connect session is released when it exits); in-process
+  tests share one session.
+- ``pyspark`` (a dagster-pyspark ``LazyPySparkResource``) is accepted for
+  compatibility: only its ``spark.remote`` / ``spark.master`` are read, as if given as
+  ``remote`` / ``master``; it never builds the session itself.
 """
 
 from __future__ import annotations
@@ -28,54 +33,56 @@ from typing import Any
 from dagster import ConfigurableResource
 from dagster_pyspark import LazyPySparkResource
 
-from upsert_core.errors import ConfigError
-from upsert_core.ingest import Engine, InProcessEngine
+from resources.engines import ENGINES, ENV_ENGINE, check_engine_name, make_engine
+from upsert_core.ingest import Engine
 
-ENGINES = ("spark", "local")
-ENV_ENGINE = "UPSERT_ENGINE"
-DEFAULT_SHUFFLE_PARTITIONS = 8
+__all__ = ["ENGINES", "ENV_ENGINE", "SparkResource", "spark_config", "spark_resource_from_env"]
 
 
 def spark_config(env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The session config for this environment (see the module docstring)."""
-    env = os.environ if env is None else env
-    conf: dict[str, Any] = {
-        "spark.app.name": "upsert-platform-dagster",
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.sql.shuffle.partitions": str(DEFAULT_SHUFFLE_PARTITIONS),
-        "spark.sql.execution.arrow.pyspark.enabled": "true",
-    }
-    if env.get("SPARK_REMOTE"):
-        conf["spark.remote"] = env["SPARK_REMOTE"]
-    else:
-        conf["spark.master"] = env.get("SPARK_MASTER") or "local[*]"
-    return conf
+    """``spark.remote`` (from ``SPARK_REMOTE``) or ``spark.master`` (``SPARK_MASTER``, else
+    ``local[*]``): the Spark a ``LazyPySparkResource`` given to :class:`SparkResource`
+    points at."""
+    from resources.spark_session import spark_target
+
+    target = spark_target(env=os.environ if env is None else env)
+    return {"spark.remote" if target.remote else "spark.master": target.url}
 
 
 class SparkResource(ConfigurableResource):
     """The ingest engine: Spark (default) or in-process (``engine="local"``)."""
 
     engine: str = "spark"
-    pyspark: LazyPySparkResource
+    master: str | None = None
+    remote: str | None = None
+    pyspark: LazyPySparkResource | None = None
+
+    def _target(self) -> tuple[str | None, str | None]:
+        """(master, remote) as configured; (None, None) = the environment decides."""
+        if self.master or self.remote:
+            return self.master, self.remote
+        conf = self.pyspark.spark_config if self.pyspark is not None else None
+        conf = conf or {}
+        return conf.get("spark.master"), conf.get("spark.remote")
 
     def ingest_engine(self) -> Engine:
-        """The engine the ingest driver runs each file's steps on."""
-        if self.engine not in ENGINES:
-            raise ConfigError(f"engine must be one of {ENGINES}, got {self.engine!r}")
-        if self.engine == "local":
-            return InProcessEngine()
-        from resources.spark_ingest import SparkEngine
-        from resources.spark_session import prepare_environment
+        """The engine the ingest driver runs each file's steps on; a Spark one starts
+        its session on its first file."""
+        check_engine_name(self.engine)
+        master, remote = self._target()
 
-        prepare_environment()
-        return SparkEngine(self.pyspark.spark_session)
+        def session() -> Any:
+            from resources.spark_session import get_spark
+
+            return get_spark(master, remote=remote, app_name="upsert-platform-dagster")
+
+        return make_engine(self.engine, session)
 
 
 def spark_resource_from_env(env: Mapping[str, str] | None = None) -> SparkResource:
-    """Spark configured by ``SPARK_MASTER``/``SPARK_REMOTE``; engine by ``UPSERT_ENGINE``."""
+    """The engine from ``UPSERT_ENGINE`` (default ``spark``); Spark from ``SPARK_REMOTE``,
+    else ``SPARK_MASTER`` (else left to the run's environment: ``local[*]``)."""
     env = os.environ if env is None else env
-    return SparkResource(
-        engine=env.get(ENV_ENGINE) or "spark",
-        pyspark=LazyPySparkResource(spark_config=spark_config(env)),
-    )
+    remote = env.get("SPARK_REMOTE", "").strip() or None
+    master = None if remote else (env.get("SPARK_MASTER", "").strip() or None)
+    return SparkResource(engine=env.get(ENV_ENGINE) or "spark", master=master, remote=remote)

@@ -16,9 +16,18 @@ For one file (see ``upsert_core.ingest.tasks``), ONE Spark stage of ``S`` tasks 
 
 Why this shape (measured on the bench workload, 2 cores): a shuffle of the encoded
 rows through the JVM plus a second stage cost more than reading the file once per
-slice (a read is a small part of a bucket step), and the RDD API skips the SQL planner
-and the Arrow exchange. A Spark Connect session has no RDD API: there the same task
-function runs through ``mapInArrow`` over ``range(S)``.
+slice (a read is a small part of a bucket step). The stage is ``mapInArrow`` over
+``spark.range(S, numPartitions=S)`` (one row, the slice number, per partition) on every
+kind of session: a classic one (``local[*]``, a standalone cluster) and a Spark Connect
+one alike, so there is one code path and it is the one a long-lived Connect server
+runs. It used to be the RDD API (``parallelize(...).mapPartitionsWithIndex``) on
+classic sessions, chosen because it skips the SQL planner and the Arrow exchange; but
+Spark Connect has no RDD API. The price, measured on 2 shared cores (issue 12): an
+empty two-task job costs about 50-70 ms more through ``mapInArrow`` (building the Arrow
+UDF and planning take ~40 py4j round trips; ``toArrow()`` instead of ``collect()`` saves
+nothing), against a bucket step of 0.2-0.3 s; whole bench batches (1M keys, 100k rows)
+ranged 0.28-0.99 s on the RDD path and 0.44-1.34 s on this one as the machine's load
+varied, too noisy to separate. A long-lived Connect server saves 9-13 s per command.
 
 Invariants:
 
@@ -33,6 +42,11 @@ Invariants:
   a one-line :class:`IngestError` on the driver, never a Java stack trace; a failed
   job (a dead worker) becomes one too. Every slice validates the same bytes with the
   same schema, so they agree on a file-level error; slice 0 reports it.
+- Slices claim buckets through a per-file directory of symlinks (``_Claims``) only when
+  every task runs on this host: a classic session on a ``local`` master. A Spark
+  Connect session (whatever the server's master: the server may be on another host) and
+  a cluster master use the fixed assignment ``b % S == i``. The master is read with
+  ``spark.conf.get("spark.master")``, which answers on both kinds of session.
 - Each Python worker keeps a :class:`StateCache` of the bucket states its tasks
   produced; a task that lands on a worker holding its bucket's state (as of a
   committed upper) skips the checkpoint load, and one holding an older committed state
@@ -62,16 +76,18 @@ import dataclasses
 import gc
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
+from resources.spark_session import is_connect, master_of
 from upsert_core.errors import ConfigError, IngestError
 from upsert_core.ingest.engine import ShardHandle, bucket_groups
 from upsert_core.ingest.outcome import BucketResult, FileOutcome, FileRead
@@ -319,27 +335,17 @@ def run_slice(
     return lines
 
 
-def _rdd_slice(
-    task: FileTask, url: str, env: dict[str, str], slices: int, claims_dir: str | None
-) -> Callable[[int, Iterable[Any]], Iterator[str]]:
-    def run(index: int, items: Iterable[Any]) -> Iterator[str]:
-        for _ in items:  # one item per partition: its slice number
-            pass
-        with _frozen_after(), _Profiled(f"slice{index}", profile=True):
-            lines = run_slice(task, url, env, index, slices, claims_dir)
-        yield from lines
-
-    return run
-
-
 def _arrow_slice(
-    task: FileTask, url: str, env: dict[str, str], slices: int
+    task: FileTask, url: str, env: dict[str, str], slices: int, claims_dir: str | None
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function of one file: each input row is a slice number (one
+    per partition of ``range(slices)``); it yields that slice's result lines."""
+
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:  # range(slices): each row is one slice number
+        for batch in batches:
             for index in batch.column(0).to_pylist():
                 with _frozen_after(), _Profiled(f"slice{index}", profile=True):
-                    lines = run_slice(task, url, env, int(index), slices)
+                    lines = run_slice(task, url, env, int(index), slices, claims_dir)
                 yield pa.RecordBatch.from_pydict({"result": pa.array(lines, pa.string())})
 
     return run
@@ -363,20 +369,8 @@ class SparkEngine:
         self.blob_url = blob_url
         self.slices = slices
 
-    def _context(self) -> Any:
-        """The SparkContext, or None for a Spark Connect session (no RDD API)."""
-        try:
-            return self.spark.sparkContext
-        except Exception:  # noqa: BLE001 - Connect raises its own "not supported" errors
-            return None
-
-    def _slices(self, task: FileTask, context: Any) -> int:
-        if self.slices is not None:
-            wanted = self.slices
-        elif context is not None:
-            wanted = int(context.defaultParallelism)
-        else:
-            wanted = int(self.spark.conf.get("spark.default.parallelism", "2") or 2)
+    def _slices(self, task: FileTask, master: str) -> int:
+        wanted = self.slices or default_parallelism(self.spark, master)
         return max(1, min(task.buckets, wanted))
 
     def run_file(self, task: FileTask, shard: ShardHandle) -> FileOutcome:
@@ -387,33 +381,58 @@ class SparkEngine:
         shipped = dataclasses.replace(
             task, shard_state=None, shard_state_bytes=encode_state(state)
         )
-        context = self._context()
-        slices = self._slices(task, context)
-        # Claims need one filesystem shared by every task: local mode only.
+        try:
+            master = master_of(self.spark)
+            slices = self._slices(task, master)
+        except Exception as exc:  # noqa: BLE001 - e.g. a Connect server that went away
+            raise IngestError(f"{task.file.name}: Spark does not answer: {_first_line(exc)}"
+                              ) from exc
+        # Claims need one filesystem shared by every task: tasks on this host only.
         claims = None
-        if context is not None and slices > 1 and str(context.master).startswith("local"):
+        if slices > 1 and claims_are_shared(self.spark, master):
             claims = tempfile.mkdtemp(prefix="upsert-claims-")
         try:
-            if context is not None:
-                results: list[str] = (
-                    context.parallelize(range(slices), slices)
-                    .mapPartitionsWithIndex(_rdd_slice(shipped, url, env, slices, claims))
-                    .collect()
-                )
-            else:
-                rows = (
-                    self.spark.range(slices, numPartitions=slices)
-                    .mapInArrow(_arrow_slice(shipped, url, env, slices), RESULT_DDL)
-                    .collect()
-                )
-                results = [r["result"] for r in rows]
+            rows = (
+                self.spark.range(slices, numPartitions=slices)
+                .mapInArrow(_arrow_slice(shipped, url, env, slices, claims), RESULT_DDL)
+                .collect()
+            )
+            results: list[str] = [r["result"] for r in rows]
         except Exception as exc:  # noqa: BLE001 - a failed job is one line for the user
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise IngestError(f"{task.file.name}: the Spark job failed: {first}") from exc
+            raise IngestError(f"{task.file.name}: the Spark job failed: {_first_line(exc)}"
+                              ) from exc
         finally:
             if claims is not None:
                 shutil.rmtree(claims, ignore_errors=True)
         return outcome_of(task, results)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def claims_are_shared(spark: SparkSession, master: str) -> bool:
+    """Whether every task of ``spark`` runs on this host, sharing its filesystem: a
+    classic session on a ``local`` master. Not a Spark Connect session (the server may
+    be elsewhere, whatever its master), not a cluster."""
+    return not is_connect(spark) and master.startswith("local")
+
+
+def default_parallelism(spark: SparkSession, master: str) -> int:
+    """How many tasks run at once: ``spark.default.parallelism`` when set; a classic
+    session's context knows; else the ``N`` of a ``local[N]`` master (``*``: this host's
+    CPUs); else 2."""
+    text = str(spark.conf.get("spark.default.parallelism", "") or "").strip()
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    if not is_connect(spark):
+        return int(spark.sparkContext.defaultParallelism)
+    match = re.fullmatch(r"local(?:\[(\d+|\*)(?:,\s*\d+)?\])?", master)
+    if match:
+        n = match.group(1) or "1"
+        return (os.cpu_count() or 1) if n == "*" else max(1, int(n))
+    return 2
 
 
 def _split(results: list[str], tag: str) -> list[str]:

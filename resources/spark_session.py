@@ -1,15 +1,26 @@
-"""One way to get a SparkSession that works on these machines, locally or on a cluster.
+"""The one way to get a SparkSession: a Spark Connect server, a cluster, or local.
+
+:func:`get_spark` serves ``upsertctl ingest``, the Dagster resource and the tests.
 
 Invariants:
 
-- Before the JVM starts, ``SPARK_LOCAL_IP`` defaults to 127.0.0.1 (Spark would otherwise
-  bind a public interface) and ``PYSPARK_PYTHON`` / ``PYSPARK_DRIVER_PYTHON`` default to
-  this interpreter (the Spark config key is ignored in local mode, and workers running
-  the system python cannot import pyarrow). Values already in the environment win.
-- The master is the argument, else ``SPARK_MASTER``, else ``local[*]``.
+- Which Spark: an explicit argument wins over the environment (``remote=`` a Spark
+  Connect URL, or ``master=``); else ``SPARK_REMOTE`` (e.g. ``sc://127.0.0.1:15002``, a
+  long-lived Spark Connect server: the session attaches in about a second instead of
+  starting a JVM), else ``SPARK_MASTER``, else ``local[*]``. A Connect session is built
+  with ``builder.remote(url)`` and never ``.master()`` (pyspark refuses the pair with
+  CANNOT_CONFIGURE_SPARK_CONNECT_MASTER); while an explicit master is built,
+  ``SPARK_REMOTE`` is hidden from pyspark, which reads it from the environment itself.
+- Before a local JVM starts, ``SPARK_LOCAL_IP`` defaults to 127.0.0.1 (Spark would
+  otherwise bind a public interface) and ``PYSPARK_PYTHON`` / ``PYSPARK_DRIVER_PYTHON``
+  default to this interpreter (the Spark config key is ignored in local mode, and
+  workers running the system python cannot import pyarrow). Values already in the
+  environment win.
 - The UI is off unless asked for; shuffle partitions default to a small number (the
   ingest itself runs one stage of a few tasks and shuffles nothing; see
-  ``resources/spark_ingest.py``).
+  ``resources/spark_ingest.py``). A Connect session only takes the runtime ``spark.sql.*``
+  settings: the server's static configuration (master, UI, executor environment) is the
+  server's, fixed when it started (``deploy/cluster.sh``).
 - ``getOrCreate`` semantics: a second call returns the running session.
 - On a non-local master (a standalone or other cluster), executors do not inherit the
   driver's environment: ``PYTHONPATH`` is passed on as ``spark.executorEnv.PYTHONPATH``
@@ -25,13 +36,56 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from upsert_core.errors import ConfigError
+
 DEFAULT_SHUFFLE_PARTITIONS = 8
 REPO_ROOT = Path(__file__).resolve().parents[1]
+ENV_REMOTE = "SPARK_REMOTE"
+ENV_MASTER = "SPARK_MASTER"
+DEFAULT_MASTER = "local[*]"
+
+
+@dataclass(frozen=True)
+class SparkTarget:
+    """Where a session goes: a Spark Connect URL (``remote``) or a master URL."""
+
+    url: str
+    remote: bool
+
+    def describe(self) -> str:
+        return f"Spark Connect {self.url}" if self.remote else f"master {self.url}"
+
+
+def spark_target(
+    master: str | None = None,
+    remote: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> SparkTarget:
+    """The Spark a session is for (see the module docstring for the order)."""
+    if master and remote:
+        raise ConfigError(f"give a Spark master ({master!r}) or a Spark Connect URL"
+                          f" ({remote!r}), not both")
+    if remote:
+        return _remote(remote)
+    if master:
+        return SparkTarget(master, remote=False)
+    env = os.environ if env is None else env
+    if env.get(ENV_REMOTE, "").strip():
+        return _remote(env[ENV_REMOTE].strip())
+    return SparkTarget(env.get(ENV_MASTER, "").strip() or DEFAULT_MASTER, remote=False)
+
+
+def _remote(url: str) -> SparkTarget:
+    if not url.startswith("sc://"):
+        raise ConfigError(f"{ENV_REMOTE} must be a Spark Connect URL sc://HOST:PORT, got {url!r}")
+    return SparkTarget(url, remote=True)
 
 
 def prepare_environment() -> None:
@@ -44,27 +98,60 @@ def prepare_environment() -> None:
 def get_spark(
     master: str | None = None,
     *,
+    remote: str | None = None,
     app_name: str = "upsert-platform",
     ui: bool = False,
     shuffle_partitions: int = DEFAULT_SHUFFLE_PARTITIONS,
     conf: Mapping[str, str] | None = None,
 ) -> SparkSession:
-    """A SparkSession for ``master`` (or ``SPARK_MASTER``, or ``local[*]``)."""
+    """A SparkSession for ``remote``/``master``, else ``SPARK_REMOTE``, else
+    ``SPARK_MASTER``, else ``local[*]``."""
     prepare_environment()
-    master_url = master or os.environ.get("SPARK_MASTER") or "local[*]"
-    builder = (
-        SparkSession.builder.master(master_url)
-        .appName(app_name)
-        .config("spark.ui.enabled", "true" if ui else "false")
-        .config("spark.ui.showConsoleProgress", "true" if ui else "false")
-        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-    )
-    settings = {} if master_url.startswith("local") else executor_env(os.environ)
+    target = spark_target(master, remote)
+    sql = {
+        "spark.sql.shuffle.partitions": str(shuffle_partitions),
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+    }
+    if target.remote:
+        builder = SparkSession.builder.remote(target.url)
+        settings = {**sql, **{k: v for k, v in (conf or {}).items() if k.startswith("spark.sql.")}}
+        for key, value in settings.items():
+            builder = builder.config(key, value)
+        return builder.getOrCreate()
+    settings = {
+        "spark.app.name": app_name,
+        "spark.ui.enabled": "true" if ui else "false",
+        "spark.ui.showConsoleProgress": "true" if ui else "false",
+        **sql,
+    }
+    if not target.url.startswith("local"):
+        settings.update(executor_env(os.environ))
     settings.update(conf or {})
-    for key, value in settings.items():
-        builder = builder.config(key, value)
-    return builder.getOrCreate()
+    with _without(ENV_REMOTE):
+        builder = SparkSession.builder.master(target.url)
+        for key, value in settings.items():
+            builder = builder.config(key, value)
+        return builder.getOrCreate()
+
+
+def is_connect(spark: SparkSession) -> bool:
+    """Whether ``spark`` is a Spark Connect session (no RDD API, tasks run elsewhere)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def master_of(spark: SparkSession) -> str:
+    """The master URL of ``spark``'s cluster (for Connect: the server's master)."""
+    return str(spark.conf.get("spark.master", "") or "")
+
+
+@contextmanager
+def _without(name: str) -> Iterator[None]:
+    saved = os.environ.pop(name, None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ[name] = saved
 
 
 def executor_env(environ: Mapping[str, str]) -> dict[str, str]:

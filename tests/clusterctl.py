@@ -6,8 +6,8 @@ Invariants:
   PostgreSQL database of its own (``UPSERT_CLUSTER_DB``, a fresh name); :func:`running`
   stops every process the script started and drops that database, even on failure.
 - The script runs with this interpreter (``UPSERT_PYTHON``) and without the caller's
-  ``UPSERT_*``, ``AWS_*`` or ``SPARK_MASTER`` settings, so the exports it prints are the
-  whole configuration and nothing leaks in from the test process.
+  ``UPSERT_*``, ``AWS_*``, ``SPARK_MASTER`` or ``SPARK_REMOTE`` settings, so the exports
+  it prints are the whole configuration and nothing leaks in from the test process.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ def script_env(directory: Path, database: str) -> dict[str, str]:
     env.update(UPSERT_CLUSTER_DIR=str(directory), UPSERT_CLUSTER_DB=database,
                UPSERT_PYTHON=sys.executable)
     env.pop("SPARK_MASTER", None)
+    env.pop("SPARK_REMOTE", None)
     return env
 
 

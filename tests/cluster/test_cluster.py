@@ -1,11 +1,16 @@
-"""``deploy/cluster.sh`` end to end: a Spark standalone cluster, moto S3 and PostgreSQL.
+"""``deploy/cluster.sh`` end to end: a Spark standalone cluster with a long-lived Spark
+Connect server on it, moto S3 and PostgreSQL.
 
-One test, because the cluster costs ~10 s to start: the script starts everything on
+One test, because the cluster costs ~20 s to start: the script starts everything on
 127.0.0.1 (in a temporary ``UPSERT_CLUSTER_DIR``, with a database of its own), ``env``
-gives the exports, ``upsertctl ingest`` with the Spark engine runs on the standalone
-master (an application appears in the worker's work dir) against PostgreSQL consensus
-and an S3 blob store and landing, the result equals the dict model and ``check``
-passes; ``stop`` ends every process group it started and ``status`` then says so.
+gives the exports, ``upsertctl ingest`` with the Spark engine runs through the Connect
+server (``SPARK_REMOTE``; the CLI process has no Java at all, so nothing ran locally)
+against PostgreSQL consensus and an S3 blob store and landing, the result equals the
+dict model and ``check`` passes. Then the same ingest with ``SPARK_REMOTE`` unset drives
+the standalone master directly (an application of its own appears in the worker's work
+dir, next to the Connect server's), so both cluster modes stay covered (``local[*]`` is
+``tests/spark``). ``stop`` ends every process group it started and ``status`` then says
+so.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[dict[str, str], Path]]:
         env = handle.script_env
         yield handle.exports, directory
     status = run_script(env, "status", rc=3)
-    assert status.count(": stopped") == 3, status
+    assert status.count(": stopped") == 4, status
     pids = [p.read_text() for p in directory.glob("*.pid")]
     assert pids == []
 
@@ -58,16 +63,30 @@ def test_cluster_script_runs_a_spark_ingest_on_postgres_and_s3(
     s3.put_object(Bucket=bucket, Key="landing/1.jsonl", Body=jsonl_bytes(rows1))
     s3.put_object(Bucket=bucket, Key="landing/2.jsonl", Body=jsonl_bytes(rows2))
 
-    cli = Cli(tmp_path / "home", env=exports, engine="spark")
-    result = cli.ingest(f"s3://{bucket}/landing", "--key", "key", "--order", "offset")
-    assert "ingested 2 file(s)" in result.err and "upper 0 -> 2" in result.err, result.err
-    assert list((directory / "spark-work").glob("app-*")), "the ingest did not run on the cluster"
-
     model = {r["key"]: r["v"] for r in rows1}
     model.update({r["key"]: r["v"] for r in rows2 if not r.get("__deleted")})
     for k in (1, 2):
         model.pop(k)
+    connect_apps = set((directory / "spark-work").glob("app-*"))
+    assert len(connect_apps) == 1, "the Spark Connect server is not an application on the master"
+
+    no_java = {"JAVA_HOME": str(tmp_path / "no-java")}
+    cli = Cli(tmp_path / "home", env={**exports, **no_java}, engine="spark")
+    result = cli.ingest(f"s3://{bucket}/landing", "--key", "key", "--order", "offset")
+    assert "ingested 2 file(s)" in result.err and "upper 0 -> 2" in result.err, result.err
     snapshot = cli.snapshot()
     assert sorted((r["key"], r["v"]) for r in snapshot) == sorted(model.items())
     assert cli.inspect()["upper"] == 2
     assert cli.check().json()["ok"] is True
+
+    # The standalone master directly: a Spark application of this ingest's own.
+    direct_env = {k: v for k, v in exports.items() if k != "SPARK_REMOTE"}
+    direct = Cli(tmp_path / "home", env=direct_env, engine="spark")
+    direct.env.pop("SPARK_REMOTE", None)  # not inherited from the test process either
+    result = direct.ingest(f"s3://{bucket}/landing", "--key", "key", "--order", "offset",
+                           shard="direct")
+    assert "ingested 2 file(s)" in result.err, result.err
+    apps = set((directory / "spark-work").glob("app-*"))
+    assert len(apps - connect_apps) == 1, "the ingest did not run on the master directly"
+    rows = direct.snapshot(shard="direct")
+    assert sorted((r["key"], r["v"]) for r in rows) == sorted(model.items())

@@ -1,0 +1,129 @@
+"""Which engine runs an ingest's file steps, chosen in one place and started lazily.
+
+``upsertctl ingest`` (:func:`engine_named`) and the Dagster resource
+(``resources.spark.SparkResource.ingest_engine``) both get their engine here:
+
+- ``"local"``: the in-process engine (no JVM; tests, tiny landings, machines without
+  Java).
+- ``"spark"``: a :class:`LazySparkEngine`, the Spark engine
+  (``resources.spark_ingest.SparkEngine``) on ``resources.spark_session.get_spark()``.
+
+Invariants:
+
+- No Spark session is created (so no JVM started, no Spark Connect session opened)
+  before the first file actually runs: an ingest with nothing pending, or one that
+  fails on its options before any file, never pays for Spark.
+- :meth:`LazySparkEngine.stop` stops only a session this engine created; a session
+  that was already active in the process (a test's shared session, a notebook's) is
+  left running. The CLI stops its session when the command ends (for a Spark Connect
+  session that only releases the session on the long-lived server). The Dagster
+  resource does not stop: each run is its own process.
+- Engine names other than :data:`ENGINES` are a :class:`ConfigError`; a session that
+  cannot be made (no Java, a Connect server that does not answer) is one
+  :class:`IngestError` line naming the file that needed it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from upsert_core.errors import ConfigError, IngestError, UpsertPlatformError
+from upsert_core.ingest.engine import Engine, InProcessEngine, ShardHandle
+from upsert_core.ingest.outcome import FileOutcome
+from upsert_core.ingest.tasks import FileTask
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+ENGINES = ("spark", "local")
+ENV_ENGINE = "UPSERT_ENGINE"
+DEFAULT_ENGINE = "spark"
+
+
+def check_engine_name(name: str) -> str:
+    if name not in ENGINES:
+        raise ConfigError(f"engine must be one of {ENGINES}, got {name!r}")
+    return name
+
+
+def engine_from_env(env: Mapping[str, str] | None = None) -> str:
+    """``UPSERT_ENGINE``, else ``spark``."""
+    env = os.environ if env is None else env
+    return check_engine_name(env.get(ENV_ENGINE) or DEFAULT_ENGINE)
+
+
+def _default_factory() -> SparkSession:
+    from resources.spark_session import get_spark
+
+    return get_spark()
+
+
+def _active_session() -> Any:
+    """The SparkSession already active in this process, if any (never starts one)."""
+    try:
+        from pyspark.sql import SparkSession
+
+        return SparkSession.getActiveSession()
+    except Exception:  # noqa: BLE001 - no usable pyspark state: nothing is active
+        return None
+
+
+class LazySparkEngine:
+    """The Spark engine, whose session is made by ``factory`` on the first file."""
+
+    def __init__(self, factory: Callable[[], SparkSession] | None = None) -> None:
+        self.factory = factory or _default_factory
+        self.spark: SparkSession | None = None
+        self.created = False
+        self._engine: Engine | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._engine is not None
+
+    def run_file(self, task: FileTask, shard: ShardHandle) -> FileOutcome:
+        if self._engine is None:
+            from resources.spark_ingest import SparkEngine
+
+            before = _active_session()
+            try:
+                spark = self.factory()
+            except UpsertPlatformError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - one line for the user, not a trace
+                text = str(exc).strip()
+                first = text.splitlines()[0] if text else type(exc).__name__
+                raise IngestError(f"{task.file.name}: no Spark session: {first}") from exc
+            self.spark, self.created = spark, spark is not before
+            self._engine = SparkEngine(spark)
+        return self._engine.run_file(task, shard)
+
+    def stop(self) -> None:
+        """Stop the session if this engine created it; forget it either way."""
+        spark, created = self.spark, self.created
+        self.spark, self.created, self._engine = None, False, None
+        if spark is not None and created:
+            spark.stop()
+
+
+def make_engine(name: str, factory: Callable[[], SparkSession] | None = None) -> Engine:
+    """The engine called ``name``; a Spark one has no session yet."""
+    if check_engine_name(name) == "local":
+        return InProcessEngine()
+    return LazySparkEngine(factory)
+
+
+@contextmanager
+def engine_named(
+    name: str, factory: Callable[[], SparkSession] | None = None
+) -> Iterator[Engine]:
+    """The engine called ``name``, stopped afterwards (see above)."""
+    engine = make_engine(name, factory)
+    try:
+        yield engine
+    finally:
+        if isinstance(engine, LazySparkEngine):
+            engine.stop()

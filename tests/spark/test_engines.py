@@ -1,0 +1,133 @@
+"""The engine is chosen in one place (``resources.engines``) and Spark starts lazily:
+an ingest or a Dagster run with nothing pending creates no Spark session and starts no
+JVM; the session factory prefers a Spark Connect URL, and an explicit argument wins
+over the environment. No JVM runs in these tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import resources.spark_session as spark_session
+from orchestration.cli_ingest import ingest_landing
+from resources.engines import LazySparkEngine, engine_named, make_engine
+from resources.spark import SparkResource, spark_resource_from_env
+from resources.spark_session import spark_target
+from tests.e2e.helpers import Cli
+from tests.ingest.helpers import write_jsonl
+from upsert_core.errors import ConfigError, IngestError
+from upsert_core.ingest import IngestRequest, InProcessEngine, ingest
+from upsert_core.persist.shard import Shard
+from upsert_core.persist.urls import open_blob, open_consensus
+
+pytestmark = pytest.mark.spark
+
+
+class FactoryCalled(Exception):
+    pass
+
+
+@pytest.fixture
+def no_spark(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """``get_spark`` replaced by a recorder that refuses to make a session."""
+    calls: list[object] = []
+
+    def refuse(*args: object, **kwargs: object) -> object:
+        calls.append((args, kwargs))
+        raise FactoryCalled("get_spark was called")
+
+    monkeypatch.setattr(spark_session, "get_spark", refuse)
+    return calls
+
+
+def _applied_landing(tmp_path: Path) -> tuple[Shard, Path]:
+    """A shard that has already ingested every file of its landing."""
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    write_jsonl(landing, "1.jsonl", [{"key": k, "offset": 1, "v": "a"} for k in range(5)])
+    shard = Shard.open(open_consensus(f"sqlite:///{tmp_path}/c.db"),
+                       open_blob(f"file://{tmp_path}/blob"), "s")
+    ingest(shard, str(landing), IngestRequest(), engine=InProcessEngine())
+    return shard, landing
+
+
+def test_nothing_pending_starts_no_spark(tmp_path: Path, no_spark: list[object]) -> None:
+    from pyspark.sql import SparkSession
+
+    shard, landing = _applied_landing(tmp_path)
+    active = SparkSession.getActiveSession()
+    report = ingest_landing(shard, str(landing), IngestRequest(), "spark", progress_bar=False)
+    assert report.files == [] and shard.state().upper == 1
+    engine = SparkResource(engine="spark").ingest_engine()  # the Dagster run's engine
+    assert isinstance(engine, LazySparkEngine)
+    report = ingest(shard, str(landing), IngestRequest(), engine=engine)
+    assert report.files == [] and not engine.started
+    assert no_spark == [] and SparkSession.getActiveSession() is active
+
+    # The control: a pending file does ask for a session (and its failure is the run's).
+    write_jsonl(landing, "2.jsonl", [{"key": 1, "offset": 2, "v": "b"}])
+    with pytest.raises(IngestError, match=r"^2\.jsonl: no Spark session: get_spark was") as info:
+        ingest_landing(shard, str(landing), IngestRequest(), "spark", progress_bar=False)
+    assert isinstance(info.value.__cause__, FactoryCalled)
+    assert len(no_spark) == 1 and shard.state().upper == 1
+
+
+def test_upsertctl_with_nothing_pending_needs_no_java(tmp_path: Path) -> None:
+    """A fresh ``upsertctl ingest`` process whose landing is all applied succeeds with
+    no Java at all (JAVA_HOME points nowhere); with a pending file it needs one."""
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    write_jsonl(landing, "1.jsonl", [{"key": k, "offset": 1} for k in range(3)])
+    cli = Cli(tmp_path / "home", env={"JAVA_HOME": str(tmp_path / "no-java")}, engine="local")
+    cli.ingest(landing)
+    spark_cli = Cli(tmp_path / "home", env={"JAVA_HOME": str(tmp_path / "no-java")},
+                    engine="spark")
+    result = spark_cli.ingest(landing)
+    assert "upper 1 -> 1" in result.err or "nothing" in result.err, result.err
+    write_jsonl(landing, "2.jsonl", [{"key": 1, "offset": 2}])
+    failed = spark_cli.ingest(landing, rc=None)
+    assert failed.rc != 0 and cli.inspect()["upper"] == 1
+    assert failed.error_line().startswith("upsertctl: error: 2.jsonl: no Spark session: ")
+
+
+def test_an_engine_stops_only_a_session_it_created() -> None:
+    class Session:
+        stopped = 0
+
+        def stop(self) -> None:
+            self.stopped += 1
+
+    made = Session()
+    engine = LazySparkEngine(lambda: made)
+    engine.spark, engine.created = made, True  # as run_file leaves it
+    engine.stop()
+    assert made.stopped == 1 and engine.spark is None
+    shared = Session()
+    engine.spark, engine.created = shared, False
+    engine.stop()
+    assert shared.stopped == 0
+    with engine_named("local") as local:
+        assert isinstance(local, InProcessEngine)
+    with pytest.raises(ConfigError, match="engine must be one of"):
+        make_engine("flink")
+
+
+def test_the_factory_prefers_spark_connect_and_arguments_win() -> None:
+    env = {"SPARK_REMOTE": "sc://127.0.0.1:15002", "SPARK_MASTER": "spark://h:7077"}
+    assert spark_target(env=env).remote and spark_target(env=env).url == env["SPARK_REMOTE"]
+    assert spark_target(env={"SPARK_MASTER": "spark://h:7077"}).url == "spark://h:7077"
+    assert spark_target(env={}).url == "local[*]" and not spark_target(env={}).remote
+    assert spark_target("local[2]", env=env).url == "local[2]"  # explicit master wins
+    assert spark_target(remote="sc://other:1", env=env).url == "sc://other:1"
+    with pytest.raises(ConfigError, match="sc://HOST:PORT"):
+        spark_target(env={"SPARK_REMOTE": "127.0.0.1:15002"})
+    with pytest.raises(ConfigError, match="not both"):
+        spark_target("local[2]", "sc://h:1")
+
+    resource = spark_resource_from_env({**env, "UPSERT_ENGINE": "spark"})
+    assert (resource.remote, resource.master, resource.engine) == (env["SPARK_REMOTE"], None,
+                                                                   "spark")
+    resource = spark_resource_from_env({"SPARK_MASTER": "spark://h:7077", "UPSERT_ENGINE": "local"})
+    assert (resource.remote, resource.master, resource.engine) == (None, "spark://h:7077", "local")
+    assert isinstance(resource.ingest_engine(), InProcessEngine)
