@@ -19,9 +19,8 @@ Invariants:
 - The resource never stops a session: in ``dagster dev`` each run is its own process
   (a local JVM ends with it, a Connect session is released when it exits); in-process
   tests share one session.
-- ``pyspark`` (a dagster-pyspark ``LazyPySparkResource``) is accepted for
-  compatibility: only its ``spark.remote`` / ``spark.master`` are read, as if given as
-  ``remote`` / ``master``; it never builds the session itself.
+- Sessions are made only by ``get_spark`` (no dagster-pyspark resource): the CLI, runs
+  and tests get the same configuration.
 """
 
 from __future__ import annotations
@@ -31,22 +30,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from dagster import ConfigurableResource
-from dagster_pyspark import LazyPySparkResource
 
 from resources.engines import ENGINES, ENV_ENGINE, check_engine_name, make_engine
 from upsert_core.ingest import Engine
 
-__all__ = ["ENGINES", "ENV_ENGINE", "SparkResource", "spark_config", "spark_resource_from_env"]
-
-
-def spark_config(env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """``spark.remote`` (from ``SPARK_REMOTE``) or ``spark.master`` (``SPARK_MASTER``, else
-    ``local[*]``): the Spark a ``LazyPySparkResource`` given to :class:`SparkResource`
-    points at."""
-    from resources.spark_session import spark_target
-
-    target = spark_target(env=os.environ if env is None else env)
-    return {"spark.remote" if target.remote else "spark.master": target.url}
+__all__ = ["ENGINES", "ENV_ENGINE", "SparkResource", "spark_resource_from_env"]
 
 
 class SparkResource(ConfigurableResource):
@@ -55,21 +43,12 @@ class SparkResource(ConfigurableResource):
     engine: str = "spark"
     master: str | None = None
     remote: str | None = None
-    pyspark: LazyPySparkResource | None = None
-
-    def _target(self) -> tuple[str | None, str | None]:
-        """(master, remote) as configured; (None, None) = the environment decides."""
-        if self.master or self.remote:
-            return self.master, self.remote
-        conf = self.pyspark.spark_config if self.pyspark is not None else None
-        conf = conf or {}
-        return conf.get("spark.master"), conf.get("spark.remote")
 
     def ingest_engine(self) -> Engine:
         """The engine the ingest driver runs each file's steps on; a Spark one starts
         its session on its first file."""
         check_engine_name(self.engine)
-        master, remote = self._target()
+        master, remote = self.master, self.remote
 
         def session() -> Any:
             from resources.spark_session import get_spark

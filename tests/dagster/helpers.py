@@ -12,12 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from dagster import DagsterInstance, Definitions
-from dagster_pyspark import LazyPySparkResource
 
 from assets.factory import SourceAssets, build_source_assets
 from assets.spec import SourceSpec
 from orchestration.definitions import build_definitions
-from resources.spark import SparkResource, spark_config
+from resources.spark import SparkResource
 from resources.stores import LocalBlobStore, SqliteConsensus
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.urls import open_blob, open_consensus
@@ -66,9 +65,7 @@ def fast_tmp(prefix: str) -> Path:
 
 
 def spark_resource(engine: str = "local") -> SparkResource:
-    return SparkResource(
-        engine=engine, pyspark=LazyPySparkResource(spark_config=spark_config({}))
-    )
+    return SparkResource(engine=engine, master="local[*]")
 
 
 @dataclass

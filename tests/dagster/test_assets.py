@@ -115,7 +115,7 @@ def test_already_ingested_partition_is_a_no_op(plat: Platform) -> None:
 
     # No engine is made (no Spark session starts) for a run with nothing pending.
     no_engine = build_definitions([spec], {**plat.resources(), "spark": _NoEngine(
-        engine="spark", pyspark=plat.resources()["spark"].pyspark)})
+        engine="spark", master="local[*]")})
     again = no_engine.resolve_job_def("feed_ingest").execute_in_process(
         partition_key=names[0], instance=plat.instance)
     assert again.success

@@ -18,7 +18,6 @@ from upsert_core.landing import SourceSchema, decode_row
 from upsert_core.persist.blob_memory import MemoryBlob
 from upsert_core.persist.consensus_memory import MemoryConsensus
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.testing import unreferenced_blobs as leaked_blobs  # noqa: F401 - until tests/spark use the new name
 
 Row = tuple[tuple[str, Any], ...]
 """A row as sorted (column, value) pairs of its non-null columns (hashable)."""

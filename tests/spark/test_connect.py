@@ -17,9 +17,10 @@ import pyarrow as pa
 import pytest
 
 from tests.e2e.helpers import Cli, write_jsonl, write_parquet
-from tests.ingest.helpers import contents, leaked_blobs, memory_shard
+from tests.ingest.helpers import contents, memory_shard
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.persist.shard import Shard
+from upsert_core.persist.testing import unreferenced_blobs
 from upsert_core.persist.urls import open_blob, open_consensus
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -69,4 +70,4 @@ def test_upsertctl_ingests_through_a_spark_connect_server(
         assert shard.state().upper == local.state().upper == 4 + 2 * round_
         assert contents(shard) == contents(local)
         assert list(shard.errors()) == list(local.errors())
-        assert leaked_blobs(shard) == set()
+        assert unreferenced_blobs(shard) == set()

@@ -12,12 +12,13 @@ import pytest
 from pyspark.sql import SparkSession
 
 from resources.spark_ingest import SparkEngine
-from tests.ingest.helpers import contents, leaked_blobs, memory_shard, write_jsonl, write_parquet
+from tests.ingest.helpers import contents, memory_shard, write_jsonl, write_parquet
 from tests.services import AWS_TEST_CREDENTIALS
 from upsert_core.errors import IngestError
 from upsert_core.ingest import IngestReport, IngestRequest, ingest
 from upsert_core.ingest.checkpoint import checkpoint_ref_name
 from upsert_core.persist.shard import Shard
+from upsert_core.persist.testing import unreferenced_blobs
 from upsert_core.persist.urls import open_blob, open_consensus
 
 pytestmark = pytest.mark.spark
@@ -84,7 +85,7 @@ def test_spark_engine_equals_in_process_engine_on_sqlite_and_files(
     assert str(info.value).startswith("07.jsonl: ") and "changed type" in str(info.value)
     assert "\n" not in str(info.value) and "Traceback" not in str(info.value)
     assert shard.state().upper == 7
-    assert leaked_blobs(shard) == set()
+    assert unreferenced_blobs(shard) == set()
 
 
 @pytest.mark.postgres
@@ -108,4 +109,4 @@ def test_spark_engine_on_postgres_and_s3(
     assert _counts(spark_report) == _counts(local_report)
     assert contents(shard) == contents(local)
     assert list(shard.errors()) == list(local.errors())
-    assert leaked_blobs(shard) == set()
+    assert unreferenced_blobs(shard) == set()

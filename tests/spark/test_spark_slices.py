@@ -17,13 +17,14 @@ import pytest
 
 import resources.spark_ingest as si
 from resources.spark_ingest import outcome_of, run_slice
-from tests.ingest.helpers import contents, leaked_blobs, memory_shard, write_jsonl
+from tests.ingest.helpers import contents, memory_shard, write_jsonl
 from upsert_core.errors import IngestError
 from upsert_core.ingest import FileOutcome, FileTask, IngestRequest, ingest
 from upsert_core.ingest.engine import ShardHandle
 from upsert_core.ingest.statecache import StateCache
 from upsert_core.persist.codec_state import encode_state
 from upsert_core.persist.shard import Shard
+from upsert_core.persist.testing import unreferenced_blobs
 from upsert_core.persist.urls import open_blob, open_consensus
 
 pytestmark = pytest.mark.spark
@@ -109,7 +110,7 @@ def test_slices_equal_the_in_process_engine(
     ]
     assert contents(shard) == contents(local)
     assert list(shard.errors()) == list(local.errors())  # written once, by slice 0
-    assert leaked_blobs(shard) == set()
+    assert unreferenced_blobs(shard) == set()
 
 
 def test_a_worker_claims_the_buckets_whose_state_it_holds(tmp_path: Path) -> None:
@@ -226,7 +227,7 @@ def test_a_file_that_changes_between_slices_is_left_pending_whole(tmp_path: Path
     report = ingest(shard, str(landing), IngestRequest(buckets=4), engine=engine)
     assert report.files == [] and report.pending == ["a.jsonl"]
     assert report.warnings[0].startswith("a.jsonl: changed while being ingested")
-    assert shard.state().upper == 0 and leaked_blobs(shard) == set()
+    assert shard.state().upper == 0 and unreferenced_blobs(shard) == set()
 
     report = ingest(shard, str(landing), IngestRequest(buckets=4))
     assert [f.name for f in report.files] == ["a.jsonl"] and report.rows_read == 21
