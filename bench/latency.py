@@ -37,12 +37,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench._workload import Workload, write_landing
+from resources.connect_server import connect_server
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "out"
@@ -103,59 +103,6 @@ def timed(command: list[str], env: dict[str, str]) -> float:
 
 def upsertctl(*args: str) -> list[str]:
     return [sys.executable, "-m", "orchestration.cli", *args]
-
-
-# --- a Spark Connect server for the run ---------------------------------------------------
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextmanager
-def connect_server(work: Path, master: str = "local[2]") -> Iterator[str]:
-    """A Spark Connect server from the pyspark package on 127.0.0.1; yields its URL."""
-    import pyspark
-
-    spark_home = Path(pyspark.__file__).parent
-    port = free_port()
-    logfile = work / "connect-server.log"
-    env = {**os.environ, "SPARK_HOME": str(spark_home), "SPARK_LOCAL_IP": "127.0.0.1",
-           "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
-    env.pop("SPARK_REMOTE", None)
-    command = [
-        str(spark_home / "bin" / "spark-submit"),
-        "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
-        "--master", master,
-        "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
-        "--conf", f"spark.connect.grpc.binding.port={port}",
-        "--conf", "spark.ui.enabled=false",
-        "--conf", f"spark.executorEnv.PYTHONPATH={REPO}",
-        "spark-internal",
-    ]
-    with open(logfile, "w") as out:
-        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    url = f"sc://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while "Spark Connect server started" not in logfile.read_text():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the Connect server did not start; see {logfile}")
-            time.sleep(0.3)
-        yield url
-    finally:
-        import signal
-
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 # --- (a) one new file per process ---------------------------------------------------------
@@ -278,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         landing = make_landing(root / "files", args.keys, args.files)
         if not args.skip_connect:
             def connect() -> list[Row]:
-                with connect_server(root) as url:
+                with connect_server("local[2]", log=root / "connect-server.log") as url:
                     log(f"  Connect server at {url}")
                     return [cli_files("upsertctl ingest, Spark Connect server", landing,
                                       root / "connect", "spark", {"SPARK_REMOTE": url},
@@ -296,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_dagster:
             if not args.skip_connect:
                 def dagster_connect() -> list[Row]:
-                    with connect_server(root) as url:
+                    with connect_server("local[2]", log=root / "connect-server-dagster.log") as url:
                         return dagster_file_runs(landing, root / "dagster-connect", "spark",
                                                  {"SPARK_REMOTE": url})
                 guarded(rows, "Dagster runs, Spark Connect", dagster_connect)

@@ -68,7 +68,7 @@ class ShardTable:
     @property
     def schema(self) -> pa.Schema:
         """The Arrow schema of a snapshot: the shard's columns, in order."""
-        return _arrow_schema(self.source_schema())
+        return snapshot_schema(self.source_schema())
 
     # --- reads --------------------------------------------------------------------------
 
@@ -76,14 +76,12 @@ class ShardTable:
         """The snapshot as of ``as_of`` (default: the newest readable time), streamed."""
         batches = self.shard.snapshot(as_of)  # raises NotReadable now
         schema = self.source_schema()
-        arrow_schema = _arrow_schema(schema)
 
         def decoded() -> Iterator[pa.RecordBatch]:
             for batch in batches:
-                table = _decode(schema, batch, repeat=True)
-                yield from table.cast(arrow_schema).to_batches()
+                yield from decode_snapshot_batch(schema, batch).to_batches()
 
-        return pa.RecordBatchReader.from_batches(arrow_schema, decoded())
+        return pa.RecordBatchReader.from_batches(snapshot_schema(schema), decoded())
 
     def snapshot(self, as_of: int | None = None) -> pa.Table:
         """The snapshot as of ``as_of`` (default: the newest readable time)."""
@@ -95,16 +93,8 @@ class ShardTable:
         lower = self.shard.state().since if since is None else since
         batches = self.shard.changes(lower, until)
         schema = self.source_schema()
-        arrow_schema = _arrow_schema(schema).append(pa.field(TS_COLUMN, pa.int64())).append(
-            pa.field(DIFF_COLUMN, pa.int64())
-        )
-        tables = []
-        for batch in batches:
-            table = _decode(schema, batch, repeat=False)
-            table = table.append_column(TS_COLUMN, batch.column("ts").cast(pa.int64()))
-            table = table.append_column(DIFF_COLUMN, batch.column("diff").cast(pa.int64()))
-            tables.append(table.cast(arrow_schema))
-        return pa.concat_tables(tables) if tables else arrow_schema.empty_table()
+        tables = [decode_changes_batch(schema, batch) for batch in batches]
+        return pa.concat_tables(tables) if tables else changes_schema(schema).empty_table()
 
     def errors(self) -> pa.Table:
         """The error collection: ``file``, ``row`` (from 1, in file order), ``reason``."""
@@ -124,10 +114,32 @@ class ShardTable:
         return info
 
 
-def _arrow_schema(schema: SourceSchema | None) -> pa.Schema:
+def snapshot_schema(schema: SourceSchema | None) -> pa.Schema:
+    """The Arrow schema of a snapshot of a shard with source schema ``schema``."""
     if schema is None:
         return pa.schema([])
     return pa.schema([(name, ARROW_TYPES[typ]) for name, typ in schema.columns])
+
+
+def changes_schema(schema: SourceSchema | None) -> pa.Schema:
+    """The Arrow schema of a shard's changes: the snapshot's columns, ``__ts``, ``__diff``."""
+    return snapshot_schema(schema).append(pa.field(TS_COLUMN, pa.int64())).append(
+        pa.field(DIFF_COLUMN, pa.int64())
+    )
+
+
+def decode_snapshot_batch(schema: SourceSchema | None, batch: pa.RecordBatch) -> pa.Table:
+    """One batch of a consolidated snapshot read (``key``, ``row``, ``ts``, ``diff``) as
+    typed rows, a row of multiplicity ``n`` repeated ``n`` times."""
+    return _decode(schema, batch, repeat=True).cast(snapshot_schema(schema))
+
+
+def decode_changes_batch(schema: SourceSchema | None, batch: pa.RecordBatch) -> pa.Table:
+    """One batch of a consolidated changes read as typed rows plus ``__ts`` and ``__diff``."""
+    table = _decode(schema, batch, repeat=False)
+    table = table.append_column(TS_COLUMN, batch.column("ts").cast(pa.int64()))
+    table = table.append_column(DIFF_COLUMN, batch.column("diff").cast(pa.int64()))
+    return table.cast(changes_schema(schema))
 
 
 def _decode(schema: SourceSchema | None, batch: pa.RecordBatch, *, repeat: bool) -> pa.Table:
