@@ -1,0 +1,242 @@
+"""``spark.read.format("upsert")``: a shard as a Spark DataFrame (a Spark 4 Python data
+source), on a classic session or Spark Connect alike.
+
+::
+
+    from resources.spark_source import register, read_shard
+    register(spark)
+    df = spark.read.format("upsert").option("shard", "demo").load()        # newest snapshot
+    df = spark.read.format("upsert").option("shard", "demo").option("asOf", 5).load()
+    changes = (spark.read.format("upsert").option("shard", "demo")
+               .option("read", "changes").option("since", 3).load())       # + __ts, __diff
+    df = read_shard(spark, "demo")   # stores resolved in THIS process (see below)
+
+Options: ``shard`` (required); ``consensus`` / ``blob`` (store URLs; default: as
+``upsertctl`` resolves them from ``UPSERT_CONSENSUS_URL`` / ``UPSERT_BLOB_URL`` /
+``UPSERT_HOME``, in the process where Spark plans the read: the driver's environment at
+JVM start in local mode, the server's under Spark Connect; :func:`read_shard` resolves
+them here and passes them on); ``read``: ``snapshot`` (default) or ``changes``;
+``asOf`` (snapshot time, default the newest readable); ``since`` / ``until`` (changes,
+default the shard's since and upper); ``partitions`` (read tasks, default 4).
+
+Invariants:
+
+- The time is pinned when the read is planned (``asOf``, or ``since``/``until``), so
+  every task reads the same version: a DataFrame never mixes two. A time outside
+  ``[since, upper)`` fails at ``load()`` with the shard's :class:`NotReadable` message.
+- Keys are 16-byte digests, uniformly spread: the key space is cut into ``partitions``
+  contiguous ranges by their first two bytes, and task ``i`` returns exactly the rows of
+  the keys in range ``i``. The union of the tasks is the read, each key in one task.
+- A task streams the consolidated read (sorted by key), skips batches before its range,
+  decodes only its own rows into the shard's typed columns, and stops after its range.
+  So decoding, the costly part, is split across tasks; the merge of the key columns up
+  to the end of a task's range is repeated per task.
+- Columns and types are the shard's (``inspect``'s ``columns``), mapped to Spark types;
+  changes add ``__ts`` and ``__diff`` (bigint).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.types import StructType
+
+from upsert_core.errors import ConfigError
+
+FORMAT = "upsert"
+SNAPSHOT, CHANGES = "snapshot", "changes"
+DEFAULT_PARTITIONS = 4
+MAX_PARTITIONS = 65536
+KEY_SPACE = 1 << 16  # ranges are cut on the first two bytes of the key digest
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """What every task reads: the stores, the shard, the kind of read and its pinned time."""
+
+    consensus: str
+    blob: str
+    shard: str
+    read: str
+    as_of: int | None = None
+    since: int | None = None
+    until: int | None = None
+    partitions: int = DEFAULT_PARTITIONS
+
+
+@dataclass(frozen=True)
+class KeyRange(InputPartition):  # type: ignore[misc]
+    """Keys ``lo <= key < hi`` (``hi`` None: to the end of the key space)."""
+
+    index: int
+    lo: bytes
+    hi: bytes | None
+
+
+def key_ranges(count: int) -> list[KeyRange]:
+    """``count`` contiguous ranges covering the whole key space."""
+    bounds = [KEY_SPACE * i // count for i in range(count + 1)]
+    return [
+        KeyRange(i, b"" if i == 0 else bounds[i].to_bytes(2, "big"),
+                 None if i == count - 1 else bounds[i + 1].to_bytes(2, "big"))
+        for i in range(count)
+    ]
+
+
+def _int_option(options: Mapping[str, str], name: str) -> int | None:
+    text = options.get(name)
+    if text is None or str(text).strip() == "":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"option {name!r} must be an integer, got {text!r}") from None
+
+
+def plan_read(options: Mapping[str, str]) -> ReadPlan:
+    """Resolve the options against the shard: stores, read kind and a pinned time."""
+    from upsert_core.persist.read import check_changes_readable, check_snapshot_readable
+    from upsert_core.persist.shard import Shard
+    from upsert_core.stores import open_stores, resolve
+
+    lowered = {k.lower(): v for k, v in options.items()}
+    shard_name = lowered.get("shard")
+    if not shard_name:
+        raise ConfigError('the upsert data source needs .option("shard", NAME)')
+    read = (lowered.get("read") or SNAPSHOT).lower()
+    if read not in (SNAPSHOT, CHANGES):
+        raise ConfigError(f"option 'read' must be {SNAPSHOT!r} or {CHANGES!r}, got {read!r}")
+    partitions = _int_option(lowered, "partitions") or DEFAULT_PARTITIONS
+    if not 1 <= partitions <= MAX_PARTITIONS:
+        raise ConfigError(f"option 'partitions' must be 1..{MAX_PARTITIONS}, got {partitions}")
+    config = resolve(lowered.get("consensus"), lowered.get("blob"))
+    consensus, blob = open_stores(config)
+    state = Shard.open(consensus, blob, shard_name, create=False).state()
+    plan = ReadPlan(consensus=config.consensus_url, blob=config.blob_url, shard=shard_name,
+                    read=read, partitions=partitions)
+    if read == SNAPSHOT:
+        as_of = _int_option(lowered, "asof")
+        as_of = state.upper - 1 if as_of is None else as_of
+        check_snapshot_readable(state, as_of)
+        return ReadPlan(**{**plan.__dict__, "as_of": as_of})
+    since = _int_option(lowered, "since")
+    until = _int_option(lowered, "until")
+    since = state.since if since is None else since
+    until = state.upper if until is None else until
+    check_changes_readable(state, since, until)
+    return ReadPlan(**{**plan.__dict__, "since": since, "until": until})
+
+
+def arrow_schema_of(plan: ReadPlan) -> pa.Schema:
+    from upsert_core.shard_table import changes_schema, open_shard, snapshot_schema
+
+    schema = open_shard(plan.shard, plan.consensus, plan.blob).source_schema()
+    return snapshot_schema(schema) if plan.read == SNAPSHOT else changes_schema(schema)
+
+
+class UpsertDataSource(DataSource):  # type: ignore[misc]
+    """The ``upsert`` format (see the module docstring)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> StructType:
+        self._plan = plan_read(self.options)
+        return from_arrow_schema(arrow_schema_of(self._plan))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        plan = getattr(self, "_plan", None) or plan_read(self.options)
+        return UpsertReader(plan)
+
+
+class UpsertReader(DataSourceReader):  # type: ignore[misc]
+    """Reads one key range per task, at the time pinned in the plan."""
+
+    def __init__(self, plan: ReadPlan) -> None:
+        self.plan = plan
+
+    def partitions(self) -> list[KeyRange]:
+        return key_ranges(self.plan.partitions)
+
+    def read(self, partition: KeyRange) -> Iterator[pa.RecordBatch]:
+        yield from read_range(self.plan, partition)
+
+
+def _in_range(keys: pa.Array, lo: bytes, hi: bytes | None) -> pa.Array:
+    mask = pc.greater_equal(keys, pa.scalar(lo, pa.binary()))
+    if hi is not None:
+        mask = pc.and_(mask, pc.less(keys, pa.scalar(hi, pa.binary())))
+    return mask
+
+
+def read_range(plan: ReadPlan, part: KeyRange) -> Iterator[pa.RecordBatch]:
+    """The typed rows of the keys in ``part`` (see the module docstring)."""
+    from upsert_core.shard_table import decode_changes_batch, decode_snapshot_batch, open_shard
+
+    table = open_shard(plan.shard, plan.consensus, plan.blob)
+    schema = table.source_schema()
+    if plan.read == SNAPSHOT:
+        batches = table.shard.snapshot(plan.as_of)
+        decode = decode_snapshot_batch
+    else:
+        assert plan.since is not None
+        batches = table.shard.changes(plan.since, plan.until)
+        decode = decode_changes_batch
+    try:
+        for batch in batches:
+            if not batch.num_rows:
+                continue
+            keys = batch.column("key")
+            if part.hi is not None and keys[0].as_py() >= part.hi:
+                break  # sorted by key: nothing of this range follows
+            if keys[len(keys) - 1].as_py() < part.lo:
+                continue
+            mine = batch.filter(_in_range(keys, part.lo, part.hi))
+            if mine.num_rows:
+                yield from decode(schema, mine).to_batches()
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
+
+
+def register(spark: SparkSession) -> None:
+    """Make ``spark.read.format("upsert")`` available in ``spark`` (idempotent)."""
+    spark.dataSource.register(UpsertDataSource)
+
+
+def read_shard(
+    spark: SparkSession,
+    shard: str,
+    *,
+    as_of: int | None = None,
+    consensus: str | None = None,
+    blob: str | None = None,
+    partitions: int | None = None,
+    changes: bool = False,
+    since: int | None = None,
+    until: int | None = None,
+) -> DataFrame:
+    """The shard as a DataFrame, its stores resolved in THIS process as ``upsertctl``
+    would (so the read needs no environment on the Spark side)."""
+    from upsert_core.stores import resolve
+
+    config = resolve(consensus, blob)
+    register(spark)
+    options: dict[str, Any] = {"shard": shard, "consensus": config.consensus_url,
+                               "blob": config.blob_url, "read": CHANGES if changes else SNAPSHOT,
+                               "asOf": as_of, "since": since, "until": until,
+                               "partitions": partitions}
+    reader = spark.read.format(FORMAT)
+    for key, value in options.items():
+        if value is not None:
+            reader = reader.option(key, str(value))
+    return reader.load()

@@ -1,0 +1,124 @@
+"""``spark.read.format("upsert")``: a shard read as a DataFrame equals the Python read API
+(``upsert_core.open_shard``) at every time asked, with the shard's column types, split
+over key-range tasks; bad options fail at ``load()`` with the platform's message; and
+the same read runs through a Spark Connect server."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from resources.spark_source import KEY_SPACE, key_ranges, read_shard
+from tests.ingest.helpers import write_jsonl
+from upsert_core import open_shard
+from upsert_core.ingest import IngestRequest, ingest
+from upsert_core.persist.shard import Shard
+from upsert_core.stores import open_stores, resolve
+
+pytestmark = pytest.mark.spark
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _bag(rows: list[dict[str, Any]]) -> Counter[str]:
+    return Counter(json.dumps(r, sort_keys=True, default=str) for r in rows)
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """A shard ``t`` of 5 timestamps (updates, deletes, late keys) in SQLite + local files."""
+    root = tmp_path_factory.mktemp("source")
+    consensus, blob = f"sqlite:///{root / 'consensus.db'}", f"file://{root / 'blob'}"
+    landing = root / "landing"
+    landing.mkdir()
+    base = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    for ts in range(5):
+        rows: list[dict[str, Any]] = []
+        for k in range(ts * 40, ts * 40 + 300):
+            rows.append({"key": k, "offset": ts * 1000 + k, "v": f"v{k}-{ts}",
+                         "amount": k / 4, "at": (base + dt.timedelta(seconds=k)).isoformat()})
+        rows += [{"key": k, "offset": ts * 1000 + 999, "__deleted": True}
+                 for k in range(ts * 7, 400, 37)]
+        write_jsonl(landing, f"{ts:03d}.jsonl", rows)
+    shard = Shard.open(*open_stores(resolve(consensus, blob)), "t")
+    ingest(shard, str(landing), IngestRequest(key=("key",), order="offset", buckets=3))
+    return consensus, blob
+
+
+def test_key_ranges_cover_the_key_space_without_overlap() -> None:
+    for count in (1, 2, 3, 7, KEY_SPACE):
+        ranges = key_ranges(count)
+        assert ranges[0].lo == b"" and ranges[-1].hi is None
+        assert all(a.hi == b.lo for a, b in zip(ranges, ranges[1:], strict=False))
+
+
+def test_snapshots_and_changes_equal_the_python_read_api(
+    spark: SparkSession, stores: tuple[str, str]
+) -> None:
+    consensus, blob = stores
+    table = open_shard("t", consensus, blob)
+    for as_of in (None, 0, 2):
+        frame = read_shard(spark, "t", as_of=as_of, consensus=consensus, blob=blob,
+                           partitions=3)
+        assert frame.rdd.getNumPartitions() == 3
+        got = [r.asDict() for r in frame.collect()]
+        want = table.snapshot(as_of).to_pylist()
+        assert got and _bag(got) == _bag(want), as_of
+    types = dict(read_shard(spark, "t", consensus=consensus, blob=blob).dtypes)
+    assert types == {"key": "bigint", "offset": "bigint", "v": "string", "amount": "double",
+                     "at": "string"}
+    changes = read_shard(spark, "t", changes=True, since=1, until=4, consensus=consensus,
+                         blob=blob, partitions=5)
+    got = [r.asDict() for r in changes.collect()]
+    assert _bag(got) == _bag(table.changes(1, 4).to_pylist())
+    assert {"__ts", "__diff"} <= set(changes.columns)
+
+
+def test_format_option_path_and_bad_options(
+    spark: SparkSession, stores: tuple[str, str]
+) -> None:
+    consensus, blob = stores
+    read_shard(spark, "t", consensus=consensus, blob=blob)  # registers the format
+    frame = (spark.read.format("upsert").option("shard", "t").option("consensus", consensus)
+             .option("blob", blob).option("asOf", "1").load())
+    assert frame.count() == open_shard("t", consensus, blob).snapshot(1).num_rows
+    with pytest.raises(Exception, match=r'needs \.option\("shard", NAME\)'):
+        spark.read.format("upsert").option("consensus", consensus).load()
+    with pytest.raises(Exception, match="not readable|readable"):
+        read_shard(spark, "t", as_of=99, consensus=consensus, blob=blob)
+    with pytest.raises(Exception, match="has not been initialised|not found|does not exist"):
+        read_shard(spark, "nope", consensus=consensus, blob=blob)
+    with pytest.raises(Exception, match="option 'read' must be"):
+        (spark.read.format("upsert").option("shard", "t").option("consensus", consensus)
+         .option("blob", blob).option("read", "everything").load())
+
+
+CONNECT_READ = """
+import json, sys
+from pyspark.sql import SparkSession
+from resources.spark_source import read_shard
+spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+rows = read_shard(spark, "t", as_of=3, consensus=sys.argv[2], blob=sys.argv[3],
+                  partitions=2).collect()
+print(json.dumps([r.asDict() for r in rows], default=str))
+"""
+
+
+def test_the_same_read_through_spark_connect(connect_url: str, stores: tuple[str, str]) -> None:
+    consensus, blob = stores
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_REMOTE", "SPARK_MASTER")}
+    done = subprocess.run([sys.executable, "-c", CONNECT_READ, connect_url, consensus, blob],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    want = json.loads(json.dumps(open_shard("t", consensus, blob).snapshot(3).to_pylist(),
+                                 default=str))
+    assert _bag(got) == _bag(want) and got
