@@ -302,7 +302,8 @@ def dagster_file_runs(landing: Landing, work: Path, engine: str,
     env = {**user_env(work), **(extra_env or {}), "DAGSTER_HOME": str(home),
            "UPSERT_LANDING": str(land), "UPSERT_SHARD": "bench", "UPSERT_KEY": "key",
            "UPSERT_ORDER": "offset", "UPSERT_ENGINE": engine,
-           "UPSERT_SOURCES": str(work / "no-sources.yaml")}
+           "UPSERT_SOURCES": str(work / "sources.yaml")}
+    (work / "sources.yaml").write_text("sources: []\n")  # only the UPSERT_LANDING source
     os.link(landing.initial, land / landing.initial.name)
     timed(upsertctl("ingest", "--shard", "bench", "--key", "key", "--order", "offset",
                     "--engine", "local", "--no-progress", str(land)), env)

@@ -33,11 +33,10 @@ from dagster import (
 
 from assets.factory import SourceAssets, build_source_assets
 from assets.spec import SourceSpec
-from orchestration.cli_config import ENV_BLOB, ENV_CONSENSUS, upsert_home
 from orchestration.jobs import full_check_job, gc_job, ingest_job
 from orchestration.schedules import full_check_schedule, gc_schedule
 from orchestration.sensors import landing_sensor
-from orchestration.sources import load_sources
+from orchestration.sources import ENV_SOURCES, load_sources
 from resources.spark import spark_resource_from_env
 from resources.stores import (
     BlobStoreResource,
@@ -47,6 +46,8 @@ from resources.stores import (
     UrlBlobStore,
     UrlConsensus,
 )
+from upsert_core.errors import ConfigError
+from upsert_core.stores import ENV_BLOB, ENV_CONSENSUS, upsert_home
 
 
 def store_resources(
@@ -102,5 +103,17 @@ def build_definitions(
     )
 
 
-SOURCES = load_sources()
+def require_sources(sources: Sequence[SourceSpec]) -> Sequence[SourceSpec]:
+    """``sources``, or a ConfigError saying how to declare one: a code location that
+    serves nothing must fail to load, visibly, not show an empty UI."""
+    if not sources:
+        raise ConfigError(
+            "no sources to serve: write a sources.yaml in the working directory (or point"
+            f" {ENV_SOURCES} at one), or set UPSERT_LANDING (with UPSERT_SHARD, UPSERT_KEY,"
+            " UPSERT_ORDER) for one source from the environment"
+        )
+    return sources
+
+
+SOURCES = require_sources(load_sources())
 defs = build_definitions(SOURCES)

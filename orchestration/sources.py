@@ -4,8 +4,8 @@ A source is one landing location feeding one shard with fixed ingest options. Ea
 source becomes its own asset group (see ``assets.factory``), so one code location
 serves many feeds.
 
-``sources.yaml`` (path: ``UPSERT_SOURCES``, else ``sources.yaml`` at the repository
-root)::
+``sources.yaml`` (path: ``UPSERT_SOURCES``, which must exist; else ``sources.yaml`` in
+the working directory; else, when running from a checkout, the one at its root)::
 
     sources:
       - name: demo                      # asset group and key prefix
@@ -46,6 +46,7 @@ import yaml  # type: ignore[import-untyped]
 
 from assets.spec import DEFAULT_GC_CRON, DEFAULT_SENSOR_INTERVAL_S, SourceSpec
 from upsert_core.errors import ConfigError
+from upsert_core.stores import ENV_HOME, upsert_home
 
 ENV_SOURCES = "UPSERT_SOURCES"
 ENV_LANDING = "UPSERT_LANDING"
@@ -55,7 +56,8 @@ ENV_ORDER = "UPSERT_ORDER"
 ENV_DELETED = "UPSERT_DELETED_COL"
 ENV_SCOPE = "UPSERT_ORDER_SCOPE"
 DEFAULT_ENV_SHARD = "main"
-DEFAULT_SOURCES_FILE = Path(__file__).resolve().parents[1] / "sources.yaml"
+CHECKOUT_SOURCES_FILE = Path(__file__).resolve().parents[1] / "sources.yaml"
+"""The checkout's sources file; an installed package (a wheel) has none."""
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -75,7 +77,6 @@ def dagster_name(text: str) -> str:
 
 def expand(text: str, env: Mapping[str, str]) -> str:
     """Expand ``${VAR}`` / ``${VAR:-default}``; an unset VAR without default is an error."""
-    from orchestration.cli_config import ENV_HOME, upsert_home
 
     def sub(match: re.Match[str]) -> str:
         var, default = match.group(1), match.group(2)
@@ -206,5 +207,21 @@ def load_sources(
 ) -> list[SourceSpec]:
     """Every source of the code location (see the module docstring), sorted by name."""
     env = os.environ if env is None else env
-    file = Path(path or env.get(ENV_SOURCES) or DEFAULT_SOURCES_FILE)
-    return merge_sources(read_sources_file(file, env), env_source(env))
+    file = Path(path) if path else sources_file(env)
+    listed = read_sources_file(file, env) if file is not None else []
+    return merge_sources(listed, env_source(env))
+
+
+def sources_file(env: Mapping[str, str]) -> Path | None:
+    """``UPSERT_SOURCES`` (a ConfigError if it does not exist), else ``./sources.yaml``,
+    else the checkout's, else None."""
+    configured = env.get(ENV_SOURCES, "").strip()
+    if configured:
+        path = Path(configured).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"{ENV_SOURCES}={configured}: no such file")
+        return path
+    for candidate in (Path.cwd() / "sources.yaml", CHECKOUT_SOURCES_FILE):
+        if candidate.is_file():
+            return candidate
+    return None

@@ -13,7 +13,7 @@ stamp=.venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)
 if [ ! -f "$stamp" ]; then
   echo "[setup] installing upsert-platform and its dependencies into .venv (first time: a few minutes)" >&2
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e '.[dev]'
+  .venv/bin/python -m pip install --quiet -e '.[dev,deploy]'
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
