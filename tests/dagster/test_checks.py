@@ -101,11 +101,16 @@ def test_full_checks_run_in_their_own_job_and_never_block(plat: Platform) -> Non
     )
     assert shard.append(bad, upper).committed
 
-    # A no-op ingest commits nothing: its batch checks read nothing and pass.
+    # A no-op ingest commits nothing, but its blocking checks cover everything after
+    # the published watermark (2), the foreign batch included: blocked, not published.
     built, result, checks, materialized = _run(plat, names[0])
-    assert result.success and all(checks[n].passed for n in BLOCKING_CHECKS)
-    assert not set(checks) & set(FULL_CHECKS)
-    assert built.key("output_shard") in materialized
+    assert not result.success and not set(checks) & set(FULL_CHECKS)
+    meta = checks["state_matches_shard"].metadata
+    assert (meta["start_upper"].value, meta["upper"].value) == (2, 3)
+    assert checks["state_matches_shard"].passed is False
+    assert "something other than the ingest" in _problems(checks["state_matches_shard"])
+    assert "upsertctl check --shard feed" in str(checks["state_matches_shard"].description)
+    assert built.key("output_shard") not in materialized
 
     built, result, checks, materialized = _run(plat, None, job="feed_full_check")
     assert set(checks) == set(FULL_CHECKS)
