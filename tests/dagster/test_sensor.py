@@ -11,6 +11,7 @@ from dagster import AssetKey, SensorResult, SkipReason, build_sensor_context
 from orchestration.jobs import ingest_job
 from orchestration.sensors import landing_sensor
 from tests.dagster.helpers import BATCHES, Platform, write_jsonl
+from tests.dagster.test_checks import blocked_b02
 from tests.services import AWS_TEST_CREDENTIALS
 from upsert_core.errors import IngestError
 from upsert_core.ingest import ingest
@@ -109,6 +110,18 @@ def test_files_already_in_the_shard_get_partitions_but_no_runs(plat: Platform) -
     assert run.success and checks["shard_consolidated"].metadata["start_upper"].value == 0
     assert plat.instance.get_materialized_partitions(output) == {
         "b-01.jsonl", "b-02.jsonl", "b-03.jsonl"}
+
+
+def test_the_sensor_never_publishes_a_blocked_batch(
+    plat: Platform, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built, out = blocked_b02(plat, monkeypatch)
+    ingest(plat.shard(), str(plat.landing), plat.spec().request())  # b-03, by the CLI
+    result = _tick(plat, plat.spec(), "b-03.jsonl")
+    assert isinstance(result, SensorResult)
+    assert {(e.asset_key.path[-1], e.partition) for e in result.asset_events} == {
+        ("upsert_state", "b-03.jsonl")}
+    assert plat.instance.get_materialized_partitions(out) == {"b-01.jsonl"}
 
 
 def test_unlistable_landing_fails_the_tick(plat: Platform) -> None:
