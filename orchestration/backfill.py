@@ -18,8 +18,9 @@ is ``BackfillPolicy.single_run()``).
 
 One line per partition on stdout, in name order (``<file>: <status>``, e.g.
 ``b-02.jsonl: applied at ts 1``); exit status 0 when the run succeeded, 1 when it failed
-(its error on stderr; files committed before the failure are listed as applied, the
-rest as failed), 2 for a usage or configuration error. H9's ``upsertctl`` can expose
+(its error on stderr; files committed before the failure are listed as applied, files
+already in the shard before the run as already ingested at their ts, the rest as
+failed), 2 for a usage or configuration error. H9's ``upsertctl`` can expose
 this as a ``backfill`` command by calling :func:`main` (or :func:`run_backfill`).
 
 Invariants: partitions are added before the run; one run per backfill; files already
