@@ -2,23 +2,38 @@
 
 One subsettable ``multi_asset_check`` declares two sets of checks; jobs pick theirs.
 
-**Blocking, run by the ingest job after every ``upsert_state`` run.** They check only
-the batch the run committed, ``start_upper <= ts < upper`` (from the materialization's
-metadata), so their cost follows the batch, not the shard's history
-(:func:`upsert_core.ingest.verify.check_new_batch`); a run that committed nothing reads
-nothing:
+**Blocking, run by the ingest job after every ``upsert_state`` run.** They check the
+range ``[watermark, upper)``: ``upper`` is the shard's upper after the run's ingest (from
+the run's ``upsert_state`` materialization) and ``watermark`` is the source's *published
+watermark*, ``published_upper`` of the latest ``output_shard`` materialization
+(:func:`assets.metadata.published_upper`; 0 when there is none: the first checked run
+covers the whole history once, e.g. a shard ``upsertctl`` filled before Dagster was
+used). Not the run's own ``start_upper``: a batch whose checks failed, files a first
+attempt committed before a lost race, files ``upsertctl ingest`` applied, all stay in
+the range until a run's checks pass over them. Normally the range is the run's batch,
+so the cost follows the batch, not the shard's history
+(:func:`upsert_core.ingest.verify.check_new_batch`, ``method: batch``):
 
-- ``shard_consolidated``: the batch's changes consolidate (per key and ts at most one
+- ``shard_consolidated``: the range's changes consolidate (per key and ts at most one
   retraction and one insertion, diffs +-1) and fit the keys' previous rows, taken from
   the touched buckets' checkpoint chain (each retraction retracts the live row; no
   insertion over a live row);
-- ``storage_invariants``: every part and error part the batch references exists and
+- ``storage_invariants``: every part and error part the range references exists and
   decodes with the expected schema, row count, sort order and times;
 - ``state_matches_shard``: each touched bucket's committed checkpoint (digest verified)
-  equals its state before the run plus the batch's changes, key for key.
+  equals its state at the watermark plus the range's changes, key for key.
 
-Blocking checks that fail stop the downstream assets of the run (``output_shard``), so
-a corrupt batch is never reported as published.
+When the batch method cannot verify the range (history truncated or compacted by a GC
+that ran before the check, the watermark below the shard's ``since``, a bucket whose
+state at the watermark cannot be caught up: whatever it reports in ``notes``), the
+blocking result of that run is the full checks' (``check_shard`` + ``compare_state``,
+as the scheduled full check), with ``method: full (<why>)``: such a range never passes
+unverified, and only those rare runs pay the full cost (:func:`verify_range`).
+
+Blocking checks that fail stop the downstream assets of the run (``output_shard``), and
+the watermark stays where it was: every later run checks that range again, so a corrupt
+batch is never reported as published. Invariant: **a partition is published
+(``output_shard`` materialized) only after a blocking check covered its ts.**
 
 **Full history, non-blocking, run by ``<source>_full_check`` on its schedule**
 (``orchestration.schedules``) and by ``upsertctl check``; their cost follows the shard:
@@ -49,6 +64,7 @@ from dagster import (
     multi_asset_check,
 )
 
+from assets.metadata import PUBLISHED_UPPER, published_upper
 from assets.spec import SourceSpec
 from resources.stores import BlobStoreResource, ConsensusResource, open_shard
 from upsert_core.errors import ShardNotFound, UpsertPlatformError
@@ -68,6 +84,7 @@ FULL_STORAGE = "full_storage_invariants"
 FULL_STATE = "full_state_matches_shard"
 FULL_CHECKS = (FULL_CONSOLIDATED, FULL_STORAGE, FULL_STATE)
 MAX_SHOWN = 10
+BATCH = "batch"
 
 
 def full_check_keys(state_key: AssetKey) -> list[AssetCheckKey]:
@@ -123,60 +140,127 @@ def _new_error_rows(context: AssetCheckExecutionContext, key: AssetKey, shard: S
     return new, state.num_errors(), since
 
 
-def _batch_range(
+def _run_range(
     context: AssetCheckExecutionContext, key: AssetKey, shard: Shard
-) -> tuple[int, int, str]:
-    """``[start_upper, upper)`` the run committed, and where that came from."""
+) -> tuple[int | None, int, str]:
+    """(the run's start_upper, the upper after its ingest, where they came from)."""
     meta = _run_metadata(context, key)
     start, upper = _int(meta, "start_upper"), _int(meta, "upper")
-    if start is not None and upper is not None:
-        return start, upper, "the materialization's start_upper and upper"
+    if upper is not None:
+        return start, upper, "the run's upsert_state materialization"
     shard_upper = shard.state().upper
-    return max(0, shard_upper - 1), shard_upper, "no materialization metadata: the last ts"
+    return None, shard_upper, "no materialization metadata: the shard's upper"
 
 
-def _batch_results(
-    context: AssetCheckExecutionContext, state_key: AssetKey, shard: Shard
-) -> Iterator[AssetCheckResult]:
-    start, upper, source = _batch_range(context, state_key, shard)
+def next_step(shard_name: str) -> str:
+    """What a user does about a failed blocking check."""
+    return (f"run `upsertctl check --shard {shard_name}` for details; the files are"
+            " applied (upsert_state) but not published (output_shard) until a run's"
+            " blocking checks pass over them")
+
+
+def verify_range(shard: Shard, start: int, upper: int) -> tuple[CheckReport, str]:
+    """The blocking checks of ``[start, upper)`` and the method that decided them:
+    ``batch`` (:func:`check_new_batch`), or ``full (<why>)`` when the batch method
+    cannot verify the range (module docstring); problems of kind ``state`` then come
+    from :func:`compare_state`."""
+    since = shard.state().since
+    why = None
+    if start < since:
+        why = (f"the range starts at ts {start}, before the shard's since {since}: GC"
+               " compacted that history")
+    else:
+        try:
+            report = check_new_batch(shard, start, upper)
+        except UpsertPlatformError as exc:
+            why = f"the batch check could not read [{start}, {upper}): {exc}"
+        else:
+            if not report.notes:
+                return report, BATCH
+            why = "; ".join(report.notes[:3]) + (
+                f" (and {len(report.notes) - 3} more)" if len(report.notes) > 3 else "")
     try:
-        report = check_new_batch(shard, start, upper)
+        full = check_shard(shard)
     except UpsertPlatformError as exc:
-        report = CheckReport(shard_id=shard.shard_id)
-        report.add(check.STORAGE, f"the batch [{start}, {upper}) cannot be checked: {exc}")
+        full = CheckReport(shard_id=shard.shard_id)
+        full.add(check.STORAGE, f"the full check cannot read the shard: {exc}")
+        return full, f"full ({why})"
+    compared = compare_state(shard)
+    for problem in compared.problems:
+        full.add(STATE_KIND, problem)
+    if compared.rebuilt_buckets:
+        full.notes.append(
+            f"{len(compared.rebuilt_buckets)} bucket(s) whose checkpoint base lies before"
+            " the shard's since were not compared (the next ingest rebuilds them from the"
+            " shard, which check_shard verified)")
+    full.counts.update(start_upper=start, upper=upper, state_keys=compared.state_keys,
+                       live_keys=compared.live_keys, buckets=compared.buckets)
+    return full, f"full ({why})"
+
+
+def _blocking_results(
+    context: AssetCheckExecutionContext, state_key: AssetKey, output_key: AssetKey,
+    shard: Shard, shard_name: str,
+) -> Iterator[AssetCheckResult]:
+    run_start, upper, source = _run_range(context, state_key, shard)
+    watermark = published_upper(context.instance, output_key)
+    # Another run may have published past this run's upper meanwhile: nothing to add.
+    start = min(watermark, upper)
+    report, method = verify_range(shard, start, upper)
     consolidation, storage = _split(report)
     common = {
         "start_upper": MetadataValue.int(start),
         "upper": MetadataValue.int(upper),
-        "range_from": MetadataValue.text(source),
+        PUBLISHED_UPPER: MetadataValue.int(watermark),
+        "method": MetadataValue.text(method),
+        "range_from": MetadataValue.text(
+            f"[{PUBLISHED_UPPER} of the latest output_shard materialization, upper of"
+            f" {source})"),
         **{k: MetadataValue.int(v) for k, v in report.counts.items()
            if k not in ("start_upper", "upper")},
     }
+    if run_start is not None:
+        common["run_start_upper"] = MetadataValue.int(run_start)
     if report.notes:
         common["notes"] = _problems_md(report.notes)
+    if method != BATCH:
+        context.log.warning(f"blocking checks of [{start}, {upper}): {method}")
     for name, problems in ((CONSOLIDATED, consolidation), (STORAGE, storage),
                            (STATE, report.of_kind(STATE_KIND))):
         yield AssetCheckResult(
             check_name=name, asset_key=state_key, passed=not problems,
+            description=None if not problems else
+            f"{len(problems)} problem(s) in ts [{start}, {upper}): {next_step(shard_name)}",
             metadata={"problems": _problems_md(problems), **common},
         )
 
 
-def _full_results(state_key: AssetKey, shard: Shard) -> Iterator[AssetCheckResult]:
+def _full_description(problems: list[str], shard_name: str) -> str | None:
+    if not problems:
+        return None
+    return (f"{len(problems)} problem(s) in the shard's history: run `upsertctl check"
+            f" --shard {shard_name}` for details")
+
+
+def _full_results(state_key: AssetKey, shard: Shard,
+                  shard_name: str) -> Iterator[AssetCheckResult]:
     report = check_shard(shard)
     consolidation, storage = _split(report)
     counts = {k: MetadataValue.int(v) for k, v in report.counts.items()}
     yield AssetCheckResult(
         check_name=FULL_CONSOLIDATED, asset_key=state_key, passed=not consolidation,
+        description=_full_description(consolidation, shard_name),
         metadata={"problems": _problems_md(consolidation), **counts},
     )
     yield AssetCheckResult(
         check_name=FULL_STORAGE, asset_key=state_key, passed=not storage,
+        description=_full_description(storage, shard_name),
         metadata={"problems": _problems_md(storage), **counts},
     )
     compared = compare_state(shard)
     yield AssetCheckResult(
         check_name=FULL_STATE, asset_key=state_key, passed=compared.ok,
+        description=_full_description(compared.problems, shard_name),
         metadata={
             "problems": _problems_md(compared.problems),
             "upper": MetadataValue.int(compared.upper),
@@ -189,8 +273,12 @@ def _full_results(state_key: AssetKey, shard: Shard) -> Iterator[AssetCheckResul
     )
 
 
-def build_checks(spec: SourceSpec, state_key: AssetKey) -> AssetChecksDefinition:
-    """The checks of one source's ``upsert_state`` (see the module docstring)."""
+def build_checks(spec: SourceSpec, state_key: AssetKey,
+                 output_key: AssetKey | None = None) -> AssetChecksDefinition:
+    """The checks of one source's ``upsert_state`` (see the module docstring);
+    ``output_key``: the source's ``output_shard``, whose materializations carry the
+    published watermark."""
+    output_key = output_key or AssetKey([*state_key.path[:-1], "output_shard"])
 
     @multi_asset_check(
         name=f"{spec.name}_shard_checks",
@@ -233,11 +321,12 @@ def build_checks(spec: SourceSpec, state_key: AssetKey) -> AssetChecksDefinition
                 )
             return
         if selected & set(BLOCKING_CHECKS):
-            for result in _batch_results(context, state_key, shard):
+            for result in _blocking_results(context, state_key, output_key, shard,
+                                            spec.shard):
                 if result.check_name in selected:
                     yield result
         if selected & set(FULL_CHECKS):
-            for result in _full_results(state_key, shard):
+            for result in _full_results(state_key, shard, spec.shard):
                 if result.check_name in selected:
                     yield result
         if ERRORS in selected:

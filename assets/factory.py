@@ -12,8 +12,10 @@ For a source ``S`` (group ``S``, keys prefixed ``S/``):
   file against the bucketed upsert state and commits data, errors and state checkpoints
   in one compare-and-append per file. Its checks (:mod:`assets.checks`) run after it;
   blocking ones gate ``output_shard``.
-- ``S/output_shard`` (partitioned): the consolidated shard as published after the checks
-  passed: upper, seqno, batches, bytes, error rows.
+- ``S/output_shard`` (partitioned): the consolidated shard as published after the
+  blocking checks passed: upper, seqno, batches, bytes, error rows, and
+  ``published_upper``, the upper those checks verified (the published watermark, see
+  :mod:`assets.checks`).
 - ``S/rollup_gc`` (not partitioned; on a schedule): rollup, compaction and GC, with what
   it removed.
 
@@ -25,13 +27,23 @@ Invariants:
 - Backfills are single runs (``BackfillPolicy.single_run()``): a backfill of N files is
   one run and one ingest; each partition of the run is reported materialized with the
   ts its file went in at (``ts``, ``applied_by`` per partition).
-- Partition status tells the truth about the shard: besides the run's own partitions,
-  ``upsert_state`` and ``output_shard`` report (as ``AssetMaterialization`` events of
-  the run, with ``partition=``) every file the shard holds whose partition exists but is
-  not materialized yet: files applied by this run outside its range (earlier pending
-  files) and files applied by any other path (``upsertctl ingest``). The landing sensor
-  does the same for shards no run touches (:mod:`orchestration.sensors`). A failed
-  ``upsert_state`` still reports the files it committed before the failure.
+- Partition status tells the truth about the shard. ``upsert_state`` (applied) reports,
+  besides the run's own partitions (as ``AssetMaterialization`` events of the run, with
+  ``partition=``), every file the shard holds whose partition exists but is not
+  materialized yet: files applied by this run outside its range (earlier pending files)
+  and files applied by any other path (``upsertctl ingest``). The landing sensor does
+  the same for shards no run touches (:mod:`orchestration.sensors`). A failed
+  ``upsert_state`` (a file-level error, or a lost race before its retry) still reports
+  the files it committed before the failure, as this run's.
+- **A partition is published only after a blocking check covered its ts.** Every
+  ``output_shard`` materialization carries ``published_upper``, the upper its run's
+  blocking checks verified; those checks cover ``[watermark, upper)`` from the previous
+  ``published_upper`` (:mod:`assets.checks`). ``output_shard`` runs only when they
+  passed, and reports every applied partition with ts < ``published_upper`` not yet
+  materialized for it (files of earlier runs whose checks failed, of a first attempt
+  before a retry, of ``upsertctl ingest``); nothing else publishes (the sensor reports
+  ``upsert_state`` only). Selected without its checks, it fails for partitions no check
+  covered.
 - The assets that write the shard (``upsert_state``, ``rollup_gc``) share the
   concurrency pool :func:`shard_pool` (``upsert-shard-<shard>``, limit 1 in
   ``deploy/dagster.yaml`` and ``deploy/dagster-dev.yaml``), so runs of one shard do not
@@ -49,6 +61,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dagster import (
+    AssetCheckEvaluation,
     AssetChecksDefinition,
     AssetExecutionContext,
     AssetKey,
@@ -56,6 +69,7 @@ from dagster import (
     BackfillPolicy,
     Backoff,
     Config,
+    DagsterEventType,
     DynamicPartitionsDefinition,
     Failure,
     Jitter,
@@ -66,16 +80,19 @@ from dagster import (
 )
 from pydantic import Field
 
-from assets.checks import build_checks
+from assets.checks import BLOCKING_CHECKS, build_checks
 from assets.ingest_step import find_file, ingest_through, run_partitions
 from assets.metadata import (
     APPLIED_BEFORE,
     APPLIED_BY_RUN,
+    PUBLISHED_UPPER,
+    applied_by_run,
     column_schema_metadata,
     gc_metadata,
     ingest_metadata,
     partition_materializations,
     partition_metadata,
+    published_upper,
     row_count_metadata,
     shard_metadata,
     unreported_partitions,
@@ -153,21 +170,46 @@ def _ingested(consensus: ConsensusResource, blob_store: BlobStoreResource,
 def _report_unreported(
     context: AssetExecutionContext, key: AssetKey, partitions_name: str,
     ingested: Mapping[str, int], exclude: list[str], applied_here: Mapping[str, int],
+    extra: Mapping[str, MetadataValue] | None = None,
 ) -> None:
-    """Log a materialization of every partition the shard holds that Dagster does not
-    show as materialized (outside ``exclude``, the partitions the run itself reports)."""
+    """Log a materialization of every partition of ``ingested`` that Dagster does not
+    show as materialized (outside ``exclude``, the partitions the run itself reports);
+    ``applied_here``: the files this run committed (labelled so)."""
     instance = context.instance
     missing = unreported_partitions(
         instance, key, ingested, instance.get_dynamic_partitions(partitions_name), exclude
     )
     ours = {n: ts for n, ts in missing.items() if n in applied_here}
     others = {n: ts for n, ts in missing.items() if n not in applied_here}
-    for event in [*partition_materializations(key, ours, APPLIED_BY_RUN),
-                  *partition_materializations(key, others, APPLIED_BEFORE)]:
+    for event in [*partition_materializations(key, ours, APPLIED_BY_RUN, extra),
+                  *partition_materializations(key, others, APPLIED_BEFORE, extra)]:
         context.log_event(event)
     if missing:
         context.log.info(f"{key.to_user_string()}: reported {len(missing)} partition(s) the"
                          f" shard already holds: {sorted(missing)[:10]}")
+
+
+def _verified_upper(context: AssetExecutionContext, state_key: AssetKey) -> int | None:
+    """The upper this run's blocking checks verified: every one of them evaluated in
+    this run and passed (else None)."""
+    found: dict[str, AssetCheckEvaluation] = {}
+    records = context.instance.get_records_for_run(
+        context.run.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION).records
+    for record in records:
+        event = record.event_log_entry.dagster_event
+        data = None if event is None else event.event_specific_data
+        if isinstance(data, AssetCheckEvaluation) and data.asset_key == state_key:
+            found[data.check_name] = data
+    uppers = []
+    for name in BLOCKING_CHECKS:
+        evaluation = found.get(name)
+        if evaluation is None or not evaluation.passed:
+            return None
+        value = getattr(evaluation.metadata.get("upper"), "value", None)
+        if not isinstance(value, int):
+            return None
+        uppers.append(value)
+    return min(uppers)
 
 
 def build_source_assets(spec: SourceSpec) -> SourceAssets:
@@ -232,11 +274,17 @@ def build_source_assets(spec: SourceSpec) -> SourceAssets:
         # only names blobs written outside any registration (rollups).
         claim_writer_token()
         shard = open_shard(consensus, blob_store, spec.shard, create=True)
-        start_upper = shard.state().upper
+        # Files earlier attempts of this step committed before losing a race (they
+        # reported them): this run's too.
+        earlier = (applied_by_run(context.instance, context.run.run_id, state_key)
+                   if context.retry_number else {})
+        start_upper = min([shard.state().upper, *earlier.values()])
+        committed: dict[str, int] = dict(earlier)
 
         def log_progress(event: ProgressEvent) -> None:
             if event.kind == "file_done" and event.report is not None:
                 r = event.report
+                committed[r.name] = r.ts
                 context.log.info(
                     f"[{event.index}/{event.total}] {r.name}: ts {r.ts}, {r.rows_read} row(s)"
                     f" read, {r.inserts} insert(s), {r.retractions} retraction(s), {r.errors}"
@@ -249,18 +297,19 @@ def build_source_assets(spec: SourceSpec) -> SourceAssets:
                 shard, spec.landing, spec.request(), keys, engine_factory=spark.ingest_engine,
                 progress=log_progress,
             )
-        except ConcurrentModification as exc:
-            context.log.warning(f"lost a race on shard {spec.shard!r}; retrying: {exc}")
-            raise _failure(exc, retry=True) from exc
         except UpsertPlatformError as exc:
-            # Files committed before the failure are in the shard: show them.
-            ingested = dict(shard.state().ingested_files)
-            _report_unreported(context, state_key, spec.partitions_name, ingested, [],
-                               {n: ts for n, ts in ingested.items() if ts >= start_upper})
+            # Files committed before the failure are in the shard: show them, as this
+            # run's (a retry after a lost race finds them so).
+            _report_unreported(context, state_key, spec.partitions_name,
+                               dict(shard.state().ingested_files), [], committed)
+            if isinstance(exc, ConcurrentModification):
+                context.log.warning(f"lost a race on shard {spec.shard!r}; retrying: {exc}")
+                raise _failure(exc, retry=True) from exc
             raise _failure(exc) from exc
         for warning in result.warnings:
             context.log.warning(warning)
-        here = result.applied_here
+        here = {**committed, **result.applied_here}
+        result.start_upper = start_upper
         for k in keys:
             context.add_asset_metadata(
                 partition_metadata(k, result.applied_at[k],
@@ -283,14 +332,35 @@ def build_source_assets(spec: SourceSpec) -> SourceAssets:
         shard = open_shard(consensus, blob_store, spec.shard, create=False)
         keys = run_partitions(context.partition_keys)
         ingested = dict(shard.state().ingested_files)
+        watermark = published_upper(context.instance, output_key)
+        verified = _verified_upper(context, state_key)
+        published = max(watermark, verified or 0)
+        unverified = [k for k in keys if ingested.get(k, published) >= published]
+        if unverified:
+            raise Failure(
+                description=f"{len(unverified)} partition(s) not covered by a passed"
+                f" blocking check (published through ts {published}):"
+                f" {unverified[:10]}; materialize upsert_state with its checks (the"
+                f" {spec.name}_ingest job) to publish them",
+                allow_retries=False,
+            )
+        extra = {PUBLISHED_UPPER: MetadataValue.int(published)}
+        ours = applied_by_run(context.instance, context.run.run_id, state_key)
         for k in keys:
-            if k in ingested:
-                context.add_asset_metadata({"ts": MetadataValue.int(ingested[k])},
-                                           partition_key=k)
-        _report_unreported(context, output_key, spec.partitions_name, ingested, keys, {})
+            context.add_asset_metadata(
+                {**partition_metadata(k, ingested[k],
+                                      APPLIED_BY_RUN if k in ours else APPLIED_BEFORE),
+                 **extra},
+                partition_key=k,
+            )
+        # Publish every applied file the checks have now covered (ts < published).
+        covered = {n: ts for n, ts in ingested.items() if ts < published}
+        _report_unreported(context, output_key, spec.partitions_name, covered, keys, ours,
+                           extra)
         meta = shard_metadata(shard.inspect())
         meta.update(column_schema_metadata(ShardTable(shard).schema))
         meta.update(row_count_metadata(shard.state().config))
+        meta.update(extra)
         return MaterializeResult(metadata=meta)
 
     @asset(name=GC, deps=[output_key], key_prefix=prefix, group_name=spec.name, pool=pool,
@@ -319,5 +389,5 @@ def build_source_assets(spec: SourceSpec) -> SourceAssets:
         spec=spec,
         partitions=partitions,
         assets=(source_snapshot, upsert_state, output_shard, rollup_gc),
-        checks=build_checks(spec, state_key),
+        checks=build_checks(spec, state_key, output_key),
     )

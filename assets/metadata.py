@@ -8,6 +8,12 @@ plots a key's history, so renaming one breaks its plot.
 Every materialization of a partition (one landing file) carries ``ts`` (the timestamp the
 file went in at) and ``applied_by`` (:func:`partition_metadata`), whether a run applied
 it, a run found it already applied, or the landing sensor found it in the shard.
+
+Every materialization of ``output_shard`` also carries ``published_upper``: the upper the
+blocking checks of its run verified (every ts below it has been covered by a blocking
+check that passed). The latest one is the source's *published watermark*
+(:func:`published_upper`): the next run's blocking checks start there, and a partition
+is published only once its ts is below it.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import pyarrow as pa
 from dagster import (
     AssetKey,
     AssetMaterialization,
+    DagsterEventType,
     DagsterInstance,
     MetadataValue,
     TableColumn,
@@ -41,6 +48,8 @@ def _names(names: list[str]) -> MetadataValue:
 
 APPLIED_BY_RUN = "this run"
 APPLIED_BEFORE = "already in the shard"
+#: metadata key of every ``output_shard`` materialization (see the module docstring)
+PUBLISHED_UPPER = "published_upper"
 
 
 def partition_status(name: str, ts: int, applied_by: str) -> str:
@@ -163,11 +172,47 @@ def unreported_partitions(
 
 
 def partition_materializations(
-    key: AssetKey, files: Mapping[str, int], applied_by: str
+    key: AssetKey, files: Mapping[str, int], applied_by: str,
+    extra: Mapping[str, Any] | None = None,
 ) -> list[AssetMaterialization]:
-    """One ``AssetMaterialization`` per file (partition) with its ts."""
+    """One ``AssetMaterialization`` per file (partition) with its ts (and ``extra``)."""
     return [
         AssetMaterialization(asset_key=key, partition=name,
-                             metadata=partition_metadata(name, ts, applied_by))
+                             metadata={**partition_metadata(name, ts, applied_by),
+                                       **(extra or {})})
         for name, ts in files.items()
     ]
+
+
+def _int_value(metadata: Mapping[str, Any], name: str) -> int | None:
+    value = metadata.get(name)
+    value = getattr(value, "value", value)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def published_upper(instance: DagsterInstance, output_key: AssetKey) -> int:
+    """The published watermark: ``published_upper`` of ``output_key``'s latest
+    materialization, 0 if there is none or it has none (materialized before the
+    watermark existed): the next checks then cover the whole history once."""
+    entry = instance.get_latest_materialization_event(output_key)
+    event = None if entry is None else entry.asset_materialization
+    if event is None:
+        return 0
+    return _int_value(event.metadata, PUBLISHED_UPPER) or 0
+
+
+def applied_by_run(instance: DagsterInstance, run_id: str, state_key: AssetKey) -> dict[str, int]:
+    """The files (name -> ts) the run committed, as its ``upsert_state`` materializations
+    say (``applied_by`` = this run), whichever attempt of the step committed them."""
+    found: dict[str, int] = {}
+    records = instance.get_records_for_run(
+        run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION).records
+    for record in records:
+        event = record.event_log_entry.asset_materialization
+        if event is None or event.asset_key != state_key or event.partition is None:
+            continue
+        applied = event.metadata.get("applied_by")
+        ts = _int_value(event.metadata, "ts")
+        if ts is not None and getattr(applied, "value", None) == APPLIED_BY_RUN:
+            found[event.partition] = ts
+    return found

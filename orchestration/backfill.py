@@ -18,8 +18,9 @@ is ``BackfillPolicy.single_run()``).
 
 One line per partition on stdout, in name order (``<file>: <status>``, e.g.
 ``b-02.jsonl: applied at ts 1``); exit status 0 when the run succeeded, 1 when it failed
-(its error on stderr; files committed before the failure are listed as applied, the
-rest as failed), 2 for a usage or configuration error. H9's ``upsertctl`` can expose
+(its error on stderr; files committed before the failure are listed as applied, files
+already in the shard before the run as already ingested at their ts, the rest as
+failed), 2 for a usage or configuration error. H9's ``upsertctl`` can expose
 this as a ``backfill`` command by calling :func:`main` (or :func:`run_backfill`).
 
 Invariants: partitions are added before the run; one run per backfill; files already
@@ -43,6 +44,7 @@ from dagster._core.storage.tags import (
 )
 
 from assets.factory import STATE
+from assets.metadata import APPLIED_BEFORE, partition_status
 from assets.spec import SourceSpec
 from orchestration.jobs import ingest_job_name
 from resources.stores import BlobStoreResource, ConsensusResource, open_shard
@@ -134,6 +136,20 @@ def _statuses(instance: DagsterInstance, run_id: str, state_key: AssetKey) -> di
     return statuses
 
 
+def _ingested(defs: Definitions, spec: SourceSpec) -> dict[str, int]:
+    """The shard's ingested files (name -> ts), through the definitions' own stores."""
+    resources = defs.resources or {}
+    consensus, blob_store = resources.get("consensus"), resources.get("blob_store")
+    if not isinstance(consensus, ConsensusResource) or not isinstance(
+            blob_store, BlobStoreResource):
+        return {}
+    try:
+        shard = open_shard(consensus, blob_store, spec.shard, create=False)
+    except ShardNotFound:
+        return {}
+    return dict(shard.state().ingested_files)
+
+
 def run_backfill(
     defs: Definitions,
     spec: SourceSpec,
@@ -159,9 +175,13 @@ def run_backfill(
     )
     statuses = _statuses(instance, result.run_id, AssetKey([spec.name, STATE]))
     message = None if result.success else failure_message(result)
+    ingested = {} if result.success else _ingested(defs, spec)
     runs: list[PartitionRun] = []
     for partition in sorted(covered):
         status = statuses.get(partition)
+        if status is None and partition in ingested:
+            # In the shard before this run (the run reports what it committed itself).
+            status = partition_status(partition, ingested[partition], APPLIED_BEFORE)
         ok = status is not None
         if not result.success and status is None:
             status = f"failed: {message}"

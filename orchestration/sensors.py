@@ -9,13 +9,16 @@ of the ingest job for it with ``run_key`` = the file name, so a file never start
 runs, whatever happens to the cursor.
 
 Each tick also reports runless ``AssetMaterialization`` events (``SensorResult.asset_events``,
-``partition=`` the file, metadata ``ts`` and ``applied_by``) for ``upsert_state`` and
-``output_shard`` for every file the shard holds (``ingested_files``: name -> ts) whose
-partition exists or is added in the same tick and is not materialized yet: files applied
-by ``upsertctl ingest``, or by a run that failed after committing them. (Earlier files a
-run applies are reported by that run itself, see :mod:`assets.factory`.) Cost per tick:
-one listing, one shard state read and one materialized-partitions query per asset key;
-a reported partition is materialized afterwards, so it is never reported again.
+``partition=`` the file, metadata ``ts`` and ``applied_by``) for ``upsert_state``
+(applied) for every file the shard holds (``ingested_files``: name -> ts) whose partition
+exists or is added in the same tick and is not materialized yet: files applied by
+``upsertctl ingest``, or by a run that failed after committing them. (Earlier files a
+run applies are reported by that run itself, see :mod:`assets.factory`.) It never
+reports ``output_shard``: a partition is published only after a blocking check covered
+its ts, so the next ingest run whose checks pass publishes those files (its checks
+start at the published watermark, see :mod:`assets.checks`). Cost per tick: one
+listing, one shard state read and one materialized-partitions query; a reported
+partition is materialized afterwards, so it is never reported again.
 
 The cursor is the greatest file name the sensor has handled. Files sorting after it are
 new; files sorting before it that have no partition are late arrivals (CONTRACT: a late
@@ -45,7 +48,7 @@ from dagster import (
     sensor,
 )
 
-from assets.factory import OUTPUT, STATE, SourceAssets
+from assets.factory import STATE, SourceAssets
 from assets.metadata import partition_materializations, unreported_partitions
 from resources.stores import BlobStoreResource, ConsensusResource, open_shard
 from upsert_core.errors import IngestError, ShardNotFound, UpsertPlatformError
@@ -112,14 +115,11 @@ def landing_sensor(
         except ShardNotFound:
             done = {}
         partitions = known.union(new)
-        events = [
-            event
-            for key in (built.key(STATE), built.key(OUTPUT))
-            for event in partition_materializations(
-                key, unreported_partitions(context.instance, key, done, partitions),
-                APPLIED_BY_SHARD,
-            )
-        ]
+        state_key = built.key(STATE)
+        events = partition_materializations(
+            state_key, unreported_partitions(context.instance, state_key, done, partitions),
+            APPLIED_BY_SHARD,
+        )
         if events:
             context.log.info(f"reporting {len(events)} materialization(s) of files the shard"
                              " already holds")

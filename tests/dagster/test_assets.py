@@ -60,12 +60,14 @@ def test_partition_run_applies_pending_files_through_it(plat: Platform) -> None:
         for ts, name in enumerate(names[:2]):
             earlier = _meta(result, key, name)
             assert earlier["ts"] == ts, (key, name)
-            assert earlier["applied_by"] == ("this run" if "state" in key.path[-1]
-                                             else "already in the shard")
+            assert earlier["applied_by"] == "this run"
+            if key == built.key("output_shard"):  # published: its checks covered [0, 3)
+                assert earlier["published_upper"] == 3
         assert plat.instance.get_materialized_partitions(key) == set(names[:3])
 
     out = _meta(result, built.key("output_shard"))
     assert out["upper"] == 3 and out["ingested_files"] == 3 and out["error_rows"] == 1
+    assert out["published_upper"] == 3 and out["applied_by"] == "this run"
     assert out["last_file"] == names[2]
     columns = [(c.name, c.type) for c in out["dagster/column_schema"].columns]  # type: ignore[attr-defined]
     shard_schema = ShardTable(plat.shard(spec.shard)).schema

@@ -81,6 +81,25 @@ def test_backfill_stops_at_a_broken_file(plat: Platform) -> None:
     assert find_source([spec], "feed") is spec
 
 
+def test_a_failed_backfill_reports_earlier_files_as_already_ingested(
+    plat: Platform,
+) -> None:
+    names = plat.write_batches(["b-01.jsonl", "b-03.jsonl"])
+    spec = plat.spec()
+    _, defs = plat.build(spec)
+    first = run_backfill(defs, spec, [names[0]], instance=plat.instance)
+    assert [r.status for r in first] == ["applied at ts 0"]
+    (plat.landing / "b-02.jsonl").write_text('{"key": "x", "offset": "not a number"}\n{')
+    runs = run_backfill(defs, spec, [names[0], "b-02.jsonl", names[1]],
+                        instance=plat.instance)
+    by = {r.partition: r for r in runs}
+    assert dict(plat.shard().state().ingested_files) == {"b-01.jsonl": 0}
+    # b-01 went in at ts 0 in the first backfill; this run did nothing to it.
+    assert by["b-01.jsonl"].status == "b-01.jsonl was already ingested at ts 0"
+    assert by["b-01.jsonl"].success
+    assert not by["b-02.jsonl"].success and by["b-02.jsonl"].status.startswith("failed: ")
+
+
 def test_cli_prints_one_line_per_partition_and_exit_codes(
     plat: Platform, monkeypatch, capsys  # type: ignore[no-untyped-def]
 ) -> None:

@@ -1,20 +1,27 @@
-"""Asset checks: a run whose own batch is corrupt fails the blocking (batch-scoped)
-checks and stops output_shard; damage outside the run's batch is the full-history
-checks' business, which run in their own job and never block; new error rows only
+"""Asset checks: a run whose batch is corrupt fails the blocking checks and stops
+output_shard; the blocking checks cover everything after the published watermark, so a
+blocked batch stays blocked (the next run, a re-run) until a check passes over it; a
+range the batch method cannot verify (GC in between) falls back to the full checks;
+the full-history checks run in their own job and never block; new error rows only
 warn."""
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 from dagster import AssetCheckSeverity, DefaultScheduleStatus
 
-from assets.checks import BLOCKING_CHECKS, FULL_CHECKS
+from assets.checks import BLOCKING_CHECKS, FULL_CHECKS, verify_range
 from tests.dagster.helpers import Platform
+from tests.ingest.helpers import memory_shard
+from tests.ingest.test_check_batch import _big, _built, _ingest, _replace_row
 from upsert_core.ingest import tasks
+from upsert_core.ingest.checkpoint import checkpoint_ref_name
+from upsert_core.ingest.verify import STATE, check_new_batch
 from upsert_core.persist.consolidate import UPDATE_SCHEMA
 
 
@@ -36,6 +43,8 @@ def _ingest_first_two(plat: Platform) -> list[str]:
     assert result.success and all(c.passed for c in checks.values())
     assert set(checks) == {*BLOCKING_CHECKS, "error_rows_did_not_grow"}
     assert checks["state_matches_shard"].metadata["touched_buckets"].value > 0
+    assert {c.metadata["method"].value for c in checks.values() if c.check_name
+            in BLOCKING_CHECKS} == {"batch"}
     return names
 
 
@@ -65,6 +74,118 @@ def test_a_run_whose_changes_do_not_consolidate_is_blocked(
     assert checks["shard_consolidated"].metadata["start_upper"].value == 2
     assert built.key("upsert_state") in materialized
     assert built.key("output_shard") not in materialized
+
+
+def _doubling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next ingest commits its changes with every diff doubled (not consolidated)."""
+    drain = tasks.drain_to_upper
+
+    def doubled(*args: Any, **kwargs: Any) -> Any:
+        out = drain(*args, **kwargs)
+        u = out.updates
+        i = u.schema.get_field_index("diff")
+        return dataclasses.replace(
+            out, updates=u.set_column(i, "diff", pa.compute.multiply(u.column("diff"), 2)))
+
+    monkeypatch.setattr(tasks, "drain_to_upper", doubled)
+
+
+def blocked_b02(plat: Platform, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """b-01 published; b-02 applied corrupt, its checks failed: not published."""
+    names = plat.write_batches(["b-01.jsonl", "b-02.jsonl", "b-03.jsonl"])
+    plat.add_partitions(plat.spec(), names)
+    built, result, _, _ = _run(plat, "b-01.jsonl")
+    assert result.success
+    with monkeypatch.context() as m:
+        _doubling(m)
+        built, result, checks, _ = _run(plat, "b-02.jsonl")
+    assert not result.success and checks["shard_consolidated"].passed is False
+    out = built.key("output_shard")
+    assert plat.instance.get_materialized_partitions(out) == {"b-01.jsonl"}
+    return built, out
+
+
+def test_a_blocked_batch_stays_unpublished_until_a_check_covers_it(
+    plat: Platform, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built, out = blocked_b02(plat, monkeypatch)
+    # The next run's own batch (b-03) is fine, but its checks start at the published
+    # watermark (1): they cover b-02 again, fail, and publish nothing.
+    _, result, checks, _ = _run(plat, "b-03.jsonl")
+    assert not result.success
+    meta = checks["shard_consolidated"].metadata
+    assert (meta["start_upper"].value, meta["upper"].value) == (1, 3)
+    assert meta["run_start_upper"].value == 2 and meta["published_upper"].value == 1
+    assert checks["shard_consolidated"].passed is False
+    assert "the files are applied (upsert_state) but not published" in str(
+        checks["shard_consolidated"].description)
+    # Re-running the blocked partition (a no-op ingest) checks [1, 2), not nothing.
+    _, result, checks, _ = _run(plat, "b-02.jsonl")
+    meta = checks["shard_consolidated"].metadata
+    assert (meta["start_upper"].value, meta["upper"].value) == (1, 3)
+    assert not result.success and checks["shard_consolidated"].passed is False
+    assert plat.instance.get_materialized_partitions(out) == {"b-01.jsonl"}
+    assert plat.instance.get_materialized_partitions(built.key("upsert_state")) == {
+        "b-01.jsonl", "b-02.jsonl", "b-03.jsonl"}  # applied, all of them
+
+
+def test_output_shard_alone_does_not_publish_unchecked_partitions(plat: Platform) -> None:
+    names = plat.write_batches(["b-01.jsonl", "b-02.jsonl"])
+    spec = plat.spec()
+    plat.add_partitions(spec, names)
+    built, defs = plat.build(spec)
+    assert defs.resolve_job_def("feed_ingest").execute_in_process(
+        partition_key=names[0], instance=plat.instance).success
+    from upsert_core.ingest import ingest
+
+    ingest(plat.shard(), str(plat.landing), spec.request())  # b-02, by the CLI
+    from dagster import materialize
+
+    result = materialize([*built.assets], selection=[built.key("output_shard")],
+                         partition_key=names[1], instance=plat.instance,
+                         resources=plat.resources(), raise_on_error=False)
+    assert not result.success
+    assert plat.instance.get_materialized_partitions(built.key("output_shard")) == {
+        names[0]}
+
+
+@pytest.mark.parametrize("scope", ["batch", "global"])
+def test_a_range_gc_made_unverifiable_gets_the_full_checks(tmp_path: Path, scope: str) -> None:
+    """A GC between the ingest and its checks truncates the state diffs the batch
+    method needs: the blocking result is then the full checks', which still see a
+    corrupt checkpoint, and say so."""
+    shard = _built(tmp_path, scope)
+    start = _ingest(shard, tmp_path, scope, {"04.jsonl": _big(4), "05.jsonl": _big(5)})
+    upper = shard.state().upper
+    assert verify_range(shard, start, upper)[1] == "batch"
+    _replace_row(shard, shard.state().config[checkpoint_ref_name(2)])
+    shard.gc()
+    assert check_new_batch(shard, start).notes  # the batch method cannot verify
+    report, method = verify_range(shard, start, upper)
+    assert method.startswith("full (") and "truncated" in method, method
+    assert report.of_kind(STATE), (report.problems, report.notes)
+
+
+@pytest.mark.parametrize("scope", ["batch", "global"])
+@pytest.mark.parametrize("retain", [None, 1, 3])
+def test_after_gc_retain_checks_pass_and_say_how(tmp_path: Path, scope: str,
+                                                 retain: int | None) -> None:
+    """A bucket untouched for runs, GC with --retain between: no false positive, and
+    a range the batch method could not verify is verified by the full checks."""
+    shard = memory_shard()
+    _ingest(shard, tmp_path, scope, {"00.jsonl": _big(0)})
+    for i in range(1, 6):  # small runs touching only key 1's bucket
+        _ingest(shard, tmp_path, scope, {f"{i:02}.jsonl": [{"key": 1, "offset": i}]})
+        shard.gc(retain=retain)
+    start = _ingest(shard, tmp_path, scope, {"50.jsonl": [
+        {"key": k, "offset": 50, "v": "new"} for k in range(2, 40)]})
+    report, method = verify_range(shard, start, shard.state().upper)
+    assert report.ok, report.problems
+    assert (method == "batch") == (not check_new_batch(shard, start).notes), method
+    # A watermark before since (e.g. a shard the CLI filled and GC'd before Dagster):
+    if shard.state().since > 0:
+        report, method = verify_range(shard, 0, shard.state().upper)
+        assert report.ok and method.startswith("full (the range starts at ts 0"), method
 
 
 def test_a_run_whose_checkpoint_is_lost_is_blocked(
@@ -101,11 +222,16 @@ def test_full_checks_run_in_their_own_job_and_never_block(plat: Platform) -> Non
     )
     assert shard.append(bad, upper).committed
 
-    # A no-op ingest commits nothing: its batch checks read nothing and pass.
+    # A no-op ingest commits nothing, but its blocking checks cover everything after
+    # the published watermark (2), the foreign batch included: blocked, not published.
     built, result, checks, materialized = _run(plat, names[0])
-    assert result.success and all(checks[n].passed for n in BLOCKING_CHECKS)
-    assert not set(checks) & set(FULL_CHECKS)
-    assert built.key("output_shard") in materialized
+    assert not result.success and not set(checks) & set(FULL_CHECKS)
+    meta = checks["state_matches_shard"].metadata
+    assert (meta["start_upper"].value, meta["upper"].value) == (2, 3)
+    assert checks["state_matches_shard"].passed is False
+    assert "something other than the ingest" in _problems(checks["state_matches_shard"])
+    assert "upsertctl check --shard feed" in str(checks["state_matches_shard"].description)
+    assert built.key("output_shard") not in materialized
 
     built, result, checks, materialized = _run(plat, None, job="feed_full_check")
     assert set(checks) == set(FULL_CHECKS)

@@ -1,12 +1,17 @@
 """Runs of one shard: a lost race is retried by the asset's RetryPolicy (a step retry the
-UI shows), and the retry applies only what is still pending; the shard's writers share
-a concurrency pool, limited to 1 by the instance configuration users get."""
+UI shows), and the retry applies only what is still pending; the files the first
+attempt committed count as the run's and its blocking checks cover them; the shard's
+writers share a concurrency pool, limited to 1 by the instance configuration users
+get."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pytest
 import yaml
 from dagster import AssetKey, DagsterEventType
 
@@ -14,7 +19,7 @@ from assets.factory import shard_pool
 from resources.stores import SqliteConsensus
 from tests.dagster.helpers import Platform, shard_contents
 from upsert_core.errors import ConcurrentModification
-from upsert_core.ingest import InProcessEngine, ingest
+from upsert_core.ingest import InProcessEngine, ingest, tasks
 from upsert_core.persist.location import Consensus
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,6 +73,48 @@ def test_lost_race_is_retried_by_the_retry_policy(plat: Platform) -> None:
     assert shard_contents(plat.shard()) == shard_contents(reference)
     key = AssetKey(["feed", "upsert_state"])
     assert plat.instance.get_materialized_partitions(key) == set(names)
+
+
+def test_the_checks_cover_what_the_first_attempt_committed(
+    plat: Platform, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    names = plat.write_batches(["b-01.jsonl", "b-02.jsonl"])
+    spec = plat.spec()
+    plat.add_partitions(spec, names)
+    resources = plat.resources()
+    consensus = LosingConsensus(path=resources["consensus"].path, marker=names[1])
+    _LOSSES[consensus.path] = 1
+    # The first file of the run (committed by the first attempt) is corrupt.
+    drain, calls = tasks.drain_to_upper, []
+
+    def doubled_once(*args: Any, **kwargs: Any) -> Any:
+        out = drain(*args, **kwargs)
+        calls.append(1)
+        if len(calls) > 1:
+            return out
+        u = out.updates
+        i = u.schema.get_field_index("diff")
+        return dataclasses.replace(
+            out, updates=u.set_column(i, "diff", pa.compute.multiply(u.column("diff"), 2)))
+
+    monkeypatch.setattr(tasks, "drain_to_upper", doubled_once)
+    from orchestration.definitions import build_definitions
+
+    defs = build_definitions([spec], {**resources, "consensus": consensus})
+    result = defs.resolve_job_def("feed_ingest").execute_in_process(
+        partition_key=names[1], instance=plat.instance, raise_on_error=False)
+    assert _LOSSES[consensus.path] == 0  # the race was lost and retried
+    checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    meta = checks["shard_consolidated"].metadata
+    assert (meta["start_upper"].value, meta["upper"].value) == (0, 2)
+    assert meta["run_start_upper"].value == 0  # the run's, not the retry's (1)
+    assert checks["shard_consolidated"].passed is False
+    assert not plat.instance.get_materialized_partitions(AssetKey(["feed", "output_shard"]))
+    # b-01 is labelled as this run's (its first attempt committed it).
+    [event] = [r.asset_materialization for r in plat.instance.fetch_materializations(
+        AssetKey(["feed", "upsert_state"]), limit=10).records
+        if r.asset_materialization and r.asset_materialization.partition == names[0]]
+    assert event.metadata["applied_by"].value == "this run"
 
 
 def test_shard_writers_share_a_pool_limited_to_one() -> None:

@@ -1,5 +1,6 @@
 """The landing sensor: run requests with run keys, dynamic partitions, its cursor, and
-runless materializations of files the shard already holds."""
+runless upsert_state (applied) materializations of files the shard already holds; it
+never publishes (output_shard) a file no blocking check covered."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dagster import AssetKey, SensorResult, SkipReason, build_sensor_context
 from orchestration.jobs import ingest_job
 from orchestration.sensors import landing_sensor
 from tests.dagster.helpers import BATCHES, Platform, write_jsonl
+from tests.dagster.test_checks import blocked_b02
 from tests.services import AWS_TEST_CREDENTIALS
 from upsert_core.errors import IngestError
 from upsert_core.ingest import ingest
@@ -77,16 +79,16 @@ def test_files_already_in_the_shard_get_partitions_but_no_runs(plat: Platform) -
     ]
     assert result.cursor == "b-03.jsonl"
 
-    # ... and they show as materialized (not Missing), with the ts they went in at.
+    # ... and they show as applied (upsert_state materialized), with the ts they went in
+    # at; not as published (output_shard): no blocking check has covered them yet.
     events = {(e.asset_key.path[-1], e.partition): e.metadata for e in result.asset_events}
-    assert set(events) == {(a, n) for a in ("upsert_state", "output_shard")
-                           for n in ("b-01.jsonl", "b-02.jsonl")}
+    assert set(events) == {("upsert_state", n) for n in ("b-01.jsonl", "b-02.jsonl")}
     for (_, name), meta in events.items():
         assert meta["ts"].value == int(name[3]) - 1
         assert "sensor" in str(meta["applied_by"].value)
-    for asset in ("upsert_state", "output_shard"):
-        assert plat.instance.get_materialized_partitions(AssetKey(["feed", asset])) == {
-            "b-01.jsonl", "b-02.jsonl"}
+    state, output = AssetKey(["feed", "upsert_state"]), AssetKey(["feed", "output_shard"])
+    assert plat.instance.get_materialized_partitions(state) == {"b-01.jsonl", "b-02.jsonl"}
+    assert not plat.instance.get_materialized_partitions(output)
 
     # Nothing new and nothing unreported: a skip, no events again.
     assert isinstance(_tick(plat, spec, result.cursor), SkipReason)
@@ -96,9 +98,30 @@ def test_files_already_in_the_shard_get_partitions_but_no_runs(plat: Platform) -
     later = _tick(plat, spec, result.cursor)
     assert isinstance(later, SensorResult) and not later.run_requests
     assert sorted((e.asset_key.path[-1], e.partition, e.metadata["ts"].value)
-                  for e in later.asset_events) == [("output_shard", "b-03.jsonl", 2),
-                                                   ("upsert_state", "b-03.jsonl", 2)]
+                  for e in later.asset_events) == [("upsert_state", "b-03.jsonl", 2)]
     assert isinstance(_tick(plat, spec, result.cursor), SkipReason)
+
+    # The first ingest run's blocking checks cover the whole history (no published
+    # watermark yet) and publish every file they covered.
+    _, defs = plat.build(spec)
+    run = defs.resolve_job_def("feed_ingest").execute_in_process(
+        partition_key="b-03.jsonl", instance=plat.instance)
+    checks = {e.check_name: e for e in run.get_asset_check_evaluations()}
+    assert run.success and checks["shard_consolidated"].metadata["start_upper"].value == 0
+    assert plat.instance.get_materialized_partitions(output) == {
+        "b-01.jsonl", "b-02.jsonl", "b-03.jsonl"}
+
+
+def test_the_sensor_never_publishes_a_blocked_batch(
+    plat: Platform, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built, out = blocked_b02(plat, monkeypatch)
+    ingest(plat.shard(), str(plat.landing), plat.spec().request())  # b-03, by the CLI
+    result = _tick(plat, plat.spec(), "b-03.jsonl")
+    assert isinstance(result, SensorResult)
+    assert {(e.asset_key.path[-1], e.partition) for e in result.asset_events} == {
+        ("upsert_state", "b-03.jsonl")}
+    assert plat.instance.get_materialized_partitions(out) == {"b-01.jsonl"}
 
 
 def test_unlistable_landing_fails_the_tick(plat: Platform) -> None:
