@@ -8,16 +8,25 @@ the keys' previous rows."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
 from upsert_core.columnar import ColumnarState
 from upsert_core.columnar.checkpoint_format import decode_state, encode_state
+from upsert_core.drain import OrderScope
 from upsert_core.ingest import IngestRequest, ingest
-from upsert_core.ingest.checkpoint import CONFIG_CHECKPOINT_UPPER, checkpoint_ref_name
+from upsert_core.ingest.buckets import bucket_of
+from upsert_core.ingest.checkpoint import (
+    CONFIG_CHECKPOINT_UPPER,
+    checkpoint_ref_name,
+    write_checkpoint,
+)
 from upsert_core.ingest.verify import STATE, check_new_batch
+from upsert_core.landing import encode_key
 from upsert_core.persist.check import CONSOLIDATION, STORAGE, CheckReport
 from upsert_core.persist.check_batch import configs_at_uppers
 from upsert_core.persist.consolidate import UPDATE_SCHEMA
@@ -219,3 +228,68 @@ def test_a_run_after_gc_is_checked_in_full(tmp_path: Path) -> None:
     report = check_new_batch(shard, upper)
     _ok(report)
     assert report.counts["touched_buckets"] == BUCKETS
+
+
+def _rewrite_orders(
+    shard: Shard, bucket: int, new_orders: Callable[[ColumnarState], np.ndarray]
+) -> bool:
+    """Rewrite bucket ``bucket``'s committed checkpoint, as the ingest writes one
+    (``write_checkpoint``: same metadata, a valid digest), with the orders
+    ``new_orders(state)`` returns; the rows stay those of the shard. Only a rewrite of
+    the committed size is done (returns whether it was): the size is checked on its
+    own, and these tests are about the orders."""
+    ref = shard.state().config[checkpoint_ref_name(bucket)]
+    data = shard.blob.get(ref) or b""
+    old, meta = decode_state(data)
+    bogus = ColumnarState.checked(old.hi, old.lo, old.rows, new_orders(old))
+    key, size = write_checkpoint(shard.blob, shard.shard_id, bucket, BUCKETS,
+                                 OrderScope.GLOBAL, int(meta["upper"]), bogus)
+    if size == len(data):
+        shard.blob.set(ref, shard.blob.get(key) or b"")
+    shard.blob.delete(key)
+    return size == len(data)
+
+
+def _tombstones(state: ColumnarState) -> np.ndarray:
+    return np.asarray(state.rows.is_null().to_numpy(zero_copy_only=False), bool)
+
+
+def test_real_global_ingests_compare_the_orders_of_live_keys(tmp_path: Path) -> None:
+    shard = _built(tmp_path, "global")  # deletes, a tombstone of an absent key, a re-insert
+    first = check_new_batch(shard, 0, 1)
+    _ok(first)
+    assert first.counts["orders_compared"] == 300
+    report = check_new_batch(shard, 1)
+    _ok(report)
+    assert 0 < report.counts["orders_compared"] < 300
+    # Tombstones keep an order the shard cannot confirm: any value is accepted.
+    tomb = bucket_of(encode_key((999,)), BUCKETS)
+    assert any(
+        _rewrite_orders(shard, tomb, lambda s, v=v: np.where(_tombstones(s), v, s.orders))
+        for v in range(3, 200)
+    )
+    _ok(check_new_batch(shard, 1))
+
+
+@pytest.mark.parametrize("sign", [1, -1], ids=["newer", "older"])
+def test_a_checkpoint_with_wrong_orders_of_live_keys_fails_state(
+    tmp_path: Path, sign: int
+) -> None:
+    # The review repro: a touched bucket's checkpoint claims orders its rows contradict
+    # (newer: a newer row would be ignored; older: an older row would win).
+    shard = memory_shard()
+    _ingest(shard, tmp_path, "global", {"00.jsonl": _big(0)})
+    upper = _ingest(shard, tmp_path, "global",
+                    {"01.jsonl": [{**r, "offset": 50} for r in _big(1)]})
+    _ok(check_new_batch(shard, upper))
+    live = len(decode_state(shard.blob.get(shard.state().config[checkpoint_ref_name(2)])
+                            or b"")[0].hi)
+    # Every live key of bucket 2 gets one wrong order (their rows say offset 50): the
+    # first candidate that keeps the checkpoint's size.
+    stored = next(v for v in range(50 + sign, 50 + 40 * sign, sign)
+                  if _rewrite_orders(shard, 2, lambda s, v=v: np.full(len(s.hi), v, np.int64)))
+    report = check_new_batch(shard, upper)
+    problems = report.of_kind(STATE)
+    assert len(problems) == 1 and not report.of_kind(CONSOLIDATION), report.problems
+    assert problems[0].startswith(f"bucket 2: {live} live key(s)"), problems
+    assert problems[0].count(f"(stored {stored}, row 50)") == 10  # examples, then the count

@@ -77,7 +77,10 @@ def rehydrate_bucket(
 
 def order_values(shard: str, schema: SourceSchema, rows: pa.Array) -> np.ndarray:
     """The order value of each encoded row, as the int64 the drain compares
-    (timestamps in microseconds since the epoch, naive ones read as UTC)."""
+    (timestamps in microseconds since the epoch, naive ones read as UTC).
+
+    The one reading of orders from rows: rehydration builds global-scope states with
+    it, and ``verify`` checks every live key's checkpointed order against it."""
     if not len(rows):
         return np.zeros(0, np.int64)
     if schema.order not in schema.names:

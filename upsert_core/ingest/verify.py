@@ -13,7 +13,12 @@ back and compares them with the shard's own consolidated snapshot at ``upper - 1
   verifies that those changes fit the checkpoint;
 - the live values of all buckets together must be exactly the snapshot's rows: the
   same keys, byte-identical rows, each with multiplicity 1. Tombstones (order scope
-  ``global``) are state only; they have no row in the shard and are not compared.
+  ``global``) are state only; they have no row in the shard and are not compared;
+- order scope ``global``: every live key's stored order must be the order value of its
+  row (the row keeps the order column), decoded as one column with the shard's source
+  schema exactly as rehydration reads it (``rehydrate.order_values``). A stored order
+  the rows contradict would make the next ingest ignore newer data (or apply older
+  data). A tombstone's order has no row to be checked against and is taken as stored.
 
 :func:`compare_state` is the full check: used by ``upsertctl check`` and by the
 scheduled, non-blocking Dagster check ``full_state_matches_shard``. It holds the state
@@ -38,10 +43,12 @@ checkpoint reference changed during the run):
   changes since its base) equals, key for key and row for row, that previous state
   plus the batch's changes (kind ``state``). A bucket that kept its checkpoint base
   through the run is that computation by construction, so only its chain is checked.
-  In the global scope the shard holds no orders and no tombstones: the live rows are
-  compared, tombstones and order values are not.
+  In the global scope the shard holds no tombstones: the live rows are compared, and
+  each live key's stored order must equal the order decoded from its row (as in the
+  full check); tombstones are not compared.
 
-Untouched buckets are not read. Cost: O(touched buckets' states + the changes since
+Untouched buckets are not read. Cost: O(touched buckets' states (in the global scope
+their live rows are decoded once, as whole columns, for the orders) + the changes since
 their checkpoint bases, which the ingest bounds by ``REPLAY_FRACTION`` of a base and
 ``MAX_REPLAY_BATCHES`` batches + the batch's updates + the state diffs since
 ``start_upper``): it follows the batch and the bucket sizes, never the shard's age.
@@ -59,7 +66,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from upsert_core.columnar import ColumnarState, apply_changes
+from upsert_core.columnar import ColumnarState, apply_changes, join_keys
 from upsert_core.columnar.merge import fold
 from upsert_core.drain import OrderScope
 from upsert_core.errors import InvalidUpsertState, NotReadable, UpsertPlatformError
@@ -74,8 +81,10 @@ from upsert_core.ingest.checkpoint import (
     new_state,
 )
 from upsert_core.ingest.options import CONFIG_SCHEMA
+from upsert_core.ingest.rehydrate import order_values
 from upsert_core.ingest.replay import replay_bucket
 from upsert_core.ingest.tasks import Base
+from upsert_core.landing import SourceSchema
 from upsert_core.persist.check import CONSOLIDATION, STORAGE, CheckReport
 from upsert_core.persist.check_batch import (
     check_batch_consolidated,
@@ -90,6 +99,41 @@ from upsert_core.persist.state import ShardState
 MAX_LISTED = 10
 
 
+def _order_mismatches(
+    state: ColumnarState, schema: SourceSchema, shard: str, bucket: int
+) -> tuple[int, str | None]:
+    """Global scope: compare every live key's stored order with the order value of its
+    row, decoded as one column the way rehydration reads it (``order_values``).
+
+    Returns the number of live keys compared and a problem naming the bucket, the first
+    ``MAX_LISTED`` differing keys in key order (stored and row orders) and their count,
+    or None when all agree. Tombstones (null rows) are skipped: the shard holds no row
+    to confirm their order. A row whose order cannot be decoded raises CorruptData.
+    """
+    state = fold(state)
+    if state.orders is None:
+        return 0, None
+    live = np.flatnonzero(~np.asarray(state.rows.is_null().to_numpy(zero_copy_only=False),
+                                      bool))
+    from_rows = order_values(shard, schema, state.rows.take(pa.array(live, pa.int64())))
+    stored = state.orders[live]
+    bad = live[from_rows != stored]
+    if not len(bad):
+        return len(live), None
+    shown = bad[:MAX_LISTED]
+    keys = join_keys(state.hi[shown], state.lo[shown]).to_pylist()
+    row_orders = from_rows[from_rows != stored][:MAX_LISTED]
+    examples = ", ".join(
+        f"{k.hex()} (stored {int(o)}, row {int(r)})"
+        for k, o, r in zip(keys, state.orders[shown], row_orders, strict=True)
+    )
+    return len(live), (
+        f"bucket {bucket}: {len(bad)} live key(s) whose stored order differs from the"
+        f" order value of their row in the shard (the next ingest would decide them"
+        f" against the wrong order): {examples}"
+    )
+
+
 @dataclass
 class StateComparison:
     """The outcome: ``problems`` is empty iff the state equals the shard."""
@@ -101,6 +145,8 @@ class StateComparison:
     shard_rows: int = 0
     checkpoint_bytes: int = 0
     buckets: int = 0
+    orders_compared: int = 0
+    """Live keys whose stored order was checked against their row (global scope)."""
     rebuilt_buckets: set[int] = field(default_factory=set)
     """Buckets whose checkpoint base lies before the shard's since: their changes since
     the base are no longer readable, so the next ingest rebuilds them from the shard
@@ -146,6 +192,18 @@ def _load_live(
                                    f" apply to it: {exc}")
             usable = False
             continue
+        if options.order_scope is OrderScope.GLOBAL:
+            # The rows are compared with the shard below: an order checked against the
+            # state's row is checked against the shard's.
+            try:
+                compared, problem = _order_mismatches(
+                    upsert, options.schema, shard.shard_id, bucket
+                )
+            except UpsertPlatformError as exc:
+                compared, problem = 0, f"bucket {bucket}: its orders cannot be checked: {exc}"
+            result.orders_compared += compared
+            if problem is not None:
+                result.problems.append(problem)
         result.state_keys += len(upsert)
         live.update(upsert.live_rows())
     return live if usable else None
@@ -388,7 +446,7 @@ def compare_touched_buckets(
     report.counts["touched_buckets"] = len(touched)
     report.counts["buckets"] = buckets
     loader = _Buckets(shard, state, buckets, scope)
-    state_keys = 0
+    state_keys = orders_compared = 0
     for bucket in touched:
         try:
             previous = loader.at(before, bucket, start_upper)
@@ -423,11 +481,23 @@ def compare_touched_buckets(
         if scope is OrderScope.BATCH and _kept_base(before, after, bucket, start_upper, upper):
             continue  # the committed state is `previous` + these changes by construction
         try:
-            committed = _live_only(loader.at(after, bucket, upper))
+            loaded = loader.at(after, bucket, upper)
         except (CheckpointUnusable, InvalidUpsertState, NotReadable) as exc:
             report.add(STATE, f"bucket {bucket}: its checkpoint at upper {upper} cannot be"
                               f" used: {exc}")
             continue
+        if scope is OrderScope.GLOBAL:
+            # Its live rows must equal `expected`'s (below), which are the shard's.
+            try:
+                compared, problem = _order_mismatches(
+                    loaded, options.schema, shard.shard_id, bucket
+                )
+            except UpsertPlatformError as exc:
+                compared, problem = 0, f"bucket {bucket}: its orders cannot be checked: {exc}"
+            orders_compared += compared
+            if problem is not None:
+                report.add(STATE, problem)
+        committed = _live_only(loaded)
         if not _same(committed, expected):
             keys = _differing_keys(committed, expected)
             report.add(
@@ -437,5 +507,7 @@ def compare_touched_buckets(
                 + ", ".join(keys[:MAX_LISTED]),
             )
     report.counts["state_keys_compared"] = state_keys
+    if scope is OrderScope.GLOBAL:
+        report.counts["orders_compared"] = orders_compared
     return report
 
