@@ -59,6 +59,7 @@ Invariants:
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from dagster import (
     AssetCheckEvaluation,
@@ -81,6 +82,7 @@ from dagster import (
 from pydantic import Field
 
 from assets.checks import BLOCKING_CHECKS, build_checks
+from assets.core_logs import forward_core_logs
 from assets.ingest_step import find_file, ingest_through, run_partitions
 from assets.metadata import (
     APPLIED_BEFORE,
@@ -212,9 +214,23 @@ def _verified_upper(context: AssetExecutionContext, state_key: AssetKey) -> int 
     return min(uppers)
 
 
-def build_source_assets(spec: SourceSpec) -> SourceAssets:
-    """The four assets and the checks of ``spec`` (see the module docstring)."""
+def landing_kind(landing: str) -> str:
+    """The Dagster kind of a landing location: ``s3`` or ``file``."""
+    return "s3" if landing.startswith("s3://") else "file"
+
+
+def build_source_assets(
+    spec: SourceSpec, store_kinds: tuple[str, str] = ("sqlite", "file")
+) -> SourceAssets:
+    """The four assets and the checks of ``spec`` (see the module docstring).
+
+    ``store_kinds``: the Dagster kinds of the consensus and blob stores (e.g.
+    ``("postgres", "s3")``), shown on the assets that read or write the shard; the
+    source's ``description``, ``owners`` and ``tags`` go on every asset."""
     partitions = DynamicPartitionsDefinition(name=spec.partitions_name)
+    catalog: dict[str, Any] = {"owners": list(spec.owners), "tags": dict(spec.tags)}
+    about = f"{spec.description.rstrip('.')}. " if spec.description else ""
+    shard_kinds = set(store_kinds)
     prefix = [spec.name]
     snapshot_key, state_key, output_key = (AssetKey([spec.name, n]) for n in (SNAPSHOT, STATE,
                                                                              OUTPUT))
@@ -223,9 +239,9 @@ def build_source_assets(spec: SourceSpec) -> SourceAssets:
     backfill = BackfillPolicy.single_run()
 
     @asset(name=SNAPSHOT, partitions_def=partitions, key_prefix=prefix, group_name=spec.name,
-           backfill_policy=backfill,
-           description=f"Landing file (partition) of {redact_url(spec.landing)} and what its run"
-           " applies.")
+           backfill_policy=backfill, kinds={landing_kind(spec.landing)}, **catalog,
+           description=f"{about}Landing file (partition) of {redact_url(spec.landing)} and what"
+           " its run applies.")
     def source_snapshot(
         context: AssetExecutionContext, consensus: ConsensusResource,
         blob_store: BlobStoreResource,
@@ -258,10 +274,11 @@ def build_source_assets(spec: SourceSpec) -> SourceAssets:
             "pending_files": MetadataValue.json([f.name for f in todo[:20]]),
         })
 
-    @asset(name=STATE, partitions_def=partitions, deps=[snapshot_key], kinds={"spark"},
+    @asset(name=STATE, partitions_def=partitions, deps=[snapshot_key],
+           kinds={"spark", *shard_kinds}, **catalog,
            key_prefix=prefix, group_name=spec.name, pool=pool, backfill_policy=backfill,
            retry_policy=RACE_RETRY_POLICY,
-           description=f"Ingest (Spark) of the pending files through the partition into"
+           description=f"{about}Ingest (Spark) of the pending files through the partition into"
                        f" shard {spec.shard!r}, with the bucketed upsert state.")
     def upsert_state(
         context: AssetExecutionContext, consensus: ConsensusResource,
@@ -293,10 +310,11 @@ def build_source_assets(spec: SourceSpec) -> SourceAssets:
 
         try:
             # The engine (a Spark session) is made only if a file is actually pending.
-            result = ingest_through(
-                shard, spec.landing, spec.request(), keys, engine_factory=spark.ingest_engine,
-                progress=log_progress,
-            )
+            with forward_core_logs(context.log, context.instance):
+                result = ingest_through(
+                    shard, spec.landing, spec.request(), keys,
+                    engine_factory=spark.ingest_engine, progress=log_progress,
+                )
         except UpsertPlatformError as exc:
             # Files committed before the failure are in the shard: show them, as this
             # run's (a retry after a lost race finds them so).
@@ -323,8 +341,9 @@ def build_source_assets(spec: SourceSpec) -> SourceAssets:
         return MaterializeResult(metadata=meta)
 
     @asset(name=OUTPUT, partitions_def=partitions, deps=[state_key], key_prefix=prefix,
-           group_name=spec.name, backfill_policy=backfill,
-           description=f"The consolidated shard {spec.shard!r}, published after its checks.")
+           group_name=spec.name, backfill_policy=backfill, kinds=shard_kinds, **catalog,
+           description=f"{about}The consolidated shard {spec.shard!r}, published after its"
+           " checks.")
     def output_shard(
         context: AssetExecutionContext, consensus: ConsensusResource,
         blob_store: BlobStoreResource,
@@ -364,8 +383,16 @@ def build_source_assets(spec: SourceSpec) -> SourceAssets:
         return MaterializeResult(metadata=meta)
 
     @asset(name=GC, deps=[output_key], key_prefix=prefix, group_name=spec.name, pool=pool,
-           description=f"Rollup, compaction and GC of shard {spec.shard!r}.")
+           kinds=shard_kinds, **catalog,
+           description=f"{about}Rollup, compaction and GC of shard {spec.shard!r}.")
     def rollup_gc(
+        context: AssetExecutionContext, config: RollupGcConfig, consensus: ConsensusResource,
+        blob_store: BlobStoreResource,
+    ) -> MaterializeResult:
+        with forward_core_logs(context.log, context.instance):
+            return _rollup_gc(config, consensus, blob_store)
+
+    def _rollup_gc(
         config: RollupGcConfig, consensus: ConsensusResource, blob_store: BlobStoreResource
     ) -> MaterializeResult:
         started = time.monotonic()

@@ -34,6 +34,9 @@ class SourceSpec:
     gc_cron: str = DEFAULT_GC_CRON
     gc_retain: int | None = None
     sensor_interval_s: int = DEFAULT_SENSOR_INTERVAL_S
+    description: str | None = None
+    owners: tuple[str, ...] = ()
+    tags: tuple[tuple[str, str], ...] = ()
     origin: str = field(default="sources.yaml", compare=False)
 
     def request(self) -> IngestRequest:

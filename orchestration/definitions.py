@@ -69,6 +69,18 @@ def store_resources(
     return consensus, blob
 
 
+def store_kinds(env: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """The Dagster kinds of the stores this environment configures: ``postgres`` or
+    ``sqlite`` (or ``memory``), and ``s3`` or ``file`` (or ``memory``)."""
+    env = os.environ if env is None else env
+    consensus = env.get(ENV_CONSENSUS, "").strip().lower()
+    blob = env.get(ENV_BLOB, "").strip().lower()
+    consensus_kind = ("postgres" if consensus.startswith("postgres")
+                      else "memory" if consensus.startswith("mem") else "sqlite")
+    blob_kind = "s3" if blob.startswith("s3") else "memory" if blob.startswith("mem") else "file"
+    return consensus_kind, blob_kind
+
+
 def default_resources(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """``consensus``, ``blob_store`` and ``spark`` as the environment configures them."""
     consensus, blob = store_resources(env)
@@ -79,7 +91,8 @@ def build_definitions(
     sources: Sequence[SourceSpec], resources: Mapping[str, Any] | None = None
 ) -> Definitions:
     """A code location serving ``sources`` with ``resources`` (default: the environment)."""
-    built: list[SourceAssets] = [build_source_assets(s) for s in sources]
+    kinds = store_kinds()
+    built: list[SourceAssets] = [build_source_assets(s, kinds) for s in sources]
     assets: list[AssetsDefinition] = []
     checks: list[AssetChecksDefinition] = []
     jobs: list[Any] = []

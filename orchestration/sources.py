@@ -18,6 +18,9 @@ the working directory; else, when running from a checkout, the one at its root):
         gc_cron: "0 * * * *"            # rollup_gc schedule
         gc_retain: null                 # rollup_gc --retain, >= 1 (null keeps all history)
         sensor_interval_s: 10           # how often the landing sensor lists the landing
+        description: Orders from the shop  # shown on every asset of the group
+        owners: [team:data-eng, alice@example.com]  # Dagster owners: emails or team:NAME
+        tags: {domain: sales}           # Dagster tags on every asset of the group
 
 ``${VAR}`` and ``${VAR:-default}`` expand from the environment; ``UPSERT_HOME``
 defaults to ``./.upsert`` made absolute, as for ``upsertctl``.
@@ -65,8 +68,11 @@ __all__ = ["SourceSpec", "load_sources", "merge_sources", "parse_source", "env_s
 
 _FIELDS = {
     "name", "landing", "shard", "key", "order", "deleted_col", "order_scope", "gc_cron",
-    "gc_retain", "sensor_interval_s",
+    "gc_retain", "sensor_interval_s", "description", "owners", "tags",
 }
+_OWNER = re.compile(r"^(team:[A-Za-z0-9_.-]+|[^@\s]+@[^@\s]+\.[^@\s]+)$")
+_TAG_KEY = re.compile(r"^([A-Za-z0-9_.-]{1,63}/)?[A-Za-z0-9_.-]{1,63}$")
+_TAG_VALUE = re.compile(r"^[A-Za-z0-9_.-]{0,63}$")
 
 
 def dagster_name(text: str) -> str:
@@ -113,6 +119,33 @@ def _opt_str(entry: Mapping[str, Any], name: str, where: str, env: Mapping[str, 
     return expand(str(value), env)
 
 
+def _owners(value: Any, where: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(o, str) for o in items):
+        raise ConfigError(f"{where}: owners must be a list of emails or team:NAME")
+    bad = [o for o in items if not _OWNER.match(o)]
+    if bad:
+        raise ConfigError(f"{where}: owners {bad} are neither emails nor team:NAME")
+    return tuple(items)
+
+
+def _tags(value: Any, where: str) -> tuple[tuple[str, str], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: tags must be a mapping of names to values")
+    pairs = tuple(sorted((str(k), "" if v is None else str(v)) for k, v in value.items()))
+    for key, text in pairs:
+        if not _TAG_KEY.match(key) or not _TAG_VALUE.match(text):
+            raise ConfigError(
+                f"{where}: tag {key}: {text!r}: names and values are up to 63 letters,"
+                " digits, '_', '-' or '.' (a name may have one 'prefix/')"
+            )
+    return pairs
+
+
 def parse_source(entry: object, where: str, env: Mapping[str, str]) -> SourceSpec:
     """One ``sources:`` entry as a :class:`SourceSpec`."""
     if not isinstance(entry, dict):
@@ -146,6 +179,9 @@ def parse_source(entry: object, where: str, env: Mapping[str, str]) -> SourceSpe
         gc_cron=_opt_str(entry, "gc_cron", where, env) or DEFAULT_GC_CRON,
         gc_retain=retain,
         sensor_interval_s=interval,
+        description=_opt_str(entry, "description", where, env),
+        owners=_owners(entry.get("owners"), where),
+        tags=_tags(entry.get("tags"), where),
         origin=where,
     )
 
