@@ -6,6 +6,7 @@ working directory."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -25,8 +26,16 @@ def _run(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Complete
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel built from this checkout, unpacked as pip would install it."""
     out = tmp_path_factory.mktemp("wheel")
+    # Build from a copy of the tracked files: setuptools writes build/ into the source tree.
+    source = out / "source"
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    for name in tracked:
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
     built = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                  "-q", "-w", str(out), str(ROOT)], cwd=out, env=dict(os.environ))
+                  "-q", "-w", str(out), str(source)], cwd=out, env=dict(os.environ))
     assert built.returncode == 0, built.stderr[-3000:]
     [wheel] = out.glob("upsert_platform-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
