@@ -122,7 +122,7 @@ def test_slices_and_chunks_decode_like_the_whole(
 
 
 def test_decode_rows_to_table_matches_the_parquet_snapshot_columns() -> None:
-    # orchestration.cli_output._ParquetWriter builds each column with pa.array(decoded
+    # orchestration.cli.output._ParquetWriter builds each column with pa.array(decoded
     # values, type=ARROW_TYPES[...]) against the schema of (name, ARROW_TYPES[type]).
     schema = _schema(list(LogicalType))
     values = [

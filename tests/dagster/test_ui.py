@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from orchestration.demo_landing import generate_landing
+from orchestration.cli.demo_landing import generate_landing
 from tests.dagster.browser import Browser
 from tests.dagster.helpers import fast_tmp
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import resources.spark_session as spark_session
-from orchestration.cli_ingest import ingest_landing
+from orchestration.cli.ingest import ingest_landing
 from resources.engines import LazySparkEngine, engine_named, make_engine
 from resources.spark import SparkResource, spark_resource_from_env
 from resources.spark_session import spark_target

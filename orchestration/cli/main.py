@@ -1,6 +1,6 @@
 """``upsertctl``: the command line of upsert-platform (see CONTRACT.md, "Command line").
 
-This module only parses arguments, dispatches to :mod:`orchestration.cli_commands` and
+This module only parses arguments, dispatches to :mod:`orchestration.cli.commands` and
 turns failures into exit statuses. Invariants:
 
 - Global options (``--consensus``, ``--blob``, ``--debug``) are accepted before and
@@ -24,6 +24,9 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from typing import NoReturn
+
+from orchestration.cli.commands import run
+from orchestration.cli.config import debug_enabled
 
 PROG = "upsertctl"
 EXIT_ERROR = 1
@@ -232,8 +235,6 @@ def main(argv: Sequence[str] | None = None, *, defer_pandas: bool = False) -> in
     command needs (``upsert_core.arrow_startup``); set after the arguments parsed, so
     ``--help`` and usage errors never import pyarrow.
     """
-    from orchestration.cli_config import debug_enabled
-
     args_list = list(sys.argv[1:] if argv is None else argv)
     debug = debug_enabled("--debug" in args_list)
     try:
@@ -243,8 +244,6 @@ def main(argv: Sequence[str] | None = None, *, defer_pandas: bool = False) -> in
             from upsert_core.arrow_startup import defer_pandas as withhold_pandas
 
             withhold_pandas()
-        from orchestration.cli_commands import run
-
         return run(args)
     except UsageError as exc:
         _report(f"{exc} (see {PROG} --help)")

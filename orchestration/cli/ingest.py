@@ -21,7 +21,8 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from orchestration.cli_progress import ProgressPrinter, summary_line
+from orchestration.cli.config import open_shard
+from orchestration.cli.progress import ProgressPrinter, summary_line
 
 if TYPE_CHECKING:
     from upsert_core.ingest import IngestReport, IngestRequest
@@ -91,7 +92,6 @@ def ingest_landing(
 
 
 def run_ingest(args: argparse.Namespace) -> int:
-    from orchestration.cli_commands import open_shard
     from upsert_core.persist.keys import claim_writer_token
 
     # The ingest registers a writer id in the shard, which protects and fences what it

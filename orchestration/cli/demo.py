@@ -2,7 +2,7 @@
 
 Runs on whatever stores the global options name (by default the embedded SQLite
 consensus and local blob store under ``$UPSERT_HOME``). The landing is
-``$UPSERT_HOME/demo-landing`` (see :mod:`orchestration.demo_landing`).
+``$UPSERT_HOME/demo-landing`` (see :mod:`orchestration.cli.demo_landing`).
 
 Idempotent: the sample files are never rewritten and the ingest only takes files not
 yet ingested, so a second run ingests nothing and the shard's upper stays put.
@@ -18,7 +18,11 @@ import shlex
 import sys
 from pathlib import Path
 
-from orchestration.cli_progress import file_line
+from orchestration.cli.config import open_stores, store_config
+from orchestration.cli.demo_landing import generate_landing
+from orchestration.cli.ingest import ingest_landing
+from orchestration.cli.progress import file_line
+from upsert_core.redact import redact_url
 
 DEMO_SHARD = "demo"
 LANDING_DIR = "demo-landing"
@@ -44,13 +48,8 @@ def _command_prefix(args: argparse.Namespace) -> str:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from orchestration.cli_commands import store_config
-    from orchestration.cli_config import open_stores
-    from orchestration.cli_ingest import ingest_landing
-    from orchestration.demo_landing import generate_landing
-    from upsert_core.ingest import IngestRequest
+    from upsert_core.ingest import IngestRequest  # heavy (pyarrow): only when it runs
     from upsert_core.persist.shard import Shard
-    from upsert_core.persist.urls import redact_url
 
     config = store_config(args)
     landing = config.home / LANDING_DIR

@@ -5,7 +5,7 @@ Invariants:
 - Read commands (snapshot, changes, errors, inspect, check) never create a shard: a
   missing one is :class:`ShardNotFound`. ``ingest`` creates it on first use.
 - Data (rows, changes, error rows, inspect/gc/check reports) goes to stdout or
-  ``--out``; progress and summaries go to stderr (:mod:`orchestration.cli_progress`).
+  ``--out``; progress and summaries go to stderr (:mod:`orchestration.cli.progress`).
 - Rows are decoded with a schema read AFTER the read started: schemas only append
   columns, so that schema is at least as new as every row the read returns.
 - Every function returns the process exit status; failures raise (``cli.main`` turns
@@ -19,8 +19,10 @@ import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from orchestration.cli_config import StoreConfig, open_stores, resolve
-from orchestration.cli_output import dumps, json_row, row_writer, write_jsonl
+from orchestration.cli.config import open_shard
+from orchestration.cli.demo import run_demo
+from orchestration.cli.ingest import run_ingest
+from orchestration.cli.output import dumps, json_row, row_writer, write_jsonl
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -29,17 +31,6 @@ if TYPE_CHECKING:
     from upsert_core.persist.shard import Shard
 
 EXIT_OK = 0
-
-
-def store_config(args: argparse.Namespace) -> StoreConfig:
-    return resolve(getattr(args, "consensus", None), getattr(args, "blob", None))
-
-
-def open_shard(args: argparse.Namespace, *, create: bool = False) -> Shard:
-    from upsert_core.persist.shard import Shard
-
-    consensus, blob = open_stores(store_config(args))
-    return Shard.open(consensus, blob, args.shard, create=create)
 
 
 def shard_schema(shard: Shard) -> SourceSchema | None:
@@ -188,27 +179,15 @@ def cmd_gc(args: argparse.Namespace) -> int:
 # --- ingest and demo ----------------------------------------------------------------------
 
 
-def cmd_ingest(args: argparse.Namespace) -> int:
-    from orchestration.cli_ingest import run_ingest
-
-    return run_ingest(args)
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from orchestration.demo import run_demo
-
-    return run_demo(args)
-
-
 COMMANDS = {
-    "ingest": cmd_ingest,
+    "ingest": run_ingest,
     "snapshot": cmd_snapshot,
     "changes": cmd_changes,
     "errors": cmd_errors,
     "inspect": cmd_inspect,
     "gc": cmd_gc,
     "check": cmd_check,
-    "demo": cmd_demo,
+    "demo": run_demo,
 }
 
 

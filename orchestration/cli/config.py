@@ -1,0 +1,55 @@
+"""Where ``upsertctl`` keeps shards: see :mod:`upsert_core.stores` (flag > environment >
+default under ``$UPSERT_HOME``); the shard a command opens; the CLI's own ``UPSERT_DEBUG``
+switch.
+
+Invariant: opening a shard imports the persist layer (pyarrow) only when a command opens
+one, so ``--help`` and usage errors stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from upsert_core.stores import (
+    DEFAULT_HOME,
+    ENV_BLOB,
+    ENV_CONSENSUS,
+    ENV_HOME,
+    StoreConfig,
+    open_stores,
+    resolve,
+    upsert_home,
+)
+
+if TYPE_CHECKING:
+    from upsert_core.persist.shard import Shard
+
+ENV_DEBUG = "UPSERT_DEBUG"
+
+__all__ = [
+    "DEFAULT_HOME", "ENV_BLOB", "ENV_CONSENSUS", "ENV_DEBUG", "ENV_HOME", "StoreConfig",
+    "debug_enabled", "open_shard", "open_stores", "resolve", "store_config", "upsert_home",
+]
+
+
+def debug_enabled(flag: bool, env: Mapping[str, str] | None = None) -> bool:
+    """``--debug`` or ``UPSERT_DEBUG`` set to something other than empty/0/false."""
+    env = os.environ if env is None else env
+    value = env.get(ENV_DEBUG, "").strip().lower()
+    return flag or value not in ("", "0", "false", "no")
+
+
+def store_config(args: argparse.Namespace) -> StoreConfig:
+    """The stores a command's ``--consensus`` / ``--blob`` (or the environment) name."""
+    return resolve(getattr(args, "consensus", None), getattr(args, "blob", None))
+
+
+def open_shard(args: argparse.Namespace, *, create: bool = False) -> Shard:
+    """The shard ``--shard`` names; read commands never create one (ShardNotFound)."""
+    from upsert_core.persist.shard import Shard  # heavy (pyarrow): only when a shard opens
+
+    consensus, blob = open_stores(store_config(args))
+    return Shard.open(consensus, blob, args.shard, create=create)
