@@ -27,7 +27,12 @@ from upsert_core.landing.validate import (
     validate_batch,
     validate_file,
 )
-from upsert_core.landing.value_checks import CheckKind, ValueCheck, parse_value_checks
+from upsert_core.landing.value_checks import (
+    CheckKind,
+    ValueCheck,
+    failed_checks,
+    parse_value_checks,
+)
 
 __all__ = [
     "ARROW_SCHEMA",
@@ -48,6 +53,7 @@ __all__ = [
     "decode_rows_to_table",
     "encode_key",
     "encode_row",
+    "failed_checks",
     "landing_file",
     "list_landing",
     "normalise_root",

@@ -335,3 +335,17 @@ def value_check_problems(
         reason = f"value check {column} {check} failed" if found is None else found.reason()
         problems.setdefault(int(index), []).append(reason)
     return problems
+
+
+REASON_PREFIX = "value check "
+"""Every value-check reason starts with this (and no reason of the contract's does)."""
+
+
+def failed_checks(reason: str) -> list[str]:
+    """The value checks an error reason names (``"amount in_range(0, 1000)"``, ...);
+    empty for a reason of the contract's own checks."""
+    return [
+        part.removeprefix(REASON_PREFIX).removesuffix(" failed")
+        for part in reason.split("; ")
+        if part.startswith(REASON_PREFIX) and part.endswith(" failed")
+    ]
