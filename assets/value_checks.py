@@ -18,7 +18,6 @@ Invariants:
 """
 
 from collections import Counter
-from collections.abc import Iterator
 
 from dagster import (
     AssetCheckExecutionContext,
@@ -90,19 +89,18 @@ def build_value_checks(spec: SourceSpec, state_key: AssetKey) -> AssetChecksDefi
         context: AssetCheckExecutionContext,
         consensus: ConsensusResource,
         blob_store: BlobStoreResource,
-    ) -> Iterator[AssetCheckResult]:
+    ) -> AssetCheckResult:
         try:
             shard = open_shard(consensus, blob_store, spec.shard, create=False)
         except ShardNotFound:
-            yield AssetCheckResult(
+            return AssetCheckResult(
                 passed=True, severity=AssetCheckSeverity.WARN,
                 metadata={"note": MetadataValue.text("the shard does not exist yet")},
             )
-            return
         since = _start_upper(context, state_key, shard)
         rows, total, per_check = value_check_counts(shard, since)
         top = per_check.most_common(TOP)
-        yield AssetCheckResult(
+        return AssetCheckResult(
             passed=rows == 0,
             severity=AssetCheckSeverity.WARN,
             description=None if rows == 0 else
