@@ -99,6 +99,14 @@ def test_contract_errors_are_not_double_reported() -> None:
     assert got[3] == "value check a max(10) failed"
 
 
+def test_deletes_are_not_value_checked() -> None:
+    data = jsonl({"key": 1, "offset": 1, "__deleted": True},
+                 {"key": 2, "offset": 2, "a": 99, "__deleted": "true"},
+                 {"key": 3, "offset": 3, "a": 99, "__deleted": False})
+    got = errors_of(data, {"a": {"max": 10, "not_null": True}})
+    assert got == {3: "value check a max(10) failed"}
+
+
 def test_checks_see_converted_values_in_csv_and_parquet() -> None:
     csv = b"key,offset,a\n1,1,5\n2,2,50\n"
     batch = validate_batch(read_csv("b.csv", csv), SourceSchema(),

@@ -26,7 +26,8 @@ Invariants:
 - Value checks (ranges, allowed values, ...; :mod:`~upsert_core.landing.value_checks`)
   run only on the rows that passed the checks above, on their converted values; a row
   failing one is an error like any other (reason ``value check <column> <check>
-  failed``) and no row is reported twice. Without value checks nothing of them runs.
+  failed``) and no row is reported twice. Rows whose delete marker is true are not
+  value-checked (their values are never stored). Without value checks nothing runs.
 
 Why not pandera: pandera validates a DataFrame against declared dtypes and checks,
 but here the work is the *conversion* itself (JSON values by JSON type, CSV text by
@@ -228,7 +229,7 @@ def validate_batch(
         good[list(problems)] = False
     if value_checks:
         failed = value_check_problems(
-            file, schema, arrays, list(raw.columns), n, ~good, value_checks
+            file, schema, arrays, list(raw.columns), n, ~good | deletes, value_checks
         )
         if failed:
             problems.update(failed)

@@ -23,7 +23,9 @@ Invariants:
 - A row failing a value check is one :class:`RowError` (``file``, 1-based row number,
   reason ``value check <column> <check> failed``; several failures of one row are one
   error with the reasons joined by ``; ``) and is not applied. Only rows that passed
-  the contract's own checks are value-checked, so no row is reported twice.
+  the contract's own checks are value-checked, so no row is reported twice; deletes
+  (delete marker true) are not value-checked either: their values are never stored,
+  and a tombstone usually carries nulls.
 - No checks: nothing is computed and pandera is never imported (it costs ~0.9 s to
   import). The pandera schema is built once per distinct tuple of checks per process
   (cached), so a Spark worker builds it once, not once per file.
