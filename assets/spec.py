@@ -5,7 +5,9 @@ into an asset group by :mod:`assets.factory`. Plain data, no Dagster.
 
 Invariants: ``name`` is a Dagster identifier (checked by the loader) and is the asset
 group and key prefix; ``shard`` is the shard the assets write; options left ``None``
-mean "the shard's stored option, or the default for a new shard".
+mean "the shard's stored option, or the default for a new shard". ``checks`` are the
+source's value checks (``sources.yaml`` ``checks:``), passed with every ingest request
+and never stored in the shard.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from upsert_core.ingest import IngestRequest
+from upsert_core.landing import ValueCheck
 
 DEFAULT_GC_CRON = "0 * * * *"
 DEFAULT_SENSOR_INTERVAL_S = 10
@@ -37,13 +40,14 @@ class SourceSpec:
     description: str | None = None
     owners: tuple[str, ...] = ()
     tags: tuple[tuple[str, str], ...] = ()
+    checks: tuple[ValueCheck, ...] = ()
     origin: str = field(default="sources.yaml", compare=False)
 
     def request(self) -> IngestRequest:
         """The ingest options (``None`` = the shard's stored option or the default)."""
         return IngestRequest(
             key=self.key, order=self.order, deleted_col=self.deleted_col,
-            order_scope=self.order_scope,
+            order_scope=self.order_scope, value_checks=self.checks,
         )
 
     @property

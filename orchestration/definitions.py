@@ -31,8 +31,9 @@ from dagster import (
     in_process_executor,
 )
 
-from assets.factory import SourceAssets, build_source_assets
+from assets.factory import STATE, SourceAssets, build_source_assets
 from assets.spec import SourceSpec
+from assets.value_checks import build_value_checks
 from orchestration.jobs import full_check_job, gc_job, ingest_job
 from orchestration.schedules import full_check_schedule, gc_schedule
 from orchestration.sensors import landing_sensor
@@ -101,6 +102,9 @@ def build_definitions(
     for b in built:
         assets.extend(b.assets)
         checks.append(b.checks)
+        values = build_value_checks(b.spec, b.key(STATE))  # only if the source declares some
+        if values is not None:
+            checks.append(values)
         ingest, gc, full = ingest_job(b), gc_job(b), full_check_job(b)
         jobs.extend([ingest, gc, full])
         sensors.append(landing_sensor(b, ingest))

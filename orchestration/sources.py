@@ -21,6 +21,11 @@ the working directory; else, when running from a checkout, the one at its root):
         description: Orders from the shop  # shown on every asset of the group
         owners: [team:data-eng, alice@example.com]  # Dagster owners: emails or team:NAME
         tags: {domain: sales}           # Dagster tags on every asset of the group
+        checks:                         # value checks (pandera); failing rows -> error rows
+          amount: {min: 0, max: 1000000}
+          status: {isin: [new, paid, shipped]}
+          email: {regex: '^[^@]+@[^@]+$'}
+          v: {not_null: true}
 
 ``${VAR}`` and ``${VAR:-default}`` expand from the environment; ``UPSERT_HOME``
 defaults to ``./.upsert`` made absolute, as for ``upsertctl``.
@@ -34,7 +39,8 @@ Invariants:
 
 - Source names are Dagster identifiers (letters, digits, underscores) and unique; shard
   names are unique too, so two asset groups never write one shard.
-- A malformed file is a :class:`ConfigError` naming the file and the entry.
+- A malformed file is a :class:`ConfigError` naming the file and the entry (for
+  ``checks:``, also the source and the column; unknown check kinds are rejected).
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ import yaml  # type: ignore[import-untyped]
 
 from assets.spec import DEFAULT_GC_CRON, DEFAULT_SENSOR_INTERVAL_S, SourceSpec
 from upsert_core.errors import ConfigError
+from upsert_core.landing import parse_value_checks
 from upsert_core.stores import ENV_HOME, upsert_home
 
 ENV_SOURCES = "UPSERT_SOURCES"
@@ -68,7 +75,7 @@ __all__ = ["SourceSpec", "load_sources", "merge_sources", "parse_source", "env_s
 
 _FIELDS = {
     "name", "landing", "shard", "key", "order", "deleted_col", "order_scope", "gc_cron",
-    "gc_retain", "sensor_interval_s", "description", "owners", "tags",
+    "gc_retain", "sensor_interval_s", "description", "owners", "tags", "checks",
 }
 _OWNER = re.compile(r"^(team:[A-Za-z0-9_.-]+|[^@\s]+@[^@\s]+\.[^@\s]+)$")
 _TAG_KEY = re.compile(r"^([A-Za-z0-9_.-]{1,63}/)?[A-Za-z0-9_.-]{1,63}$")
@@ -168,6 +175,14 @@ def parse_source(entry: object, where: str, env: Mapping[str, str]) -> SourceSpe
         raise ConfigError(
             f"{where}: sensor_interval_s must be an integer >= 1 (seconds), got {interval!r}"
         )
+    checks = parse_value_checks(entry.get("checks"), f"{where} (source {name!r}): checks")
+    deleted = _opt_str(entry, "deleted_col", where, env)
+    for c in checks:
+        if c.column == deleted:
+            raise ConfigError(
+                f"{where} (source {name!r}): checks: column {c.column!r} is the delete marker"
+                " column, which cannot be value-checked"
+            )
     return SourceSpec(
         name=name,
         landing=landing,
@@ -182,6 +197,7 @@ def parse_source(entry: object, where: str, env: Mapping[str, str]) -> SourceSpe
         description=_opt_str(entry, "description", where, env),
         owners=_owners(entry.get("owners"), where),
         tags=_tags(entry.get("tags"), where),
+        checks=checks,
         origin=where,
     )
 

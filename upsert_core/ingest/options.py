@@ -12,6 +12,7 @@ Invariants:
   values, before anything is read or written.
 - The stored config is the single source of truth once present; defaults apply only to
   a shard that has never committed an ingest.
+- Value checks (``IngestRequest.value_checks``) are per request, never stored.
 - ``ingest.schema`` holds :meth:`SourceSchema.to_json`, so the key/order/delete-marker
   columns live in exactly one place; ``ingest.order_scope`` and ``ingest.buckets`` hold
   the rest.
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 
 from upsert_core.drain import OrderScope
 from upsert_core.errors import ConfigError
-from upsert_core.landing import SourceSchema
+from upsert_core.landing import SourceSchema, ValueCheck
 from upsert_core.persist.leases import DEFAULT_LEASE_DURATION_MS
 from upsert_core.persist.parts import DEFAULT_INLINE_THRESHOLD
 
@@ -50,6 +51,12 @@ class IngestRequest:
     options). ``inline_threshold``, ``max_attempts`` and ``writer_lease_ms`` (how long
     the run's writer registration lives without a heartbeat, see ``persist.writers``)
     tune this run only.
+
+    ``value_checks`` (:class:`~upsert_core.landing.ValueCheck`, e.g. from
+    :func:`~upsert_core.landing.parse_value_checks`) apply to the files of this run and
+    are NOT stored in the shard: they decide which rows go in (failures become error
+    rows), not what the shard's rows are, so unlike the options above a later run may
+    change or drop them freely; a run without them (``upsertctl ingest``) checks nothing.
     """
 
     key: Sequence[str] | None = None
@@ -60,6 +67,7 @@ class IngestRequest:
     inline_threshold: int = DEFAULT_INLINE_THRESHOLD
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     writer_lease_ms: int = field(default_factory=lambda: writer_lease_ms_from_env())
+    value_checks: tuple[ValueCheck, ...] = ()
 
 
 WRITER_LEASE_ENV = "UPSERT_WRITER_LEASE_S"

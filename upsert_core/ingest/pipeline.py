@@ -156,6 +156,7 @@ def plan_file(
         commit_nonce=uuid.uuid4().hex,
         history=commit_history(state.config),
         writer_id=writer_id,
+        value_checks=request.value_checks,
     )
 
 

@@ -2,9 +2,10 @@
 
 An engine runs, for one landing file at timestamp ``ts``:
 
-1. :func:`read_file` once: read and validate the file against the shard's schema,
-   write its row errors as an error part, and return the good rows tagged with their
-   bucket (``ROWS_SCHEMA``) plus a :class:`FileRead` (metadata only).
+1. :func:`read_file` once: read and validate the file against the shard's schema
+   and the request's value checks (``FileTask.value_checks``), write its row errors
+   (value-check failures included) as an error part, and return the good rows tagged
+   with their bucket (``ROWS_SCHEMA``) plus a :class:`FileRead` (metadata only).
 2. :func:`run_bucket` once per bucket that has rows (or must be rebuilt): load the
    bucket's columnar state (checkpoint, else rehydration), drain the rows ``ToUpper``
    at ``ts`` with the feedback the append will confirm
@@ -65,7 +66,7 @@ from upsert_core.ingest.outcome import BucketResult, FileRead
 from upsert_core.ingest.rehydrate import GLOBAL_REHYDRATION_WARNING, rehydrate_bucket
 from upsert_core.ingest.replay import replay_bucket
 from upsert_core.ingest.statecache import CachedState, CacheKey, StateCache
-from upsert_core.landing import LandingFile, SourceSchema, validate_file
+from upsert_core.landing import LandingFile, SourceSchema, ValueCheck, validate_file
 from upsert_core.persist.codec_state import decode_state
 from upsert_core.persist.keys import writing_as
 from upsert_core.persist.location import Blob
@@ -152,6 +153,7 @@ class FileTask:
     commit_nonce: str = ""
     history: dict[int, str] = field(default_factory=dict)
     writer_id: str | None = None
+    value_checks: tuple[ValueCheck, ...] = ()
 
     @property
     def scope(self) -> OrderScope:
@@ -193,7 +195,7 @@ def _read_file(task: FileTask, blob: Blob, *, write_errors: bool) -> tuple[FileR
     name = task.file.name
     try:
         schema = SourceSchema.from_json(task.schema_json)
-        batch = validate_file(task.file, schema)
+        batch = validate_file(task.file, schema, task.value_checks)
     except LandingFileChanged as exc:
         return FileRead(changed=str(exc)), ROWS_SCHEMA.empty_table()
     except UpsertPlatformError as exc:

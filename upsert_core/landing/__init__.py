@@ -3,7 +3,8 @@
 The first stage of an ingest. Pure Python + pyarrow, so it runs inside Spark tasks:
 ``list_landing`` -> ``pending`` -> ``validate_file`` (per file, in name order, each
 against the schema the previous file left) -> ``ValidatedBatch`` for the upsert
-operator and ``RowError``\\ s for the error collection.
+operator and ``RowError``\\ s for the error collection; per-source value checks
+(``value_checks``, pandera) run inside ``validate_file`` on the rows that passed.
 """
 
 from upsert_core.landing.batch import RawBatch, RowError, SourceKind
@@ -26,10 +27,17 @@ from upsert_core.landing.validate import (
     validate_batch,
     validate_file,
 )
+from upsert_core.landing.value_checks import (
+    CheckKind,
+    ValueCheck,
+    failed_checks,
+    parse_value_checks,
+)
 
 __all__ = [
     "ARROW_SCHEMA",
     "ARROW_TYPES",
+    "CheckKind",
     "ERRORS_ARROW_SCHEMA",
     "SUFFIXES",
     "LandingFile",
@@ -39,14 +47,17 @@ __all__ = [
     "SourceKind",
     "SourceSchema",
     "ValidatedBatch",
+    "ValueCheck",
     "check_name",
     "decode_row",
     "decode_rows_to_table",
     "encode_key",
     "encode_row",
+    "failed_checks",
     "landing_file",
     "list_landing",
     "normalise_root",
+    "parse_value_checks",
     "pending",
     "read_batch",
     "read_csv",

@@ -23,6 +23,11 @@ Invariants:
 - Every good row decodes: no value reaches the codec that it cannot read back.
 - ``orders`` are int64: the order value itself, or microseconds since the epoch (UTC)
   for a timestamp order column.
+- Value checks (ranges, allowed values, ...; :mod:`~upsert_core.landing.value_checks`)
+  run only on the rows that passed the checks above, on their converted values; a row
+  failing one is an error like any other (reason ``value check <column> <check>
+  failed``) and no row is reported twice. Rows whose delete marker is true are not
+  value-checked (their values are never stored). Without value checks nothing runs.
 
 Why not pandera: pandera validates a DataFrame against declared dtypes and checks,
 but here the work is the *conversion* itself (JSON values by JSON type, CSV text by
@@ -30,7 +35,8 @@ parsing, Parquet by Arrow cast), with a per-cell failure mask that must keep row
 numbers exact. Doing it in Arrow avoids a pandas copy of every file, keeps int64
 columns with nulls exact (pandas would need nullable extension dtypes) and gives the
 failing rows directly; a pandera schema on top would only re-check what the
-conversion already guarantees.
+conversion already guarantees. Pandera is used where it is strong: the per-source value
+checks, declared, run on the converted columns once they exist.
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ from upsert_core.landing.listing import LandingFile
 from upsert_core.landing.readers import read_batch
 from upsert_core.landing.rows import encode_row
 from upsert_core.landing.schema import ARROW_TYPES, LogicalType, SourceSchema
+from upsert_core.landing.value_checks import ValueCheck, value_check_problems
 
 ARROW_SCHEMA = pa.schema(
     [
@@ -136,13 +143,18 @@ class ValidatedBatch:
         )
 
 
-def validate_file(file: LandingFile, schema: SourceSchema) -> ValidatedBatch:
+def validate_file(
+    file: LandingFile, schema: SourceSchema, value_checks: tuple[ValueCheck, ...] = ()
+) -> ValidatedBatch:
     """Read and validate one landing file."""
-    return validate_batch(read_batch(file), schema)
+    return validate_batch(read_batch(file), schema, value_checks)
 
 
-def validate_batch(raw: RawBatch, schema: SourceSchema) -> ValidatedBatch:
-    """Validate a read batch against ``schema``; see the module docstring."""
+def validate_batch(
+    raw: RawBatch, schema: SourceSchema, value_checks: tuple[ValueCheck, ...] = ()
+) -> ValidatedBatch:
+    """Validate a read batch against ``schema``, then run ``value_checks`` on the rows
+    that passed (:mod:`~upsert_core.landing.value_checks`); see the module docstring."""
     file, n = raw.file, raw.num_rows
     if raw.columns and n:
         for needed in (*schema.key, schema.order):
@@ -212,12 +224,19 @@ def validate_batch(raw: RawBatch, schema: SourceSchema) -> ValidatedBatch:
                 f"{describe(marker, i)}"
             )
 
-    errors = [
-        RowError(file, int(raw.positions[i]), "; ".join(reasons)) for i, reasons in problems.items()
-    ]
     good = np.ones(n, dtype=np.bool_)
     if problems:
         good[list(problems)] = False
+    if value_checks:
+        failed = value_check_problems(
+            file, schema, arrays, list(raw.columns), n, ~good | deletes, value_checks
+        )
+        if failed:
+            problems.update(failed)
+            good[list(failed)] = False
+    errors = [
+        RowError(file, int(raw.positions[i]), "; ".join(reasons)) for i, reasons in problems.items()
+    ]
     good_idx = np.flatnonzero(good)
     if not len(good_idx):
         return ValidatedBatch(raw.file, schema, errors=sorted(errors + raw.errors, key=_row))
