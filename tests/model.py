@@ -1,0 +1,175 @@
+"""The dict model of CONTRACT.md's upsert semantics: the one reference every suite checks
+the engines against (core drains, in-process ingest, Spark, ``upsertctl`` processes).
+
+It imports nothing from the platform, so it can judge any of it.
+
+Semantics, one batch (one landing file) at a time, each at the next timestamp ``upper``:
+
+- Winner: per key, the row with the greatest order value; on equal order values the
+  row that comes LATER in the batch wins (the greatest ``(order, row number)``). This is
+  what the engines do: both ``upsert_core.drain.operator.winners`` and
+  ``upsert_core.columnar.drain.winners`` keep the greatest ``(order, position)``, and
+  ``position`` is the row's 1-based row number in its file. A caller holding engine
+  updates with explicit positions passes them sorted by position (= file order).
+- A winner that is a delete removes the key; otherwise its row becomes the key's row.
+- Scope ``batch``: nothing is remembered between batches; every winner is applied.
+- Scope ``global``: each key remembers its order value, deletes included (a delete of a
+  never-seen key leaves a tombstone); a winner whose order is not greater than the
+  remembered one is ignored. Only the order VALUE is remembered: row numbers break ties
+  within a batch only, so an equal order in a later batch is ignored.
+- Changes at ``ts`` are ``snapshot(ts) - snapshot(ts - 1)``: setting a key to an
+  identical row is no change.
+
+Two ways in: :meth:`UpsertModel.apply` takes a file's rows as dicts (key column(s),
+order column, delete marker, value columns: a row becomes its :func:`canonical` form
+without the marker, and rows with a null key or order are error rows, recorded and not
+applied); :meth:`UpsertModel.apply_updates` takes ``(key, value or None for a delete,
+order)`` triples in file order (the core engines' encoded keys and rows).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import Any
+
+Row = tuple[tuple[str, Any], ...]
+"""A file row as sorted ``(column, value)`` pairs of its non-null columns (hashable)."""
+
+Update = tuple[Hashable, Hashable | None, Any]
+"""``(key, value or None for a delete, order value)``."""
+
+Change = tuple[Hashable, Hashable, int]
+"""``(key, value, diff)`` with diff +1 or -1."""
+
+
+def canonical(row: Mapping[str, Any]) -> Row:
+    """A row without its nulls, as sorted pairs: a missing column and a null are equal."""
+    return tuple(sorted((c, v) for c, v in row.items() if v is not None))
+
+
+def is_deleted(marker: Any) -> bool:
+    """CONTRACT.md's delete marker: a boolean or "true"/"false" in any case; null is false."""
+    if isinstance(marker, str):
+        return marker.lower() == "true"
+    return bool(marker)
+
+
+class UpsertModel:
+    """Per key the live value and its order (``live``), tombstones' orders (``tombstones``,
+    global scope only), and the snapshot after every applied batch.
+
+    ``scope`` is ``"batch"``/``"global"`` (or an enum whose ``value`` is one of them);
+    ``key``, ``order`` and ``deleted`` name the columns :meth:`apply` reads.
+    """
+
+    def __init__(self, scope: Any, *, key: str | Sequence[str] = "key",
+                 order: str = "offset", deleted: str = "__deleted") -> None:
+        self.scope = str(getattr(scope, "value", scope))
+        assert self.scope in ("batch", "global"), scope
+        self.key = (key,) if isinstance(key, str) else tuple(key)
+        self.order = order
+        self.deleted = deleted
+        self.live: dict[Hashable, tuple[Hashable, Any]] = {}
+        self.tombstones: dict[Hashable, Any] = {}
+        self.errors: list[tuple[int, int, str]] = []
+        """Error rows of :meth:`apply`: ``(ts, row number from 1, reason)``."""
+        self._history: list[dict[Hashable, Hashable]] = []
+        self._changes: list[list[Change]] = []
+
+    @property
+    def upper(self) -> int:
+        """The next timestamp: the number of batches applied."""
+        return len(self._history)
+
+    # --- applying batches -----------------------------------------------------------------
+
+    def apply(self, rows: Sequence[Mapping[str, Any]]) -> list[Change]:
+        """Apply one file's rows (dicts, in file order) at the next timestamp; returns its
+        changes. The key is the tuple of the key columns, the value the row's
+        :func:`canonical` form without the delete marker (the order column included)."""
+        ts = self.upper
+        updates: list[Update] = []
+        for number, r in enumerate(rows, start=1):
+            if any(r.get(c) is None for c in self.key):
+                self.errors.append((ts, number, "null key"))
+                continue
+            if r.get(self.order) is None:
+                self.errors.append((ts, number, "null order"))
+                continue
+            k = tuple(r[c] for c in self.key)
+            value = None if is_deleted(r.get(self.deleted)) else canonical(
+                {c: v for c, v in r.items() if c != self.deleted})
+            updates.append((k, value, r[self.order]))
+        return self.apply_updates(updates)
+
+    def apply_updates(self, updates: Iterable[Update]) -> list[Change]:
+        """Apply one batch of ``(key, value or None, order)`` in file order at the next
+        timestamp; returns its changes ``(key, value, diff)``."""
+        winners: dict[Hashable, tuple[Any, Hashable | None]] = {}
+        for k, value, order in updates:
+            # >=: on equal order values the later row of the batch wins.
+            if k not in winners or order >= winners[k][0]:
+                winners[k] = (order, value)
+        changes: list[Change] = []
+        for k, (order, value) in winners.items():
+            if self.scope == "global":
+                stored = self.stored_order(k)
+                if stored is not None and order <= stored:
+                    continue
+            old = self.live[k][0] if k in self.live else None
+            if value is None:
+                self.live.pop(k, None)
+                if self.scope == "global":
+                    self.tombstones[k] = order
+            else:
+                self.live[k] = (value, order)
+                self.tombstones.pop(k, None)
+            if old != value:
+                if old is not None:
+                    changes.append((k, old, -1))
+                if value is not None:
+                    changes.append((k, value, 1))
+        self._history.append({k: v for k, (v, _o) in self.live.items()})
+        self._changes.append(changes)
+        return changes
+
+    def stored_order(self, k: Hashable) -> Any:
+        """The order the state remembers for ``k`` (global scope), None if none."""
+        if k in self.live:
+            return self.live[k][1]
+        return self.tombstones.get(k)
+
+    # --- reading ------------------------------------------------------------------------
+
+    def snapshot(self, ts: int | None = None) -> dict[Hashable, Hashable]:
+        """Key -> live value as of ``ts`` (default: the latest applied batch)."""
+        if ts is None:
+            ts = self.upper - 1
+        assert 0 <= ts < self.upper, f"ts {ts} not applied (upper {self.upper})"
+        return dict(self._history[ts])
+
+    def changes(self, ts: int) -> list[Change]:
+        """The consolidated changes at ``ts``: ``(key, value, diff)``, each key's
+        retraction before its insertion."""
+        assert 0 <= ts < self.upper, f"ts {ts} not applied (upper {self.upper})"
+        return list(self._changes[ts])
+
+    def rows(self, ts: int | None = None) -> Counter[Hashable]:
+        """The snapshot's values as a bag (a shard's snapshot read without keys)."""
+        return Counter(self.snapshot(ts).values())
+
+    def row_changes(self, ts: int) -> Counter[Hashable]:
+        """The changes at ``ts`` as value -> diff (values hold their key columns, so no
+        two keys share a value)."""
+        out: Counter[Hashable] = Counter()
+        for _k, value, diff in self.changes(ts):
+            assert value not in out, "a value shared by two keys"
+            out[value] = diff
+        return out
+
+    def records(self, ts: int | None, columns: Sequence[str]) -> list[dict[str, Any]]:
+        """The snapshot as output rows of :meth:`apply`'s dict rows: every one of
+        ``columns``, null where absent (as ``upsertctl snapshot`` prints them)."""
+        return [{c: dict(row).get(c) for c in columns}  # type: ignore[arg-type]
+                for row in self.snapshot(ts).values()]
