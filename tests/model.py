@@ -143,9 +143,9 @@ class UpsertModel:
     # --- reading ------------------------------------------------------------------------
 
     def snapshot(self, ts: int | None = None) -> dict[Hashable, Hashable]:
-        """Key -> live value as of ``ts`` (default: the latest applied batch)."""
+        """Key -> live value as of ``ts`` (default: now, empty before any batch)."""
         if ts is None:
-            ts = self.upper - 1
+            return {k: v for k, (v, _o) in self.live.items()}
         assert 0 <= ts < self.upper, f"ts {ts} not applied (upper {self.upper})"
         return dict(self._history[ts])
 

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from tests.core.test_columnar_engine import as_table, key_of, update_list
-from tests.core.test_drain_support import UpsertModel, collection
+from tests.core.test_drain_support import collection
+from tests.model import UpsertModel
 from upsert_core.columnar import (
     ColumnarState,
     apply_changes,
@@ -53,9 +54,7 @@ class ColumnarMachine(RuleBasedStateMachine):
 
     @rule(rows=rows_st)
     def drain_a_file(self, rows: list[tuple[int, bytes | None, int]]) -> None:
-        changes = self.model.apply_batch(
-            (key_of(k), v, (o, p)) for p, (k, v, o) in enumerate(rows)
-        )
+        changes = self.model.apply_updates((key_of(k), v, o) for k, v, o in rows)
         result = drain_to_upper(self.state, as_table(rows), self.ts)
         got = update_list(result.updates)
         assert got == sorted(got, key=lambda u: (u[0], u[1]))
@@ -103,7 +102,7 @@ class ColumnarMachine(RuleBasedStateMachine):
         for table in self.history:
             for k, r, _ts, d in update_list(table):
                 accumulated[(k, r)] += d
-        assert +accumulated == self.model.snapshot()
+        assert +accumulated == Counter(self.model.snapshot().items())
 
 
 class GlobalColumnarMachine(ColumnarMachine):

@@ -1,4 +1,7 @@
-"""Helpers shared by the drain tests (no tests here): keys, states, a dict upsert model."""
+"""Helpers shared by the drain tests (no tests here): keys, states, collections.
+
+The dict model of the upsert semantics is :mod:`tests.model`.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-from upsert_core.drain import DrainOutput, OrderScope, OutputUpdate
+from upsert_core.drain import DrainOutput, OutputUpdate
 from upsert_core.state import UpsertState
 
 
@@ -47,52 +50,3 @@ def is_consolidated(updates: list[OutputUpdate]) -> bool:
 
 def output_of(out: DrainOutput) -> list[OutputUpdate]:
     return out.consolidated()
-
-
-class UpsertModel:
-    """Obviously correct upsert semantics of CONTRACT.md, one batch (ts) at a time.
-
-    ``live[key] = (row, order value)``; ``tombstones[key] = order value`` (global only).
-    """
-
-    def __init__(self, scope: OrderScope) -> None:
-        self.scope = scope
-        self.live: dict[bytes, tuple[bytes, int]] = {}
-        self.tombstones: dict[bytes, int] = {}
-
-    def stored_order(self, k: bytes) -> int | None:
-        if k in self.live:
-            return self.live[k][1]
-        return self.tombstones.get(k)
-
-    def apply_batch(
-        self, updates: Iterable[tuple[bytes, bytes | None, tuple[int, int]]]
-    ) -> list[tuple[bytes, bytes, int]]:
-        """Apply one batch; returns its changes as ``(key, row, diff)``."""
-        best: dict[bytes, tuple[tuple[int, int], bytes | None]] = {}
-        for k, v, order in updates:
-            if k not in best or order > best[k][0]:
-                best[k] = (order, v)
-        changes: list[tuple[bytes, bytes, int]] = []
-        for k, (order, v) in best.items():
-            if self.scope is OrderScope.GLOBAL:
-                stored = self.stored_order(k)
-                if stored is not None and order[0] <= stored:
-                    continue
-            old = self.live.get(k, (None, 0))[0]
-            if v is None:
-                self.live.pop(k, None)
-                if self.scope is OrderScope.GLOBAL:
-                    self.tombstones[k] = order[0]
-            else:
-                self.live[k] = (v, order[0])
-                self.tombstones.pop(k, None)
-            if old != v:
-                if old is not None:
-                    changes.append((k, old, -1))
-                if v is not None:
-                    changes.append((k, v, 1))
-        return changes
-
-    def snapshot(self) -> Counter[tuple[bytes, bytes]]:
-        return Counter({(k, v): 1 for k, (v, _o) in self.live.items()})
