@@ -1,26 +1,23 @@
-"""Builders and readers for ingest tests: landing files, shards, decoded contents, and an
-obviously correct dict model of the upsert semantics in CONTRACT.md."""
+"""Builders and readers for ingest tests: landing files, shards, decoded contents (as
+:mod:`tests.model`'s canonical rows, to compare with its snapshots and changes)."""
 
 from __future__ import annotations
 
 import io
 import json
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tests.model import Row, canonical
 from upsert_core.ingest.options import CONFIG_SCHEMA
 from upsert_core.landing import SourceSchema, decode_row
 from upsert_core.persist.blob_memory import MemoryBlob
 from upsert_core.persist.consensus_memory import MemoryConsensus
 from upsert_core.persist.shard import Shard
-
-Row = tuple[tuple[str, Any], ...]
-"""A row as sorted (column, value) pairs of its non-null columns (hashable)."""
 
 
 def write_jsonl(root: Path, name: str, rows: Iterable[object]) -> Path:
@@ -40,10 +37,6 @@ def write_parquet(root: Path, name: str, table: pa.Table) -> Path:
 
 def memory_shard(name: str = "s") -> Shard:
     return Shard.open(MemoryConsensus(), MemoryBlob(), name)
-
-
-def canonical(row: dict[str, Any]) -> Row:
-    return tuple(sorted((k, v) for k, v in row.items() if v is not None))
 
 
 def schema_of(shard: Shard) -> SourceSchema:
@@ -77,51 +70,3 @@ def contents(shard: Shard) -> list[tuple[Counter[Row], Counter[Row]]]:
     """Per readable ts: (snapshot, changes) decoded, for comparing shards."""
     state = shard.state()
     return [(snapshot_rows(shard, ts), change_rows(shard, ts)) for ts in range(state.upper)]
-
-
-# --- the model ------------------------------------------------------------------------
-
-
-class UpsertModel:
-    """Per key: the live row (or None for a tombstone) and its order, per CONTRACT.md."""
-
-    def __init__(self, scope: str, key: str = "key", order: str = "offset",
-                 deleted: str = "__deleted") -> None:
-        self.scope = scope
-        self.key, self.order, self.deleted = key, order, deleted
-        self.state: dict[Any, tuple[Row | None, int]] = {}
-        self.history: list[Counter[Row]] = []
-
-    def live(self) -> Counter[Row]:
-        return Counter(row for row, _ in self.state.values() if row is not None)
-
-    def apply(self, rows: Sequence[dict[str, Any]]) -> None:
-        winners: dict[Any, tuple[int, int, dict[str, Any]]] = {}
-        for pos, r in enumerate(rows):
-            cand = (r[self.order], pos, r)
-            best = winners.get(r[self.key])
-            if best is None or (cand[0], cand[1]) > (best[0], best[1]):
-                winners[r[self.key]] = cand
-        for key, (order, _pos, r) in winners.items():
-            stored = self.state.get(key)
-            if self.scope == "global" and stored is not None and order <= stored[1]:
-                continue
-            is_delete = bool(r.get(self.deleted))
-            row = None if is_delete else canonical(
-                {k: v for k, v in r.items() if k != self.deleted}
-            )
-            if row is None and self.scope == "batch":
-                self.state.pop(key, None)
-            else:
-                self.state[key] = (row, order)
-        self.history.append(self.live())
-
-    def changes(self, ts: int) -> Counter[Row]:
-        before = self.history[ts - 1] if ts else Counter()
-        after = self.history[ts]
-        out: Counter[Row] = Counter()
-        for row in set(before) | set(after):
-            d = after[row] - before[row]
-            if d:
-                out[row] = d
-        return out

@@ -18,31 +18,26 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from tests.model import UpsertModel
 from upsert_core.ingest import IngestRequest, ingest, live_rows
 from upsert_core.ingest.engine import InProcessEngine
 from upsert_core.persist.testing import unreferenced_blobs
 
-from .helpers import (
-    UpsertModel,
-    change_rows,
-    memory_shard,
-    snapshot_rows,
-    write_jsonl,
-)
+from .helpers import change_rows, memory_shard, snapshot_rows, write_jsonl
 
 
 def _check_against_model(shard: Any, model: UpsertModel) -> None:
     state = shard.state()
-    assert state.upper == len(model.history)
+    assert state.upper == model.upper
     for ts in range(state.since, state.upper):
-        assert snapshot_rows(shard, ts) == model.history[ts], f"snapshot at {ts}"
+        assert snapshot_rows(shard, ts) == model.rows(ts), f"snapshot at {ts}"
         if ts > state.since:
-            assert change_rows(shard, ts) == model.changes(ts), f"changes at {ts}"
+            assert change_rows(shard, ts) == model.row_changes(ts), f"changes at {ts}"
     report = shard.check()
     assert report.ok, report.problems
     if state.upper:
         # The catalog's row count, kept by the commits, is the live rows at the upper.
-        assert live_rows(state.config) == sum(model.history[state.upper - 1].values())
+        assert live_rows(state.config) == sum(model.rows(state.upper - 1).values())
 
 
 @pytest.mark.parametrize("scope", ["batch", "global"])
@@ -65,7 +60,7 @@ def test_delete_then_gc_then_reinsert(tmp_path: Path, scope: str, cached: bool) 
         if i == 1:
             shard.gc(retain=1, leak_grace_ms=0)
     _check_against_model(shard, model)
-    assert snapshot_rows(shard, 2) == model.history[2] != {}
+    assert snapshot_rows(shard, 2) == model.rows(2) != {}
 
 
 @st.composite

@@ -12,16 +12,11 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.model import UpsertModel
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.persist.testing import unreferenced_blobs
 
-from .helpers import (
-    UpsertModel,
-    change_rows,
-    memory_shard,
-    snapshot_rows,
-    write_jsonl,
-)
+from .helpers import change_rows, memory_shard, snapshot_rows, write_jsonl
 
 
 @st.composite
@@ -73,6 +68,6 @@ def test_ingest_matches_model(
     assert sorted(state.ingested_files.items()) == [(f"{i:04d}.jsonl", i) for i in range(len(data))]
     assert state.num_errors() == 0
     for ts in range(len(data)):
-        assert snapshot_rows(shard, ts) == model.history[ts], f"snapshot at {ts}"
-        assert change_rows(shard, ts) == model.changes(ts), f"changes at {ts}"
+        assert snapshot_rows(shard, ts) == model.rows(ts), f"snapshot at {ts}"
+        assert change_rows(shard, ts) == model.row_changes(ts), f"changes at {ts}"
     assert unreferenced_blobs(shard) == set()

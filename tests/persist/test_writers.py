@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.ingest.helpers import UpsertModel, snapshot_rows, write_jsonl
+from tests.ingest.helpers import snapshot_rows, write_jsonl
+from tests.model import UpsertModel
 from upsert_core.errors import WriterFenced
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.persist import leases
@@ -214,7 +215,7 @@ def test_an_ingest_stalled_past_its_lease_is_fenced_redoes_its_file_and_loses_no
     state = observer.state()
     assert state.upper == 2 and not state.writers
     for ts in range(2):
-        assert snapshot_rows(observer, ts) == model.history[ts]
+        assert snapshot_rows(observer, ts) == model.rows(ts)
     assert observer.check().ok
     observer.gc(leak_grace_ms=0)
     assert unreferenced_blobs(observer) == set()
