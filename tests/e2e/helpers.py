@@ -1,9 +1,10 @@
-"""Running ``upsertctl`` as fresh processes, writing landing files, and a dict model.
+"""Running ``upsertctl`` as fresh processes, writing landing files, comparing outputs.
 
 Every test here drives the CLI the way a user does: a new ``python -m orchestration.cli``
 process per command, stores chosen by flags or environment, output parsed from stdout
 and checked on stderr. Nothing is imported from the platform to produce results; the
 library is used only to look inside stores when a test must (e.g. unreferenced blobs).
+Expected results come from the dict model in :mod:`tests.model`.
 """
 
 from __future__ import annotations
@@ -237,56 +238,3 @@ def apply_changes(
         if c["ts"] == ts:
             out[canon(c["row"])] += c["diff"]
     return Counter({k: v for k, v in out.items() if v != 0})
-
-
-# --- the dict model of CONTRACT.md's upsert semantics ------------------------------------
-
-
-class UpsertModel:
-    """Key -> (row, order) for live keys, key -> order for tombstones (global scope).
-
-    ``rows`` are dicts WITHOUT the delete marker; a missing column reads as null.
-    """
-
-    def __init__(self, scope: str, key: Sequence[str] = ("key",), order: str = "offset",
-                 deleted: str = "__deleted") -> None:
-        self.scope = scope
-        self.key = tuple(key)
-        self.order = order
-        self.deleted = deleted
-        self.live: dict[tuple[Any, ...], tuple[dict[str, Any], int]] = {}
-        self.tombstones: dict[tuple[Any, ...], int] = {}
-        self.history: list[dict[tuple[Any, ...], dict[str, Any]]] = []
-
-    @staticmethod
-    def is_deleted(value: Any) -> bool:
-        if isinstance(value, str):
-            return value.lower() == "true"
-        return bool(value)
-
-    def apply(self, rows: Sequence[Mapping[str, Any]]) -> None:
-        """Apply one batch (its good rows, in file order) at the next timestamp."""
-        winners: dict[tuple[Any, ...], Mapping[str, Any]] = {}
-        for r in rows:
-            k = tuple(r[c] for c in self.key)
-            prev = winners.get(k)
-            if prev is None or r[self.order] >= prev[self.order]:
-                winners[k] = r
-        for k, r in winners.items():
-            order = r[self.order]
-            if self.scope == "global":
-                stored = self.live[k][1] if k in self.live else self.tombstones.get(k)
-                if stored is not None and order <= stored:
-                    continue
-            if self.is_deleted(r.get(self.deleted)):
-                self.live.pop(k, None)
-                if self.scope == "global":
-                    self.tombstones[k] = order
-            else:
-                self.tombstones.pop(k, None)
-                row = {c: v for c, v in r.items() if c != self.deleted}
-                self.live[k] = (row, order)
-        self.history.append({k: row for k, (row, _) in self.live.items()})
-
-    def snapshot(self, ts: int, columns: Sequence[str]) -> Counter[str]:
-        return bag({c: row.get(c) for c in columns} for row in self.history[ts].values())

@@ -3,7 +3,7 @@
 Batches mix JSON Lines and Parquet and hold inserts, updates, deletes, in-batch
 duplicates, order ties, late (lower-order) data, a column added part-way and row
 errors. They arrive in two waves, the second with names sorting before the first's
-(late arrivals). The shard is then compared with :class:`UpsertModel`: the snapshot as
+(late arrivals). The shard is then compared with :class:`tests.model.UpsertModel`: the snapshot as
 of every readable ts (via one ``changes`` read, folded in ts order, plus direct
 snapshots as of a sample of times) and the changes themselves (consolidated).
 """
@@ -18,7 +18,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from tests.e2e.helpers import Cli, UpsertModel, apply_changes, bag, write_jsonl, write_parquet
+from tests.e2e.helpers import Cli, apply_changes, bag, write_jsonl, write_parquet
+from tests.model import UpsertModel
 
 N_BATCHES = 14
 KEYS = 12
@@ -90,8 +91,8 @@ def test_random_batches_match_the_model(cli: Cli, landing: Path, scope: str, see
     folded: Counter[str] = Counter()
     for ts in range(N_BATCHES):
         folded = apply_changes(folded, changes, ts)
-        assert folded == model.snapshot(ts, columns), f"snapshot at ts {ts} (from changes)"
+        assert folded == bag(model.records(ts, columns)), f"snapshot at ts {ts} (from changes)"
     for ts in sorted(rnd.sample(range(N_BATCHES - 1), 3)) + [N_BATCHES - 1]:
-        assert bag(cli.snapshot(as_of=ts)) == model.snapshot(ts, columns), f"snapshot at {ts}"
+        assert bag(cli.snapshot(as_of=ts)) == bag(model.records(ts, columns)), f"snapshot at {ts}"
     assert len(cli.errors()) == sum(bad)
     assert cli.check().json()["ok"] is True
