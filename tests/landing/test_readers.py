@@ -124,6 +124,15 @@ def test_csv_duplicate_header_and_bad_encoding_are_file_errors() -> None:
         read_csv("u.csv", b"k\xff,offset\n1,2\n")
 
 
+def test_csv_header_is_the_first_non_empty_line_and_must_be_utf8() -> None:
+    # Found by the fuzz suite: pyarrow skips blank lines, so a blank first line must not
+    # hide an undecodable header from the UTF-8 check (it raised UnicodeDecodeError).
+    with pytest.raises(IngestError, match=r"b\.csv: .*not valid UTF-8"):
+        read_csv("b.csv", b"\n\x80key,offset,v\r\n")
+    batch = read_csv("b.csv", b"\n\nkey,offset\n1,2\n\n3,4\n")
+    assert list(batch.columns) == ["key", "offset"] and batch.positions.tolist() == [1, 2]
+
+
 def test_read_batch_dispatches_on_suffix(tmp_path: Path) -> None:
     (tmp_path / "a.jsonl").write_bytes(jsonl({"key": 1}))
     (tmp_path / "b.CSV").write_bytes(b"key\n1\n")

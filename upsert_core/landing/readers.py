@@ -116,9 +116,12 @@ def read_csv(name: str, data: bytes) -> RawBatch:
         # a value that is not is a row error (validation finds it).
         text, utf8 = data.decode("utf-8", "surrogateescape"), False
     try:
-        header = next(csv.reader(io.StringIO(text)))
+        # SUBTLE: the header is the first non-empty line, as pyarrow (which skips empty
+        # lines) reads it; taking a blank first line for it would let pyarrow use an
+        # unchecked line as the column names.
+        header = next(row for row in csv.reader(io.StringIO(text)) if row)
     except (csv.Error, StopIteration) as exc:
-        raise IngestError(f"{name}: unreadable CSV file: {exc}") from exc
+        raise IngestError(f"{name}: unreadable CSV file: {exc or 'no header row'}") from exc
     for col in header:
         if not is_utf8(col):
             raise IngestError(f"{name}: unreadable CSV file: a column name is not valid UTF-8")
@@ -157,9 +160,15 @@ def read_csv(name: str, data: bytes) -> RawBatch:
     total = table.num_rows + len(bad_rows)
     skipped = {row for row, _ in bad_rows}
     positions = np.array([row for row in range(1, total + 1) if row not in skipped], dtype=np.int64)
-    columns: dict[str, Column] = {
-        col: table.column(col).combine_chunks() for col in table.column_names
-    }
+    try:
+        names = table.column_names
+    except UnicodeDecodeError:
+        raise IngestError(
+            f"{name}: unreadable CSV file: a column name is not valid UTF-8"
+        ) from None
+    if names != header:
+        raise IngestError(f"{name}: unreadable CSV file: cannot tell which line is the header")
+    columns: dict[str, Column] = {col: table.column(col).combine_chunks() for col in names}
     errors = [RowError(name, row, reason) for row, reason in bad_rows]
     return RawBatch(name, SourceKind.TEXT, columns, positions, errors)
 
