@@ -40,7 +40,7 @@ from upsert_core.persist.blob_local import TMP_PREFIX, LocalBlob
 from upsert_core.persist.blob_memory import MemoryBlob
 from upsert_core.persist.blob_s3 import S3Blob, classify_s3_error
 from upsert_core.persist.consensus_memory import MemoryConsensus
-from upsert_core.persist.consensus_sql import SqlConsensus, classify_db_error
+from upsert_core.persist.consensus_sql import SqlConsensus
 from upsert_core.persist.location import (
     Blob,
     BlobMetadata,
@@ -51,6 +51,7 @@ from upsert_core.persist.location import (
     VersionedData,
     open_blob_reader,
 )
+from upsert_core.persist.sql_driver import classify_db_error
 
 ROOT = Path(__file__).resolve().parents[2]
 
