@@ -76,7 +76,7 @@ def resolve(
 
 def open_stores(config: StoreConfig) -> tuple[Consensus, Blob]:
     """Open the consensus and blob the config names (creating ``$UPSERT_HOME`` if used)."""
-    from upsert_core.persist.urls import open_blob, open_consensus
+    from upsert_core.persist.location.urls import open_blob, open_consensus
 
     config.ensure_home()
     return open_consensus(config.consensus_url), open_blob(config.blob_url)

@@ -1,8 +1,8 @@
-"""What :class:`~upsert_core.persist.consensus_sql.SqlConsensus` asks of a database
+"""What :class:`~upsert_core.persist.location.consensus_sql.SqlConsensus` asks of a database
 driver, and how driver errors map to location errors.
 
 Shared by the SQLite driver (in ``consensus_sql``) and the PostgreSQL one
-(:mod:`~upsert_core.persist.consensus_postgres`, loaded only for PostgreSQL URLs), so
+(:mod:`~upsert_core.persist.location.consensus_postgres`, loaded only for PostgreSQL URLs), so
 neither driver module imports the other. Stdlib only: importing it costs nothing.
 
 - A :class:`Driver` runs one attempt (one transaction) through a :class:`Session` and

@@ -4,10 +4,10 @@ Table: ``consensus(shard TEXT, sequence_number BIGINT, data BLOB/BYTEA,
 PRIMARY KEY (shard, sequence_number))``, created if missing.
 
 Drivers: SQLite runs on the stdlib ``sqlite3`` module (here); PostgreSQL on SQLAlchemy
-with psycopg 3 (:mod:`~upsert_core.persist.consensus_postgres`), imported only when a
+with psycopg 3 (:mod:`~upsert_core.persist.location.consensus_postgres`), imported only when a
 PostgreSQL URL is opened, so a process on the default embedded stores never pays
 SQLAlchemy's ~0.2 s import. Both share the statements and the retry loop below and the
-error classification in :mod:`~upsert_core.persist.sql_driver`; each attempt sees the
+error classification in :mod:`~upsert_core.persist.location.sql_driver`; each attempt sees the
 database through a small session (``read``/``write``/``create_table``).
 
 SQLite URLs take the forms SQLAlchemy takes: ``sqlite:///relative.db`` (relative to the
@@ -67,15 +67,15 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
 from upsert_core.errors import ConfigError, DeterminateError, LocationUnreachable
-from upsert_core.persist.consensus_memory import (
+from upsert_core.persist.location import CasCommitted, CasMismatch, CasResult, SeqNo, VersionedData
+from upsert_core.persist.location.consensus_memory import (
     check_cas_args,
     check_key,
     check_scan_args,
     check_seqno,
     truncate_error,
 )
-from upsert_core.persist.location import CasCommitted, CasMismatch, CasResult, SeqNo, VersionedData
-from upsert_core.persist.sql_driver import (
+from upsert_core.persist.location.sql_driver import (
     Driver,
     Retry,
     Session,
@@ -188,7 +188,7 @@ class SqlConsensus:
             self._driver = _SqliteDriver(match, redact_url(url), busy_timeout_s)
         elif self._dialect == "postgresql":
             # heavy: SQLAlchemy (~0.2 s to import), loaded only for PostgreSQL.
-            from upsert_core.persist.consensus_postgres import PostgresDriver
+            from upsert_core.persist.location.consensus_postgres import PostgresDriver
 
             self._driver = PostgresDriver(url, shown, connect_timeout_s)
         else:

@@ -1,12 +1,12 @@
-"""The PostgreSQL driver behind :class:`~upsert_core.persist.consensus_sql.SqlConsensus`.
+"""The PostgreSQL driver behind :class:`~upsert_core.persist.location.consensus_sql.SqlConsensus`.
 
 Runs on SQLAlchemy (psycopg 3). Only :class:`SqlConsensus` imports this module, and only
 when it opens a ``postgresql+psycopg://`` URL: SQLAlchemy takes ~0.2 s to import, which a
 SQLite consensus (stdlib ``sqlite3``, the default embedded store) never pays.
 
 The statements and the retry loop are shared with SQLite and live in
-:mod:`~upsert_core.persist.consensus_sql`, the driver contract and the error
-classification in :mod:`~upsert_core.persist.sql_driver` (this module imports only the
+:mod:`~upsert_core.persist.location.consensus_sql`, the driver contract and the error
+classification in :mod:`~upsert_core.persist.location.sql_driver` (this module imports only the
 latter, so the two never import each other); this module connects, runs one attempt on
 a pooled connection and maps driver errors (see ``consensus_sql``'s docstring).
 """
@@ -35,7 +35,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, SQLAlchemyError
 
 from upsert_core.errors import ConfigError, DeterminateError
-from upsert_core.persist.sql_driver import (
+from upsert_core.persist.location.sql_driver import (
     StatementObserver,
     Unreachable,
     classify_db_error,
