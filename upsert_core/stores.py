@@ -76,6 +76,7 @@ def resolve(
 
 def open_stores(config: StoreConfig) -> tuple[Consensus, Blob]:
     """Open the consensus and blob the config names (creating ``$UPSERT_HOME`` if used)."""
+    # heavy: sqlite3 and the store modules (~25 ms), off the CLI's start-up path
     from upsert_core.persist.location.urls import open_blob, open_consensus
 
     config.ensure_home()

@@ -142,7 +142,7 @@ def open_blob(url: str) -> Blob:
             or os.environ.get("AWS_ENDPOINT_URL")
             or None
         )
-        # boto3 takes ~0.15 s to import: only a process that uses S3 pays for it.
+        # heavy: boto3 (~0.15 s to import): only a process that uses S3 pays for it.
         from upsert_core.persist.location.blob_s3 import S3Blob
 
         return S3Blob(
