@@ -29,9 +29,9 @@ import pyarrow.parquet as pq
 
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.verify import check_new_batch, compare_state
-from upsert_core.persist.blob_memory import MemoryBlob
 from upsert_core.persist.check import check_shard
-from upsert_core.persist.consensus_memory import MemoryConsensus
+from upsert_core.persist.location.blob_memory import MemoryBlob
+from upsert_core.persist.location.consensus_memory import MemoryConsensus
 from upsert_core.persist.shard import Shard
 
 REPEATS = 5

@@ -156,9 +156,9 @@ def run_ours(
     name: str, files: Files, work: Path, engine: Any, jvm_pid: int | None = None
 ) -> Result:
     from upsert_core.ingest import IngestRequest, ingest
-    from upsert_core.persist.blob_local import LocalBlob
+    from upsert_core.persist.location.blob_local import LocalBlob
+    from upsert_core.persist.location.urls import open_consensus
     from upsert_core.persist.shard import Shard
-    from upsert_core.persist.urls import open_consensus
 
     result = Result(name)
     landing = work / "landing"
@@ -237,9 +237,9 @@ def run_cli(files: Files, work: Path, engine: str = "local") -> Result:
         result.batch_s.append(seconds)
         result.batch_bytes.append(written)
         log(f"  {name}: {path.name} {seconds:.3f}s")
-    from upsert_core.persist.blob_local import LocalBlob
+    from upsert_core.persist.location.blob_local import LocalBlob
+    from upsert_core.persist.location.urls import open_consensus
     from upsert_core.persist.shard import Shard
-    from upsert_core.persist.urls import open_consensus
 
     shard = Shard.open(open_consensus(env["UPSERT_CONSENSUS_URL"]),
                        LocalBlob(str(work / "blob")), "bench")

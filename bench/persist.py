@@ -41,9 +41,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from upsert_core.persist.blob_local import LocalBlob
-from upsert_core.persist.consensus_sql import SqlConsensus
 from upsert_core.persist.location import Blob, Consensus
+from upsert_core.persist.location.blob_local import LocalBlob
+from upsert_core.persist.location.consensus_sql import SqlConsensus
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.state import BlobPart, ShardState
 

@@ -204,6 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="select in a random order (the run sorts them)")
     args = parser.parse_args(argv)
     try:
+        # heavy: the whole code location (~1.4 s), after the arguments parsed; its
+        # ConfigError (a bad sources.yaml) is reported like any other below
         from orchestration.definitions import SOURCES, default_resources, defs
 
         spec = find_source(SOURCES, args.source)

@@ -56,7 +56,7 @@ def engine_from_env(env: Mapping[str, str] | None = None) -> str:
 
 
 def _default_factory() -> SparkSession:
-    from resources.spark_session import get_spark
+    from resources.spark_session import get_spark  # heavy: pyspark
 
     return get_spark()
 
@@ -86,7 +86,7 @@ class LazySparkEngine:
 
     def run_file(self, task: FileTask, shard: ShardHandle) -> FileOutcome:
         if self._engine is None:
-            from resources.spark_ingest import SparkEngine
+            from resources.spark_ingest import SparkEngine  # heavy: pyspark
 
             before = _active_session()
             try:

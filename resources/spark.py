@@ -51,7 +51,7 @@ class SparkResource(ConfigurableResource):
         master, remote = self.master, self.remote
 
         def session() -> Any:
-            from resources.spark_session import get_spark
+            from resources.spark_session import get_spark  # heavy: pyspark
 
             return get_spark(master, remote=remote, app_name="upsert-platform-dagster")
 

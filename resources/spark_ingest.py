@@ -93,12 +93,12 @@ from upsert_core.ingest.engine import ShardHandle, bucket_groups
 from upsert_core.ingest.outcome import BucketResult, FileOutcome, FileRead
 from upsert_core.ingest.statecache import StateCache
 from upsert_core.ingest.tasks import FileTask, cache_key, read_file, run_bucket
-from upsert_core.persist.blob_local import LocalBlob
-from upsert_core.persist.blob_s3 import S3Blob
 from upsert_core.persist.codec_state import encode_state
 from upsert_core.persist.keys import WRITER_TOKEN_ENV
 from upsert_core.persist.location import Blob
-from upsert_core.persist.urls import open_blob
+from upsert_core.persist.location.blob_local import LocalBlob
+from upsert_core.persist.location.blob_s3 import S3Blob
+from upsert_core.persist.location.urls import open_blob
 
 SHIPPED_ENV = (
     "AWS_ENDPOINT_URL",

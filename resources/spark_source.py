@@ -49,6 +49,16 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
 from upsert_core.errors import ConfigError
+from upsert_core.persist.read import check_changes_readable, check_snapshot_readable
+from upsert_core.persist.shard import Shard
+from upsert_core.shard_table import (
+    changes_schema,
+    decode_changes_batch,
+    decode_snapshot_batch,
+    open_shard,
+    snapshot_schema,
+)
+from upsert_core.stores import open_stores, resolve
 
 FORMAT = "upsert"
 SNAPSHOT, CHANGES = "snapshot", "changes"
@@ -102,10 +112,6 @@ def _int_option(options: Mapping[str, str], name: str) -> int | None:
 
 def plan_read(options: Mapping[str, str]) -> ReadPlan:
     """Resolve the options against the shard: stores, read kind and a pinned time."""
-    from upsert_core.persist.read import check_changes_readable, check_snapshot_readable
-    from upsert_core.persist.shard import Shard
-    from upsert_core.stores import open_stores, resolve
-
     lowered = {k.lower(): v for k, v in options.items()}
     shard_name = lowered.get("shard")
     if not shard_name:
@@ -135,8 +141,6 @@ def plan_read(options: Mapping[str, str]) -> ReadPlan:
 
 
 def arrow_schema_of(plan: ReadPlan) -> pa.Schema:
-    from upsert_core.shard_table import changes_schema, open_shard, snapshot_schema
-
     schema = open_shard(plan.shard, plan.consensus, plan.blob).source_schema()
     return snapshot_schema(schema) if plan.read == SNAPSHOT else changes_schema(schema)
 
@@ -179,8 +183,6 @@ def _in_range(keys: pa.Array, lo: bytes, hi: bytes | None) -> pa.Array:
 
 def read_range(plan: ReadPlan, part: KeyRange) -> Iterator[pa.RecordBatch]:
     """The typed rows of the keys in ``part`` (see the module docstring)."""
-    from upsert_core.shard_table import decode_changes_batch, decode_snapshot_batch, open_shard
-
     table = open_shard(plan.shard, plan.consensus, plan.blob)
     schema = table.source_schema()
     if plan.read == SNAPSHOT:
@@ -227,8 +229,6 @@ def read_shard(
 ) -> DataFrame:
     """The shard as a DataFrame, its stores resolved in THIS process as ``upsertctl``
     would (so the read needs no environment on the Spark side)."""
-    from upsert_core.stores import resolve
-
     config = resolve(consensus, blob)
     register(spark)
     options: dict[str, Any] = {"shard": shard, "consensus": config.consensus_url,

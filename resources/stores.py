@@ -29,8 +29,8 @@ from urllib.parse import quote
 from dagster import ConfigurableResource, EnvVar
 
 from upsert_core.persist.location import Blob, Consensus
+from upsert_core.persist.location.urls import open_blob, open_consensus
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.urls import open_blob, open_consensus
 
 
 def _value(text: str) -> str:

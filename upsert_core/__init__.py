@@ -25,7 +25,7 @@ __all__ = ["ShardTable", "UpsertPlatformError", "open_shard"]
 def __getattr__(name: str) -> Any:
     # Lazy: ``import upsert_core`` (every CLI start) must not pull in pyarrow.
     if name in ("open_shard", "ShardTable"):
-        from upsert_core import shard_table
+        from upsert_core import shard_table  # heavy: pyarrow
 
         return getattr(shard_table, name)
     raise AttributeError(f"module 'upsert_core' has no attribute {name!r}")

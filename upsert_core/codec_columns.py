@@ -28,6 +28,7 @@ Invariants:
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from typing import NoReturn, TypeAlias
 
@@ -327,8 +328,6 @@ def _raise_row_error(
 
 def _tag_of(value: object) -> int:
     """The tag ``encode_datums`` gives a decoded datum."""
-    import datetime as dt
-
     if isinstance(value, bool):
         return TAG_TRUE if value else TAG_FALSE
     if isinstance(value, int):

@@ -1,6 +1,6 @@
 """The one redaction of secrets in URLs: every URL (or text that may quote one) that
 reaches an error message, a log line, stdout/stderr or Dagster metadata goes through
-:func:`redact_url` first. ``upsert_core.persist.urls`` re-exports it.
+:func:`redact_url` first. ``upsert_core.persist.location.urls`` re-exports it.
 
 What counts as a secret, and is replaced by :data:`REDACTED`:
 

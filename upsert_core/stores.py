@@ -76,7 +76,8 @@ def resolve(
 
 def open_stores(config: StoreConfig) -> tuple[Consensus, Blob]:
     """Open the consensus and blob the config names (creating ``$UPSERT_HOME`` if used)."""
-    from upsert_core.persist.urls import open_blob, open_consensus
+    # heavy: sqlite3 and the store modules (~25 ms), off the CLI's start-up path
+    from upsert_core.persist.location.urls import open_blob, open_consensus
 
     config.ensure_home()
     return open_consensus(config.consensus_url), open_blob(config.blob_url)

@@ -23,6 +23,7 @@ from orchestration.cli.config import open_shard
 from orchestration.cli.demo import run_demo
 from orchestration.cli.ingest import run_ingest
 from orchestration.cli.output import dumps, json_row, row_writer, write_jsonl
+from upsert_core.errors import CorruptData, InvariantViolation
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -35,6 +36,7 @@ EXIT_OK = 0
 
 def shard_schema(shard: Shard) -> SourceSchema | None:
     """The shard's source schema (None before its first ingest committed one)."""
+    # heavy: pyarrow and the ingest package, loaded only once a shard is open
     from upsert_core.ingest.options import CONFIG_SCHEMA
     from upsert_core.landing import SourceSchema
 
@@ -43,7 +45,7 @@ def shard_schema(shard: Shard) -> SourceSchema | None:
 
 
 def _columns(schema: SourceSchema | None) -> list[tuple[str, object]]:
-    from upsert_core.landing import ARROW_TYPES
+    from upsert_core.landing import ARROW_TYPES  # heavy: pyarrow
 
     if schema is None:
         return []
@@ -54,8 +56,7 @@ def _decoded(
     schema: SourceSchema | None, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[tuple[list[dict[str, object]], list[int], list[int]]]:
     """Per batch: decoded rows, their ts and their diffs."""
-    from upsert_core.errors import CorruptData
-    from upsert_core.landing import decode_row
+    from upsert_core.landing import decode_row  # heavy: pyarrow
 
     for batch in batches:
         rows = batch.column("row").to_pylist()
@@ -86,7 +87,7 @@ def _snapshot_parquet(shard: Shard, args: argparse.Namespace) -> int:
     """Parquet straight from the typed Arrow read (``upsert_core.shard_table``)."""
     import pyarrow as pa
 
-    from upsert_core.shard_table import ShardTable
+    from upsert_core.shard_table import ShardTable  # heavy: pyarrow
 
     reader = ShardTable(shard).to_batches(args.as_of)  # raises NotReadable now
     columns = [(f.name, f.type) for f in reader.schema]
@@ -127,6 +128,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     info = shard.inspect()
     schema = shard_schema(shard)
     if schema is not None:
+        # heavy: pyarrow and the ingest package, loaded only for a shard with a schema
         from upsert_core.ingest.options import CONFIG_BUCKETS, CONFIG_ORDER_SCOPE, DEFAULT_BUCKETS
 
         config = shard.state().config
@@ -141,8 +143,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from upsert_core.errors import InvariantViolation
-    from upsert_core.ingest.verify import compare_state
+    from upsert_core.ingest.verify import compare_state  # heavy: pyarrow, the ingest package
 
     shard = open_shard(args)
     report = shard.check()

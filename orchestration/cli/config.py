@@ -49,7 +49,7 @@ def store_config(args: argparse.Namespace) -> StoreConfig:
 
 def open_shard(args: argparse.Namespace, *, create: bool = False) -> Shard:
     """The shard ``--shard`` names; read commands never create one (ShardNotFound)."""
-    from upsert_core.persist.shard import Shard  # heavy (pyarrow): only when a shard opens
+    from upsert_core.persist.shard import Shard  # heavy: pyarrow, only when a shard opens
 
     consensus, blob = open_stores(store_config(args))
     return Shard.open(consensus, blob, args.shard, create=create)

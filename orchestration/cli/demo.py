@@ -48,7 +48,8 @@ def _command_prefix(args: argparse.Namespace) -> str:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from upsert_core.ingest import IngestRequest  # heavy (pyarrow): only when it runs
+    # heavy: pyarrow, only when the demo runs
+    from upsert_core.ingest import IngestRequest
     from upsert_core.persist.shard import Shard
 
     config = store_config(args)

@@ -17,12 +17,14 @@ file's one-line error; files committed before it stay committed.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import TYPE_CHECKING
 
 from orchestration.cli.config import open_shard
 from orchestration.cli.progress import ProgressPrinter, summary_line
+from upsert_core.errors import ConfigError
 
 if TYPE_CHECKING:
     from upsert_core.ingest import IngestReport, IngestRequest
@@ -33,8 +35,6 @@ def parse_key(text: str | None) -> tuple[str, ...] | None:
     """``--key a,b`` -> ``("a", "b")``; None when not given."""
     if text is None:
         return None
-    from upsert_core.errors import ConfigError
-
     names = tuple(part.strip() for part in text.split(","))
     if not names or any(not n for n in names):
         raise ConfigError(f"--key {text!r}: give column names separated by commas")
@@ -42,7 +42,7 @@ def parse_key(text: str | None) -> tuple[str, ...] | None:
 
 
 def request_from_args(args: argparse.Namespace) -> IngestRequest:
-    from upsert_core.ingest import IngestRequest
+    from upsert_core.ingest import IngestRequest  # heavy: pyarrow, the ingest package
 
     return IngestRequest(
         key=parse_key(args.key),
@@ -55,8 +55,6 @@ def request_from_args(args: argparse.Namespace) -> IngestRequest:
 
 def _buckets(args: argparse.Namespace) -> int | None:
     """``--buckets``, else ``UPSERT_BUCKETS``, else None (the shard's or the default)."""
-    from upsert_core.errors import ConfigError
-
     if getattr(args, "buckets", None) is not None:
         return int(args.buckets)
     text = os.environ.get("UPSERT_BUCKETS", "").strip()
@@ -77,6 +75,7 @@ def ingest_landing(
     progress_bar: bool | None = None,
 ) -> IngestReport:
     """Ingest every pending file of ``landing``, reporting progress on stderr."""
+    # heavy: pyarrow, the ingest package and (for --engine spark) pyspark, only to ingest
     from resources.engines import engine_named
     from upsert_core.ingest import ingest
 
@@ -92,7 +91,7 @@ def ingest_landing(
 
 
 def run_ingest(args: argparse.Namespace) -> int:
-    from upsert_core.persist.keys import claim_writer_token
+    from upsert_core.persist.keys import claim_writer_token  # heavy: shard state (~35 ms)
 
     # The ingest registers a writer id in the shard, which protects and fences what it
     # writes (upsert_core.persist.writers); this legacy process token only names blobs
@@ -105,7 +104,5 @@ def run_ingest(args: argparse.Namespace) -> int:
     )
     sys.stderr.write(summary_line(report) + "\n")
     if getattr(args, "json", False):
-        import json
-
         sys.stdout.write(json.dumps(report.to_dict(), sort_keys=True) + "\n")
     return 0

@@ -27,6 +27,8 @@ from typing import NoReturn
 
 from orchestration.cli.commands import run
 from orchestration.cli.config import debug_enabled
+from upsert_core.errors import UpsertPlatformError
+from upsert_core.redact import redact_url
 
 PROG = "upsertctl"
 EXIT_ERROR = 1
@@ -111,7 +113,7 @@ def _add_globals(parser: argparse.ArgumentParser, *, in_subcommand: bool) -> Non
 
 def _version() -> str:
     """The installed distribution's version (the checkout's when not installed)."""
-    from importlib.metadata import PackageNotFoundError, version
+    from importlib.metadata import PackageNotFoundError, version  # heavy: only --version
 
     try:
         return version("upsert-platform")
@@ -222,8 +224,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _report(message: str) -> None:
     # Last line of defence: the message may quote a URL from a library's own error.
-    from upsert_core.redact import redact_url
-
     sys.stderr.write(f"{PROG}: error: {one_line(redact_url(message))}\n")
     sys.stderr.flush()
 
@@ -241,7 +241,9 @@ def main(argv: Sequence[str] | None = None, *, defer_pandas: bool = False) -> in
         args = build_parser().parse_args(args_list)
         debug = debug_enabled(bool(args.debug))
         if defer_pandas:
-            from upsert_core.arrow_startup import defer_pandas as withhold_pandas
+            from upsert_core.arrow_startup import (  # heavy: pyarrow, after --help parsed
+                defer_pandas as withhold_pandas,
+            )
 
             withhold_pandas()
         return run(args)
@@ -258,11 +260,7 @@ def main(argv: Sequence[str] | None = None, *, defer_pandas: bool = False) -> in
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_ERROR
     except Exception as exc:  # noqa: BLE001 - the one place every failure becomes one line
-        from upsert_core.errors import UpsertPlatformError
-
         if debug:
-            from upsert_core.redact import redact_url
-
             sys.stderr.write(redact_url(traceback.format_exc()))
         if isinstance(exc, UpsertPlatformError):
             _report(str(exc) or type(exc).__name__)

@@ -18,8 +18,8 @@ from assets.spec import SourceSpec
 from orchestration.definitions import build_definitions
 from resources.spark import SparkResource
 from resources.stores import LocalBlobStore, SqliteConsensus
+from upsert_core.persist.location.urls import open_blob, open_consensus
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.urls import open_blob, open_consensus
 
 Row = dict[str, Any]
 

@@ -17,9 +17,9 @@ from tests.e2e.helpers import Cli, bag, write_jsonl
 from tests.model import UpsertModel
 from upsert_core.errors import ShardNotFound
 from upsert_core.persist.keys import shard_prefix
+from upsert_core.persist.location.urls import open_blob, open_consensus
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.testing import unreferenced_blobs
-from upsert_core.persist.urls import open_blob, open_consensus
 
 POLL_S = 0.005
 WATCH_TIMEOUT_S = 120

@@ -31,9 +31,9 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.helpers import Cli
-from upsert_core.persist.consensus_sql import SqlConsensus
+from upsert_core.persist.location.consensus_sql import SqlConsensus
+from upsert_core.persist.location.urls import open_blob
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.urls import open_blob
 
 from .helpers import assert_recovered, make_landing, reaped, reference_shard
 

@@ -20,8 +20,8 @@ import pytest
 from tests.e2e.helpers import Cli
 from upsert_core.ingest.verify import compare_state
 from upsert_core.persist.check import check_shard
+from upsert_core.persist.location.urls import open_blob, open_consensus
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.urls import open_blob, open_consensus
 
 from .helpers import assert_recovered, make_landing, reference_shard
 

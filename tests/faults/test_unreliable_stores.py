@@ -13,13 +13,13 @@ import pytest
 
 from upsert_core.errors import UpsertPlatformError
 from upsert_core.ingest import ingest
-from upsert_core.persist.blob_local import LocalBlob
-from upsert_core.persist.blob_memory import MemoryBlob
-from upsert_core.persist.consensus_memory import MemoryConsensus
-from upsert_core.persist.consensus_sql import SqlConsensus
 from upsert_core.persist.location import Blob, Consensus
+from upsert_core.persist.location.blob_local import LocalBlob
+from upsert_core.persist.location.blob_memory import MemoryBlob
+from upsert_core.persist.location.consensus_memory import MemoryConsensus
+from upsert_core.persist.location.consensus_sql import SqlConsensus
+from upsert_core.persist.location.unreliable import FaultRates, UnreliableBlob, UnreliableConsensus
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.unreliable import FaultRates, UnreliableBlob, UnreliableConsensus
 
 from .helpers import REQUEST, assert_recovered, make_landing, reference_shard
 

@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 from tests.model import Row, canonical
 from upsert_core.ingest.options import CONFIG_SCHEMA
 from upsert_core.landing import SourceSchema, decode_row
-from upsert_core.persist.blob_memory import MemoryBlob
-from upsert_core.persist.consensus_memory import MemoryConsensus
+from upsert_core.persist.location.blob_memory import MemoryBlob
+from upsert_core.persist.location.consensus_memory import MemoryConsensus
 from upsert_core.persist.shard import Shard
 
 

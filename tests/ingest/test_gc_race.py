@@ -11,8 +11,8 @@ import pytest
 from upsert_core.errors import IngestError
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.engine import InProcessEngine
-from upsert_core.persist.blob_memory import MemoryBlob
-from upsert_core.persist.consensus_memory import MemoryConsensus
+from upsert_core.persist.location.blob_memory import MemoryBlob
+from upsert_core.persist.location.consensus_memory import MemoryConsensus
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.testing import DelegatingBlob
 

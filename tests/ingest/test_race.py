@@ -9,9 +9,9 @@ from pathlib import Path
 
 from upsert_core.errors import ConcurrentModification
 from upsert_core.ingest import IngestReport, IngestRequest, ingest
+from upsert_core.persist.location.urls import open_blob, open_consensus
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.testing import unreferenced_blobs
-from upsert_core.persist.urls import open_blob, open_consensus
 
 from .helpers import contents, memory_shard, write_jsonl
 

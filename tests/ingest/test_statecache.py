@@ -17,10 +17,10 @@ from upsert_core.ingest.pipeline import CONFIG_HISTORY, commit_history
 from upsert_core.ingest.statecache import CachedState, StateCache
 from upsert_core.ingest.tasks import REPLAY_FRACTION, Base
 from upsert_core.persist.append import AppendResult
-from upsert_core.persist.blob_memory import MemoryBlob
-from upsert_core.persist.consensus_memory import MemoryConsensus
 from upsert_core.persist.leases import DEFAULT_LEASE_DURATION_MS
 from upsert_core.persist.location import Blob
+from upsert_core.persist.location.blob_memory import MemoryBlob
+from upsert_core.persist.location.consensus_memory import MemoryConsensus
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.state import ErrorBatch, HollowBatch, ShardState
 from upsert_core.persist.writers import WriterLease

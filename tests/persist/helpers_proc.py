@@ -40,9 +40,9 @@ from upsert_core.persist.location import (
     SeqNo,
     VersionedData,
 )
+from upsert_core.persist.location.urls import open_blob, open_consensus
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.testing import DelegatingBlob
-from upsert_core.persist.urls import open_blob, open_consensus
 
 Update = tuple[bytes, bytes, int, int]
 

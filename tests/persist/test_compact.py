@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from tests.persist.writer_helpers import compare_and_append
 from upsert_core.errors import InvalidUsage, LocationError
-from upsert_core.persist.blob_memory import MemoryBlob
 from upsert_core.persist.compact import (
     batch_weight,
     commit_merge,
@@ -20,15 +19,16 @@ from upsert_core.persist.compact import (
     merge_batches,
     plan_merge,
 )
-from upsert_core.persist.consensus_memory import MemoryConsensus
 from upsert_core.persist.consolidate import is_sorted
 from upsert_core.persist.location import Blob
+from upsert_core.persist.location.blob_memory import MemoryBlob
+from upsert_core.persist.location.consensus_memory import MemoryConsensus
+from upsert_core.persist.location.unreliable import FaultRates, UnreliableConsensus
 from upsert_core.persist.machine import Machine, Transition
 from upsert_core.persist.parts import read_part_table, write_batch
 from upsert_core.persist.read import changes, read_all, snapshot
 from upsert_core.persist.state import BlobPart, HollowBatch, ReaderState, ShardState
 from upsert_core.persist.state_versions import StateVersions
-from upsert_core.persist.unreliable import FaultRates, UnreliableConsensus
 
 from .test_parts import Update, key, rows_of, updates_table
 from .test_read import model_changes, model_snapshot

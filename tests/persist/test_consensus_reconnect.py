@@ -17,11 +17,12 @@ import pytest
 
 from tests.faults.tcp_proxy import TcpProxy
 from upsert_core.errors import ConfigError, DeterminateError, LocationUnreachable
-from upsert_core.persist.blob_memory import MemoryBlob
-from upsert_core.persist.consensus_sql import SqlConsensus, pg_connect_is_transient
 from upsert_core.persist.location import CasCommitted, VersionedData
+from upsert_core.persist.location.blob_memory import MemoryBlob
+from upsert_core.persist.location.consensus_sql import SqlConsensus
+from upsert_core.persist.location.sql_driver import pg_connect_is_transient
+from upsert_core.persist.location.urls import RECONNECT_ENV, open_consensus, reconnect_seconds
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.urls import RECONNECT_ENV, open_consensus, reconnect_seconds
 
 UPSTREAM = ("127.0.0.1", 5432)
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from upsert_core.errors import ConfigError, DeterminateError, IndeterminateError
-from upsert_core.persist.consensus_sql import SqlConsensus
 from upsert_core.persist.location import CasCommitted, CasMismatch, VersionedData
+from upsert_core.persist.location.consensus_sql import SqlConsensus
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,7 +34,7 @@ def v(seqno: int, data: bytes = b"x") -> VersionedData:
 def test_sqlite_consensus_never_imports_sqlalchemy(tmp_path: Path) -> None:
     script = """
 import sys
-from upsert_core.persist.consensus_sql import SqlConsensus
+from upsert_core.persist.location.consensus_sql import SqlConsensus
 from upsert_core.persist.location import CasCommitted, VersionedData
 c = SqlConsensus(sys.argv[1])
 assert c.compare_and_set("k", None, VersionedData(1, b"a")) == CasCommitted()

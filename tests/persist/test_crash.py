@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from upsert_core.persist.keys import rollup_prefix
+from upsert_core.persist.location.urls import open_blob, open_consensus
 from upsert_core.persist.read import read_all
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.urls import open_blob, open_consensus
 
 from .helpers_proc import (
     Update,

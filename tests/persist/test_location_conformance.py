@@ -36,11 +36,6 @@ from upsert_core.errors import (
     InvalidSeqNo,
     InvalidUsage,
 )
-from upsert_core.persist.blob_local import TMP_PREFIX, LocalBlob
-from upsert_core.persist.blob_memory import MemoryBlob
-from upsert_core.persist.blob_s3 import S3Blob, classify_s3_error
-from upsert_core.persist.consensus_memory import MemoryConsensus
-from upsert_core.persist.consensus_sql import SqlConsensus, classify_db_error
 from upsert_core.persist.location import (
     Blob,
     BlobMetadata,
@@ -51,6 +46,12 @@ from upsert_core.persist.location import (
     VersionedData,
     open_blob_reader,
 )
+from upsert_core.persist.location.blob_local import TMP_PREFIX, LocalBlob
+from upsert_core.persist.location.blob_memory import MemoryBlob
+from upsert_core.persist.location.blob_s3 import S3Blob, classify_s3_error
+from upsert_core.persist.location.consensus_memory import MemoryConsensus
+from upsert_core.persist.location.consensus_sql import SqlConsensus
+from upsert_core.persist.location.sql_driver import classify_db_error
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -250,7 +251,7 @@ def test_racing_threads_different_new_seqnos_one_winner(consensus: Consensus) ->
 _WORKER = """
 import json, os, sys, time
 from upsert_core.errors import DeterminateError
-from upsert_core.persist.consensus_sql import SqlConsensus
+from upsert_core.persist.location.consensus_sql import SqlConsensus
 from upsert_core.persist.location import CasCommitted, VersionedData
 url, key, wid, want, go = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
 c = SqlConsensus(url, max_retries=20)

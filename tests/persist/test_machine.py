@@ -11,10 +11,6 @@ from pathlib import Path
 import pytest
 
 from upsert_core.errors import ConcurrentModification, InvariantViolation, NotReadable
-from upsert_core.persist.blob_local import LocalBlob
-from upsert_core.persist.blob_memory import MemoryBlob
-from upsert_core.persist.consensus_memory import MemoryConsensus
-from upsert_core.persist.consensus_sql import SqlConsensus
 from upsert_core.persist.keys import rollup_prefix
 from upsert_core.persist.location import (
     Blob,
@@ -24,11 +20,15 @@ from upsert_core.persist.location import (
     SeqNo,
     VersionedData,
 )
+from upsert_core.persist.location.blob_local import LocalBlob
+from upsert_core.persist.location.blob_memory import MemoryBlob
+from upsert_core.persist.location.consensus_memory import MemoryConsensus
+from upsert_core.persist.location.consensus_sql import SqlConsensus
+from upsert_core.persist.location.unreliable import FaultRates, UnreliableBlob, UnreliableConsensus
 from upsert_core.persist.machine import Machine
 from upsert_core.persist.state import ErrorBatch, HollowBatch, InlinePart, ShardState
 from upsert_core.persist.state_versions import StateVersions, check_invariants
 from upsert_core.persist.testing import DelegatingBlob
-from upsert_core.persist.unreliable import FaultRates, UnreliableBlob, UnreliableConsensus
 
 Stores = tuple[Consensus, Blob]
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"

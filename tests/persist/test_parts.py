@@ -11,7 +11,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from upsert_core.errors import CorruptData, InvalidUsage
-from upsert_core.persist.blob_memory import MemoryBlob
 from upsert_core.persist.consolidate import (
     advance_ts,
     consolidate,
@@ -19,6 +18,7 @@ from upsert_core.persist.consolidate import (
     is_sorted,
     sort_updates,
 )
+from upsert_core.persist.location.blob_memory import MemoryBlob
 from upsert_core.persist.parts import (
     ERROR_SCHEMA,
     delete_parts,

@@ -12,7 +12,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from upsert_core.errors import NotReadable
-from upsert_core.persist.blob_memory import MemoryBlob
 from upsert_core.persist.consolidate import (
     consolidate,
     is_sorted,
@@ -21,6 +20,7 @@ from upsert_core.persist.consolidate import (
     sort_updates,
 )
 from upsert_core.persist.location import Blob
+from upsert_core.persist.location.blob_memory import MemoryBlob
 from upsert_core.persist.parts import write_parts
 from upsert_core.persist.read import changes, changes_after, merge_sorted, read_all, snapshot
 from upsert_core.persist.state import HollowBatch, ShardState, initial_state

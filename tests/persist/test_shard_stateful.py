@@ -27,13 +27,13 @@ from hypothesis.stateful import (
 
 from upsert_core.errors import InvalidUsage
 from upsert_core.persist.append import AppendResult, delete_uncommitted
-from upsert_core.persist.blob_local import LocalBlob
-from upsert_core.persist.blob_memory import MemoryBlob
-from upsert_core.persist.consensus_memory import MemoryConsensus
-from upsert_core.persist.consensus_sql import SqlConsensus
 from upsert_core.persist.gc import rollup_current, truncation_point
 from upsert_core.persist.keys import rollup_prefix, writer_id_of
 from upsert_core.persist.location import Blob, Consensus
+from upsert_core.persist.location.blob_local import LocalBlob
+from upsert_core.persist.location.blob_memory import MemoryBlob
+from upsert_core.persist.location.consensus_memory import MemoryConsensus
+from upsert_core.persist.location.consensus_sql import SqlConsensus
 from upsert_core.persist.read import read_all
 from upsert_core.persist.shard import LeasedReader, Shard
 

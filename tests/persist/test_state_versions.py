@@ -20,11 +20,7 @@ from upsert_core.errors import (
     InvariantViolation,
     ShardNotFound,
 )
-from upsert_core.persist.blob_local import LocalBlob
-from upsert_core.persist.blob_memory import MemoryBlob
 from upsert_core.persist.codec_state import encode_diff
-from upsert_core.persist.consensus_memory import MemoryConsensus
-from upsert_core.persist.consensus_sql import SqlConsensus
 from upsert_core.persist.gc import rollup_current
 from upsert_core.persist.keys import parse_rollup_seqno, rollup_prefix
 from upsert_core.persist.location import (
@@ -35,6 +31,11 @@ from upsert_core.persist.location import (
     Consensus,
     VersionedData,
 )
+from upsert_core.persist.location.blob_local import LocalBlob
+from upsert_core.persist.location.blob_memory import MemoryBlob
+from upsert_core.persist.location.consensus_memory import MemoryConsensus
+from upsert_core.persist.location.consensus_sql import SqlConsensus
+from upsert_core.persist.location.unreliable import FaultRates, UnreliableConsensus
 from upsert_core.persist.machine import Machine
 from upsert_core.persist.state import HollowBatch, InlinePart, ReaderState, ShardState
 from upsert_core.persist.state_diff import FieldDiff, StateDiff, Update
@@ -45,7 +46,6 @@ from upsert_core.persist.state_versions import (
     check_invariants,
 )
 from upsert_core.persist.testing import DelegatingBlob
-from upsert_core.persist.unreliable import FaultRates, UnreliableConsensus
 
 Stores = tuple[Consensus, Blob]
 

@@ -3,10 +3,10 @@ reports exactly the data blobs no live state references."""
 
 from __future__ import annotations
 
-from upsert_core.persist.blob_memory import MemoryBlob
-from upsert_core.persist.consensus_memory import MemoryConsensus
 from upsert_core.persist.keys import shard_prefix
 from upsert_core.persist.location import RangedBlob
+from upsert_core.persist.location.blob_memory import MemoryBlob
+from upsert_core.persist.location.consensus_memory import MemoryConsensus
 from upsert_core.persist.parts import write_parts
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.testing import DelegatingBlob, unreferenced_blobs

@@ -5,8 +5,6 @@ from __future__ import annotations
 import pytest
 
 from upsert_core.errors import ConfigError, DeterminateError, IndeterminateError
-from upsert_core.persist.blob_memory import MemoryBlob
-from upsert_core.persist.consensus_memory import MemoryConsensus
 from upsert_core.persist.location import (
     Blob,
     CasCommitted,
@@ -15,7 +13,9 @@ from upsert_core.persist.location import (
     RangedBlob,
     VersionedData,
 )
-from upsert_core.persist.unreliable import FaultRates, UnreliableBlob, UnreliableConsensus
+from upsert_core.persist.location.blob_memory import MemoryBlob
+from upsert_core.persist.location.consensus_memory import MemoryConsensus
+from upsert_core.persist.location.unreliable import FaultRates, UnreliableBlob, UnreliableConsensus
 
 ONLY_FAIL = FaultRates(fail=1.0, timeout=0.0, effect_then_timeout=0.0)
 ONLY_TIMEOUT = FaultRates(fail=0.0, timeout=1.0, effect_then_timeout=0.0)

@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 
 from upsert_core.errors import ConfigError
-from upsert_core.persist.blob_local import LocalBlob
-from upsert_core.persist.blob_memory import MemoryBlob
-from upsert_core.persist.blob_s3 import S3Blob
-from upsert_core.persist.consensus_memory import MemoryConsensus
-from upsert_core.persist.consensus_sql import SqlConsensus
 from upsert_core.persist.location import CasCommitted, VersionedData
-from upsert_core.persist.urls import open_blob, open_consensus
+from upsert_core.persist.location.blob_local import LocalBlob
+from upsert_core.persist.location.blob_memory import MemoryBlob
+from upsert_core.persist.location.blob_s3 import S3Blob
+from upsert_core.persist.location.consensus_memory import MemoryConsensus
+from upsert_core.persist.location.consensus_sql import SqlConsensus
+from upsert_core.persist.location.urls import open_blob, open_consensus
 
 
 def test_mem_urls_fresh_or_shared_by_name() -> None:

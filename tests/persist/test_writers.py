@@ -20,14 +20,14 @@ from tests.model import UpsertModel
 from upsert_core.errors import WriterFenced
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.persist import leases
-from upsert_core.persist.blob_memory import MemoryBlob
-from upsert_core.persist.consensus_memory import MemoryConsensus
 from upsert_core.persist.keys import is_writer_id, new_writer_id, writer_id_of
 from upsert_core.persist.location import Blob, CasResult, VersionedData
+from upsert_core.persist.location.blob_memory import MemoryBlob
+from upsert_core.persist.location.consensus_memory import MemoryConsensus
+from upsert_core.persist.location.unreliable import FaultRates, UnreliableConsensus
 from upsert_core.persist.read import read_all
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.testing import unreferenced_blobs
-from upsert_core.persist.unreliable import FaultRates, UnreliableConsensus
 from upsert_core.persist.writers import WriterLease, expire_dead_local_writers
 
 from .test_parts import key, rows_of, updates_table

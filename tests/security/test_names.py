@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from upsert_core.errors import ConfigError, IngestError, InvalidUsage
 from upsert_core.landing import check_name, landing_file, list_landing
 from upsert_core.persist import keys
-from upsert_core.persist.blob_local import LocalBlob
+from upsert_core.persist.location.blob_local import LocalBlob
 from upsert_core.persist.state import validate_shard_name
 
 PIECES = [
@@ -183,7 +183,7 @@ def test_local_blob_symlinked_directory_cannot_lead_out(tmp_path: Path) -> None:
 @pytest.mark.parametrize("key", ["../escape", "a/../../escape", "./x", "a//b", "/abs"])
 def test_s3_blob_keys_stay_under_the_prefix(s3_endpoint: str, s3_bucket: str, key: str) -> None:
     from tests.services import AWS_TEST_CREDENTIALS
-    from upsert_core.persist.blob_s3 import S3Blob
+    from upsert_core.persist.location.blob_s3 import S3Blob
 
     os.environ.setdefault("AWS_ACCESS_KEY_ID", AWS_TEST_CREDENTIALS["aws_access_key_id"])
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", AWS_TEST_CREDENTIALS["aws_secret_access_key"])

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from upsert_core.errors import ConfigError, UpsertPlatformError
-from upsert_core.persist.consensus_sql import SqlConsensus
-from upsert_core.persist.urls import open_blob, open_consensus, redact_url
+from upsert_core.persist.location.consensus_sql import SqlConsensus
+from upsert_core.persist.location.urls import open_blob, open_consensus, redact_url
 from upsert_core.redact import is_secret_name
 
 SECRET = "Sup3r'S3cret"

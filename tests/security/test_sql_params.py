@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from upsert_core.errors import ConfigError
-from upsert_core.persist.blob_memory import MemoryBlob
-from upsert_core.persist.consensus_sql import SqlConsensus
 from upsert_core.persist.location import CasCommitted, CasMismatch, VersionedData
+from upsert_core.persist.location.blob_memory import MemoryBlob
+from upsert_core.persist.location.consensus_sql import SqlConsensus
 from upsert_core.persist.shard import Shard
 
 HOSTILE_KEYS = [

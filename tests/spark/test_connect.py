@@ -19,9 +19,9 @@ import pytest
 from tests.e2e.helpers import Cli, write_jsonl, write_parquet
 from tests.ingest.helpers import contents, memory_shard
 from upsert_core.ingest import IngestRequest, ingest
+from upsert_core.persist.location.urls import open_blob, open_consensus
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.testing import unreferenced_blobs
-from upsert_core.persist.urls import open_blob, open_consensus
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

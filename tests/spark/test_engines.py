@@ -18,8 +18,8 @@ from tests.e2e.helpers import Cli
 from tests.ingest.helpers import write_jsonl
 from upsert_core.errors import ConfigError, IngestError
 from upsert_core.ingest import IngestRequest, InProcessEngine, ingest
+from upsert_core.persist.location.urls import open_blob, open_consensus
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.urls import open_blob, open_consensus
 
 pytestmark = pytest.mark.spark
 

@@ -23,9 +23,9 @@ from upsert_core.ingest import FileOutcome, FileTask, IngestRequest, ingest
 from upsert_core.ingest.engine import ShardHandle
 from upsert_core.ingest.statecache import StateCache
 from upsert_core.persist.codec_state import encode_state
+from upsert_core.persist.location.urls import open_blob, open_consensus
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.testing import unreferenced_blobs
-from upsert_core.persist.urls import open_blob, open_consensus
 
 pytestmark = pytest.mark.spark
 

@@ -22,8 +22,9 @@ Error rows are data, not broken invariants: their count is reported, never a pro
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -32,16 +33,33 @@ import pyarrow.compute as pc
 from upsert_core.errors import ShardError
 from upsert_core.persist.consolidate import UPDATE_SCHEMA
 from upsert_core.persist.keys import shard_prefix
-from upsert_core.persist.state_versions import check_invariants
-
-if TYPE_CHECKING:
-    from upsert_core.persist.shard import Shard
+from upsert_core.persist.location import Blob
+from upsert_core.persist.state import ShardState
+from upsert_core.persist.state_versions import StateVersions, check_invariants
 
 STORAGE = "storage"
 CONSOLIDATION = "consolidation"
 
 MAX_PROBLEMS = 50
 """Problems reported per kind before the rest are only counted."""
+
+
+class CheckedShard(Protocol):
+    """What the check reads of a shard: a :class:`~upsert_core.persist.shard.Shard`
+    handle, seen only through these calls (so ``shard`` imports this module, not the
+    other way round)."""
+
+    versions: StateVersions
+
+    @property
+    def shard_id(self) -> str: ...
+
+    @property
+    def blob(self) -> Blob: ...
+
+    def state(self) -> ShardState: ...
+
+    def changes(self, lower: int, upper: int | None = None) -> Iterator[pa.RecordBatch]: ...
 
 
 @dataclass
@@ -158,7 +176,7 @@ class _ConsolidationChecker:
             )
 
 
-def _check_consolidation(shard: Shard, report: CheckReport) -> None:
+def _check_consolidation(shard: CheckedShard, report: CheckReport) -> None:
     state = shard.state()
     report.counts["readable_times"] = max(0, state.upper - state.since)
     if state.upper <= state.since:
@@ -178,7 +196,7 @@ def _check_consolidation(shard: Shard, report: CheckReport) -> None:
     report.counts["live_rows_at_upper"] = checker.live_rows_at_upper
 
 
-def _check_storage(shard: Shard, report: CheckReport) -> None:
+def _check_storage(shard: CheckedShard, report: CheckReport) -> None:
     versions = shard.versions
     for problem in check_invariants(versions):
         report.add(STORAGE, problem)
@@ -206,7 +224,7 @@ def _check_storage(shard: Shard, report: CheckReport) -> None:
     report.counts["referenced_blobs"] = len(referenced)
 
 
-def check_shard(shard: Shard) -> CheckReport:
+def check_shard(shard: CheckedShard) -> CheckReport:
     """Every broken storage or consolidation invariant of ``shard`` (see module doc)."""
     report = CheckReport(shard_id=shard.shard_id)
     _check_storage(shard, report)

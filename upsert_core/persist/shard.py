@@ -34,7 +34,6 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from itertools import chain
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -42,6 +41,7 @@ from upsert_core.errors import CorruptData, InvalidUsage, NotReadable, WriterFen
 from upsert_core.persist import leases
 from upsert_core.persist.append import AppendResult, delete_uncommitted
 from upsert_core.persist.append import compare_and_append as _compare_and_append
+from upsert_core.persist.check import CheckReport, check_shard
 from upsert_core.persist.compact import CompactionResult
 from upsert_core.persist.compact import compact as _compact
 from upsert_core.persist.gc import DEFAULT_LEAK_GRACE_MS, GcReport, check_retain
@@ -62,9 +62,6 @@ from upsert_core.persist.read import snapshot as _snapshot
 from upsert_core.persist.state import ErrorBatch, HollowBatch, ShardState
 from upsert_core.persist.state_versions import StateVersions
 from upsert_core.persist.writers import WriterLease
-
-if TYPE_CHECKING:
-    from upsert_core.persist.check import CheckReport
 
 READ_ATTEMPTS = 5
 """How often an unleased read starts again after GC removed parts under it."""
@@ -430,8 +427,6 @@ class Shard:
 
     def check(self) -> CheckReport:
         """Verify storage and consolidation invariants (see ``check.py``)."""
-        from upsert_core.persist.check import check_shard
-
         return check_shard(self)
 
     def inspect(self) -> dict[str, object]:

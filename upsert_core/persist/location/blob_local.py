@@ -29,8 +29,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from upsert_core.errors import ConfigError, DeterminateError, IndeterminateError
-from upsert_core.persist.blob_memory import check_blob_key, check_blob_value
 from upsert_core.persist.location import BlobMetadata, BlobReader
+from upsert_core.persist.location.blob_memory import check_blob_key, check_blob_value
 
 TMP_PREFIX = ".tmp-blob-"
 """Name prefix of in-flight temporary files; no key segment may start with it."""

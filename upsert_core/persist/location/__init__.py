@@ -1,8 +1,16 @@
 """Storage contracts the shard is built on: ``Consensus`` and ``Blob``.
 
-Both must be linearizable. Implementations live beside this module
-(``consensus_sql``, ``consensus_memory``, ``blob_local``, ``blob_s3``,
-``blob_memory``) and all pass ``tests/persist/test_location_conformance.py``.
+Both must be linearizable. The implementations are this package's modules
+(``consensus_sql`` with its PostgreSQL driver ``consensus_postgres``,
+``consensus_memory``, ``blob_local``, ``blob_s3``, ``blob_memory``) and all pass
+``tests/persist/test_location_conformance.py``; ``unreliable`` wraps any of them with
+injected faults, and ``urls`` opens one from a URL.
+
+The package is the shard's storage and knows nothing of shards (Materialize's
+``persist`` crate beside its ``persist-client``): its modules import only each other,
+``upsert_core.errors`` and ``upsert_core.redact``, never the rest of
+``upsert_core.persist`` (``tests/test_layering.py`` checks). This module imports none of
+its submodules, so importing one of them costs only what it imports itself.
 
 Consensus invariants (per key):
 

@@ -39,9 +39,9 @@ from botocore.exceptions import (
 )
 
 from upsert_core.errors import ConfigError, DeterminateError, IndeterminateError, LocationError
-from upsert_core.persist.blob_local import key_segments
-from upsert_core.persist.blob_memory import check_blob_value
 from upsert_core.persist.location import BlobMetadata, BlobReader
+from upsert_core.persist.location.blob_local import key_segments
+from upsert_core.persist.location.blob_memory import check_blob_value
 from upsert_core.redact import redact_url
 
 _MISSING_CODES = frozenset({"404", "NoSuchKey", "NotFound"})

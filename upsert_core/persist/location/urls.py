@@ -34,11 +34,11 @@ import threading
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from upsert_core.errors import ConfigError
-from upsert_core.persist.blob_local import LocalBlob
-from upsert_core.persist.blob_memory import MemoryBlob
-from upsert_core.persist.consensus_memory import MemoryConsensus
-from upsert_core.persist.consensus_sql import DEFAULT_RECONNECT_S, SqlConsensus
 from upsert_core.persist.location import Blob, Consensus
+from upsert_core.persist.location.blob_local import LocalBlob
+from upsert_core.persist.location.blob_memory import MemoryBlob
+from upsert_core.persist.location.consensus_memory import MemoryConsensus
+from upsert_core.persist.location.consensus_sql import DEFAULT_RECONNECT_S, SqlConsensus
 from upsert_core.redact import REDACTED, redact_url
 
 __all__ = ["REDACTED", "open_blob", "open_consensus", "reconnect_seconds", "redact_url"]
@@ -142,8 +142,8 @@ def open_blob(url: str) -> Blob:
             or os.environ.get("AWS_ENDPOINT_URL")
             or None
         )
-        # boto3 takes ~0.15 s to import: only a process that uses S3 pays for it.
-        from upsert_core.persist.blob_s3 import S3Blob
+        # heavy: boto3 (~0.15 s to import): only a process that uses S3 pays for it.
+        from upsert_core.persist.location.blob_s3 import S3Blob
 
         return S3Blob(
             parts.netloc,

@@ -4,11 +4,11 @@ Table: ``consensus(shard TEXT, sequence_number BIGINT, data BLOB/BYTEA,
 PRIMARY KEY (shard, sequence_number))``, created if missing.
 
 Drivers: SQLite runs on the stdlib ``sqlite3`` module (here); PostgreSQL on SQLAlchemy
-with psycopg 3 (:mod:`~upsert_core.persist.consensus_postgres`), imported only when a
+with psycopg 3 (:mod:`~upsert_core.persist.location.consensus_postgres`), imported only when a
 PostgreSQL URL is opened, so a process on the default embedded stores never pays
-SQLAlchemy's ~0.2 s import. Both share the statements, the retry loop and the error
-classification below; each attempt sees the database through a small session
-(``read``/``write``/``create_table``).
+SQLAlchemy's ~0.2 s import. Both share the statements and the retry loop below and the
+error classification in :mod:`~upsert_core.persist.location.sql_driver`; each attempt sees the
+database through a small session (``read``/``write``/``create_table``).
 
 SQLite URLs take the forms SQLAlchemy takes: ``sqlite:///relative.db`` (relative to the
 working directory when opened), ``sqlite:////abs/path.db``, ``sqlite+pysqlite:///...``,
@@ -63,24 +63,27 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
-from upsert_core.errors import (
-    ConfigError,
-    DeterminateError,
-    IndeterminateError,
-    LocationError,
-    LocationUnreachable,
-)
-from upsert_core.persist.consensus_memory import (
+from upsert_core.errors import ConfigError, DeterminateError, LocationUnreachable
+from upsert_core.persist.location import CasCommitted, CasMismatch, CasResult, SeqNo, VersionedData
+from upsert_core.persist.location.consensus_memory import (
     check_cas_args,
     check_key,
     check_scan_args,
     check_seqno,
     truncate_error,
 )
-from upsert_core.persist.location import CasCommitted, CasMismatch, CasResult, SeqNo, VersionedData
+from upsert_core.persist.location.sql_driver import (
+    Driver,
+    Retry,
+    Session,
+    StatementObserver,
+    Unreachable,
+    classify_db_error,
+    sqlite_busy,
+)
 from upsert_core.redact import redact_url
 
 T = TypeVar("T")
@@ -121,108 +124,8 @@ _SQLITE_CREATE_SQL = (
     "\n\tPRIMARY KEY (shard, sequence_number)\n)"
 )
 
-# PostgreSQL SQLSTATEs. Class 08: connection exceptions; 57014: statement timeout or
-# cancel; 57P01-03: server shutting down. 40001/40P01: serialization failure, deadlock.
-_PG_RETRYABLE = frozenset({"40001", "40P01"})
-_PG_UNCERTAIN = frozenset({"57014", "57P01", "57P02", "57P03"})
-
-
 DEFAULT_RECONNECT_S = 15.0
 _RECONNECT_BACKOFF_S = (0.05, 1.0)  # first and largest pause between connect attempts
-
-
-# Connect failures worth retrying: the network or the server is between states (a
-# restart, a failover, a full server). Anything else (authentication, an unknown
-# database, role or host, a bad URL option, SSL settings) needs the user: fail at once.
-_PG_TRANSIENT_CONNECT = (
-    "connection refused", "connection reset", "timeout expired", "timed out",
-    "server closed the connection", "could not receive data", "could not send data",
-    "no route to host", "network is unreachable",
-    "starting up", "shutting down", "in recovery", "not yet accepting connections",
-    "too many clients", "remaining connection slots", "terminating connection",
-    "consuming input failed", "eof detected", "ssl syscall error",
-)
-
-
-def pg_connect_is_transient(message: str) -> bool:
-    """Whether a failed PostgreSQL connect may succeed if tried again shortly: refused,
-    reset or timed out, or a server that is starting, stopping or full. Everything
-    else (authentication, unknown database/role/host, bad options) needs the user."""
-    lowered = message.lower()
-    return any(phrase in lowered for phrase in _PG_TRANSIENT_CONNECT)
-
-
-StatementObserver = Callable[[str, Any], None]
-"""Called with each statement's text and its parameters just before a driver sends it."""
-
-
-class _Session(Protocol):
-    """What one attempt may do with its connection (one transaction)."""
-
-    integrity_error: type[Exception]
-
-    def read(self, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
-        """Rows of a query."""
-
-    def write(self, sql: str, params: Mapping[str, Any] | None = None) -> int:
-        """The rowcount of a statement that changes rows."""
-
-    def create_table(self) -> None:
-        """Create the consensus table unless it exists."""
-
-
-class _Driver(Protocol):
-    url_for_errors: str
-
-    def run_once(self, op: Callable[[_Session], T], *, wrote: bool) -> T:
-        """Run ``op`` in one transaction; raise :class:`_Retry`, :class:`_Unreachable`
-        or a :class:`LocationError` when it fails."""
-
-    def listen(self, observer: StatementObserver) -> Callable[[], None]:
-        """Call ``observer`` before every statement; returns the function that stops it."""
-
-    def close(self) -> None:
-        """Close idle connections."""
-
-
-class _Retry(Exception):
-    """Internal: the attempt definitely failed for a transient reason; try again."""
-
-
-class _Unreachable(Exception):
-    """Internal: no connection could be made (nothing was sent); try again for a while."""
-
-
-def _sqlite_busy(exc: BaseException) -> bool:
-    name = getattr(exc, "sqlite_errorname", "") or ""
-    msg = str(exc).lower()
-    return name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in msg or "busy" in msg
-
-
-def classify_db_error(exc: BaseException, *, dialect: str, wrote: bool) -> LocationError | _Retry:
-    """Map a driver error raised after connecting into the location error hierarchy.
-
-    ``exc``: a ``sqlite3.Error``, or a SQLAlchemy ``DBAPIError`` wrapping the driver's
-    error (its ``orig``). ``wrote``: the failed call may have changed the database
-    (compare-and-set, truncate). Returns an internal retry marker for transient,
-    definitely-failed attempts.
-    """
-    orig = getattr(exc, "orig", None) or exc
-    if dialect == "sqlite":
-        if _sqlite_busy(orig):
-            return _Retry(str(orig))
-        if wrote and not isinstance(orig, sqlite3.IntegrityError):
-            return IndeterminateError(f"sqlite write failed, outcome unknown: {orig}")
-        return DeterminateError(f"sqlite operation failed: {orig}")
-    sqlstate: str | None = getattr(orig, "sqlstate", None)
-    if sqlstate in _PG_RETRYABLE:
-        return _Retry(str(orig))
-    lost = sqlstate is None or sqlstate.startswith("08") or sqlstate in _PG_UNCERTAIN
-    if wrote and (lost or getattr(exc, "connection_invalidated", False)):
-        return IndeterminateError(
-            f"postgres write failed after it was sent, outcome unknown: {orig}"
-        )
-    return DeterminateError(f"postgres operation failed: {orig}")
 
 
 # How SQLAlchemy splits a URL (``sqlalchemy.engine.url._parse_url``): the same URLs
@@ -280,12 +183,12 @@ class SqlConsensus:
         if not reconnect_s >= 0:  # also rejects NaN
             raise ConfigError(f"reconnect_s must be >= 0 seconds, got {reconnect_s!r}")
         self._reconnect_s = reconnect_s
-        self._driver: _Driver
+        self._driver: Driver
         if scheme in ("sqlite", "sqlite+pysqlite"):
             self._driver = _SqliteDriver(match, redact_url(url), busy_timeout_s)
         elif self._dialect == "postgresql":
-            # SQLAlchemy (~0.2 s to import) is loaded only for PostgreSQL.
-            from upsert_core.persist.consensus_postgres import PostgresDriver
+            # heavy: SQLAlchemy (~0.2 s to import), loaded only for PostgreSQL.
+            from upsert_core.persist.location.consensus_postgres import PostgresDriver
 
             self._driver = PostgresDriver(url, shown, connect_timeout_s)
         else:
@@ -327,7 +230,7 @@ class SqlConsensus:
             stmt = _CAS_SQL
             params["expected"] = expected
 
-        def cas(session: _Session) -> CasResult:
+        def cas(session: Session) -> CasResult:
             try:
                 inserted = session.write(stmt, params)
             except session.integrity_error:
@@ -347,7 +250,7 @@ class SqlConsensus:
             return []
         params = {"shard": key, "from_seqno": from_seqno, "limit": limit}
 
-        def scan(session: _Session) -> list[VersionedData]:
+        def scan(session: Session) -> list[VersionedData]:
             rows = session.read(_SCAN_SQL, params)
             return [VersionedData(int(r[0]), bytes(r[1])) for r in rows]
 
@@ -358,7 +261,7 @@ class SqlConsensus:
         check_seqno(seqno)
         params = {"shard": key, "seqno": seqno}
 
-        def truncate(session: _Session) -> int:
+        def truncate(session: Session) -> int:
             deleted = session.write(_TRUNCATE_SQL, params)
             if deleted > 0:
                 return deleted
@@ -388,18 +291,18 @@ class SqlConsensus:
                 self._retrying(lambda s: s.create_table(), wrote=False)
                 self._created = True
 
-    def _run(self, op: Callable[[_Session], T], *, wrote: bool) -> T:
+    def _run(self, op: Callable[[Session], T], *, wrote: bool) -> T:
         self._ensure_table()
         return self._retrying(op, wrote=wrote)
 
-    def _retrying(self, op: Callable[[_Session], T], *, wrote: bool) -> T:
+    def _retrying(self, op: Callable[[Session], T], *, wrote: bool) -> T:
         attempt = 0
         started = time.monotonic()
         pause = _RECONNECT_BACKOFF_S[0]
         while True:
             try:
                 return self._driver.run_once(op, wrote=wrote)
-            except _Unreachable as u:
+            except Unreachable as u:
                 waited = time.monotonic() - started
                 if waited >= self._reconnect_s:
                     tried = f" (retried for {waited:.1f} s)" if self._reconnect_s > 0 else ""
@@ -410,7 +313,7 @@ class SqlConsensus:
                 jittered = pause * (0.5 + random.random() / 2)
                 time.sleep(min(jittered, self._reconnect_s - waited))
                 pause = min(pause * 2, _RECONNECT_BACKOFF_S[1])
-            except _Retry as r:
+            except Retry as r:
                 attempt += 1
                 if attempt > self._max_retries:
                     raise DeterminateError(
@@ -421,7 +324,7 @@ class SqlConsensus:
                 time.sleep(delay * (0.5 + random.random()))
 
 
-def _head(session: _Session, key: str) -> VersionedData | None:
+def _head(session: Session, key: str) -> VersionedData | None:
     rows = session.read(_HEAD_SQL, {"shard": key})
     return None if not rows else VersionedData(int(rows[0][0]), bytes(rows[0][1]))
 
@@ -573,8 +476,8 @@ class _SqliteDriver:
         try:
             conn, generation = self._checkout()
         except sqlite3.Error as e:
-            if _sqlite_busy(e):
-                raise _Retry(str(e)) from e
+            if sqlite_busy(e):
+                raise Retry(str(e)) from e
             raise DeterminateError(
                 f"cannot connect to consensus {self.url_for_errors}: {redact_url(str(e))}"
             ) from e
@@ -593,7 +496,7 @@ class _SqliteDriver:
                         self.execute(conn, "ROLLBACK")
             return result
         except sqlite3.Error as e:
-            if not _sqlite_busy(e):
+            if not sqlite_busy(e):
                 # SUBTLE: a connection that failed otherwise may be the cause (e.g. a
                 # schema it cached that failed to compile): the next attempt opens a new one.
                 keep = False

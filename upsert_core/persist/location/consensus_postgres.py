@@ -1,12 +1,14 @@
-"""The PostgreSQL driver behind :class:`~upsert_core.persist.consensus_sql.SqlConsensus`.
+"""The PostgreSQL driver behind :class:`~upsert_core.persist.location.consensus_sql.SqlConsensus`.
 
 Runs on SQLAlchemy (psycopg 3). Only :class:`SqlConsensus` imports this module, and only
 when it opens a ``postgresql+psycopg://`` URL: SQLAlchemy takes ~0.2 s to import, which a
 SQLite consensus (stdlib ``sqlite3``, the default embedded store) never pays.
 
-The statements, the retry loop and the error classification are shared with SQLite and
-live in :mod:`~upsert_core.persist.consensus_sql`; this module connects, runs one
-attempt on a pooled connection and maps driver errors (see that module's docstring).
+The statements and the retry loop are shared with SQLite and live in
+:mod:`~upsert_core.persist.location.consensus_sql`, the driver contract and the error
+classification in :mod:`~upsert_core.persist.location.sql_driver` (this module imports only the
+latter, so the two never import each other); this module connects, runs one attempt on
+a pooled connection and maps driver errors (see ``consensus_sql``'s docstring).
 """
 
 from __future__ import annotations
@@ -33,9 +35,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, SQLAlchemyError
 
 from upsert_core.errors import ConfigError, DeterminateError
-from upsert_core.persist.consensus_sql import (
+from upsert_core.persist.location.sql_driver import (
     StatementObserver,
-    _Unreachable,
+    Unreachable,
     classify_db_error,
     pg_connect_is_transient,
 )
@@ -54,7 +56,7 @@ CONSENSUS_TABLE = Table(
 
 
 class _PostgresSession:
-    """One attempt's view of a pooled connection (see ``consensus_sql._Session``)."""
+    """One attempt's view of a pooled connection (see ``sql_driver.Session``)."""
 
     integrity_error: type[Exception] = IntegrityError
 
@@ -119,7 +121,7 @@ class PostgresDriver:
             conn = self._engine.connect()
         except DBAPIError as e:
             if pg_connect_is_transient(str(e.orig)):
-                raise _Unreachable(str(e.orig)) from e
+                raise Unreachable(str(e.orig)) from e
             raise DeterminateError(
                 f"cannot connect to consensus {self.url_for_errors}: {redact_url(str(e.orig))}"
             ) from e
