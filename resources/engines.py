@@ -106,7 +106,9 @@ class LazySparkEngine:
         spark, created = self.spark, self.created
         self.spark, self.created, self._engine = None, False, None
         if spark is not None and created:
-            spark.stop()
+            from resources.spark_session import release  # heavy: pyspark
+
+            release(spark)
 
 
 def make_engine(name: str, factory: Callable[[], SparkSession] | None = None) -> Engine:
