@@ -59,12 +59,11 @@ from dagster import (
     AssetCheckSeverity,
     AssetCheckSpec,
     AssetKey,
-    DagsterEventType,
     MetadataValue,
     multi_asset_check,
 )
 
-from assets.metadata import PUBLISHED_UPPER, published_upper
+from assets.metadata import PUBLISHED_UPPER, int_value, published_upper, run_ingest_metadata
 from assets.spec import SourceSpec
 from resources.stores import BlobStoreResource, ConsensusResource, open_shard
 from upsert_core.errors import ShardNotFound, UpsertPlatformError
@@ -103,38 +102,22 @@ def _split(report: CheckReport) -> tuple[list[str], list[str]]:
 
 
 def _run_metadata(context: AssetCheckExecutionContext, key: AssetKey) -> dict[str, Any]:
-    """The metadata of the ingest's own materialization of ``key`` in this run (the one
-    carrying ``start_upper``), else ``key``'s latest materialization.
-
-    SUBTLE: a run also logs runtime materializations of other partitions (files applied
-    by an earlier run or another path, with only their ``ts``); those must not be taken
-    for the ingest's result, or the checks would cover the wrong range."""
-    materialization = None
-    records = context.instance.get_records_for_run(
-        context.run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION, ascending=False
-    ).records
-    for record in records:
-        found = record.event_log_entry.asset_materialization
-        if found is not None and found.asset_key == key and "start_upper" in found.metadata:
-            materialization = found
-            break
-    if materialization is None:
+    """The metadata of the ingest's own materialization of ``key`` in this run, else of
+    ``key``'s latest materialization."""
+    found = run_ingest_metadata(context.instance, context.run.run_id, key)
+    if found is None:
         event = context.instance.get_latest_materialization_event(key)
         materialization = None if event is None else event.asset_materialization
-    return {} if materialization is None else dict(materialization.metadata)
+        found = None if materialization is None else materialization.metadata
+    return {} if found is None else dict(found)
 
-
-def _int(meta: dict[str, Any], name: str) -> int | None:
-    value = meta.get(name)
-    value = getattr(value, "value", value)
-    return value if isinstance(value, int) else None
 
 
 def _new_error_rows(context: AssetCheckExecutionContext, key: AssetKey, shard: Shard) -> tuple[
     int, int, int
 ]:
     """(error rows since the last ingest's start upper, total error rows, that upper)."""
-    since = _int(_run_metadata(context, key), "start_upper") or 0
+    since = int_value(_run_metadata(context, key), "start_upper") or 0
     state = shard.state()
     new = sum(e.num_errors for e in state.errors if e.ts >= since)
     return new, state.num_errors(), since
@@ -145,7 +128,7 @@ def _run_range(
 ) -> tuple[int | None, int, str]:
     """(the run's start_upper, the upper after its ingest, where they came from)."""
     meta = _run_metadata(context, key)
-    start, upper = _int(meta, "start_upper"), _int(meta, "upper")
+    start, upper = int_value(meta, "start_upper"), int_value(meta, "upper")
     if upper is not None:
         return start, upper, "the run's upsert_state materialization"
     shard_upper = shard.state().upper

@@ -184,7 +184,8 @@ def partition_materializations(
     ]
 
 
-def _int_value(metadata: Mapping[str, Any], name: str) -> int | None:
+def int_value(metadata: Mapping[str, Any], name: str) -> int | None:
+    """The integer value of a metadata entry (None if absent or not an integer)."""
     value = metadata.get(name)
     value = getattr(value, "value", value)
     return value if isinstance(value, int) and not isinstance(value, bool) else None
@@ -198,7 +199,26 @@ def published_upper(instance: DagsterInstance, output_key: AssetKey) -> int:
     event = None if entry is None else entry.asset_materialization
     if event is None:
         return 0
-    return _int_value(event.metadata, PUBLISHED_UPPER) or 0
+    return int_value(event.metadata, PUBLISHED_UPPER) or 0
+
+
+def run_ingest_metadata(
+    instance: DagsterInstance, run_id: str, state_key: AssetKey
+) -> Mapping[str, Any] | None:
+    """The metadata of the ingest's own materialization of ``state_key`` in the run (the
+    newest one carrying ``start_upper``), or None.
+
+    SUBTLE: a run also logs runtime materializations of other partitions (files applied
+    by an earlier run or another path, with only their ``ts``); those must never be taken
+    for the ingest's result, or checks would cover the wrong range."""
+    records = instance.get_records_for_run(
+        run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION, ascending=False
+    ).records
+    for record in records:
+        found = record.event_log_entry.asset_materialization
+        if found is not None and found.asset_key == state_key and "start_upper" in found.metadata:
+            return found.metadata
+    return None
 
 
 def applied_by_run(instance: DagsterInstance, run_id: str, state_key: AssetKey) -> dict[str, int]:
@@ -212,7 +232,7 @@ def applied_by_run(instance: DagsterInstance, run_id: str, state_key: AssetKey) 
         if event is None or event.asset_key != state_key or event.partition is None:
             continue
         applied = event.metadata.get("applied_by")
-        ts = _int_value(event.metadata, "ts")
+        ts = int_value(event.metadata, "ts")
         if ts is not None and getattr(applied, "value", None) == APPLIED_BY_RUN:
             found[event.partition] = ts
     return found

@@ -25,11 +25,11 @@ from dagster import (
     AssetChecksDefinition,
     AssetCheckSeverity,
     AssetKey,
-    DagsterEventType,
     MetadataValue,
     asset_check,
 )
 
+from assets.metadata import int_value, run_ingest_metadata
 from assets.spec import SourceSpec
 from resources.stores import BlobStoreResource, ConsensusResource, open_shard
 from upsert_core.errors import ShardNotFound
@@ -44,16 +44,9 @@ TOP = 10
 def _start_upper(context: AssetCheckExecutionContext, key: AssetKey, shard: Shard) -> int:
     """``start_upper`` of this run's ingest materialization of ``key`` (the one that has
     it; the run also logs bare materializations of other partitions), else the last ts."""
-    records = context.instance.get_records_for_run(
-        context.run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION, ascending=False
-    ).records
-    for record in records:
-        found = record.event_log_entry.asset_materialization
-        if found is not None and found.asset_key == key and "start_upper" in found.metadata:
-            value = getattr(found.metadata["start_upper"], "value", None)
-            if isinstance(value, int):
-                return value
-    return max(0, shard.state().upper - 1)
+    found = run_ingest_metadata(context.instance, context.run.run_id, key)
+    value = None if found is None else int_value(found, "start_upper")
+    return max(0, shard.state().upper - 1) if value is None else value
 
 
 def value_check_counts(shard: Shard, since: int) -> tuple[int, int, Counter[str]]:

@@ -143,3 +143,20 @@ def canonical(table: pa.Table) -> pa.Table:
     """The compared columns of a snapshot, sorted by key, in one chunk."""
     out = table.select(VALUE_COLUMNS).sort_by("key").combine_chunks()
     return out.cast(pa.schema([SCHEMA.field(name) for name in VALUE_COLUMNS]))
+
+
+def write_workload(
+    root: Path, n_keys: int, batch_rows: int, batches: int
+) -> tuple[Path, list[Path]]:
+    """The initial load and ``batches`` change batches as Parquet landing files under
+    ``root`` (created), named so that name order is workload order."""
+    root.mkdir(parents=True, exist_ok=True)
+    workload = Workload(n_keys, batch_rows)
+    initial = root / "0000-initial.parquet"
+    write_landing(initial, workload.initial())
+    paths = []
+    for i in range(1, batches + 1):
+        path = root / f"{i:04d}-batch.parquet"
+        write_landing(path, workload.batch())
+        paths.append(path)
+    return initial, paths

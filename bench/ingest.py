@@ -47,7 +47,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from bench._measure import descendants, dir_bytes, peak_mb, reset_peak
-from bench._workload import Workload, canonical, dedup_batch, write_landing
+from bench._workload import Workload, canonical, dedup_batch, write_landing, write_workload
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "bench" / "out"
@@ -94,14 +94,7 @@ class Files:
 
 
 def make_files(root: Path, n_keys: int, batch_rows: int, batches: int) -> Files:
-    work = Workload(n_keys, batch_rows)
-    initial = root / "0000-initial.parquet"
-    write_landing(initial, work.initial())
-    paths = []
-    for i in range(1, batches + 1):
-        path = root / f"{i:04d}-batch.parquet"
-        write_landing(path, work.batch())
-        paths.append(path)
+    initial, paths = write_workload(root, n_keys, batch_rows, batches)
     return Files(initial, paths, batch_rows)
 
 

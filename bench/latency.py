@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench._workload import Workload, write_landing
+from bench._workload import write_workload
 from resources.connect_server import connect_server
 
 REPO = Path(__file__).resolve().parents[1]
@@ -115,15 +115,7 @@ class Landing:
 
 
 def make_landing(root: Path, keys: int, files: int) -> Landing:
-    workload = Workload(n_keys=keys, batch_rows=FILE_ROWS)
-    root.mkdir(parents=True)
-    initial = root / "batch-00000.parquet"
-    write_landing(initial, workload.initial())
-    paths = []
-    for i in range(1, files + 1):
-        path = root / f"batch-{i:05d}.parquet"
-        write_landing(path, workload.batch())
-        paths.append(path)
+    initial, paths = write_workload(root, keys, FILE_ROWS, files)
     return Landing(initial, paths)
 
 
