@@ -24,7 +24,7 @@ Invariants:
 
 - Each key yields at most one retraction and one insertion: the output is consolidated.
 - The result equals, update for update and key for key, what the per-key engine
-  produces for the same state and rows (``tests/columnar`` checks this against the dict
+  produces for the same state and rows (``tests/core/test_columnar_*`` check this against the dict
   model and the per-key engine).
 - The input state is not modified; the caller commits the output before it uses the
   returned state (it only leaves the step as a checkpoint or a cache entry).
