@@ -46,8 +46,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Mapping
 
 from upsert_core.errors import (
     ConcurrentModification,
@@ -64,9 +63,9 @@ from upsert_core.ingest.engine import Engine, InProcessEngine
 from upsert_core.ingest.options import CONFIG_SCHEMA, IngestRequest, ShardOptions, resolve_options
 from upsert_core.ingest.outcome import FileOutcome
 from upsert_core.ingest.report import FileReport, IngestReport, ProgressEvent
+from upsert_core.ingest.shard_api import IngestShard
 from upsert_core.ingest.tasks import FileTask
 from upsert_core.landing import LandingFile, list_landing, pending
-from upsert_core.persist.append import AppendResult
 from upsert_core.persist.location import Blob
 from upsert_core.persist.state import ErrorBatch, HollowBatch, ShardState
 from upsert_core.persist.writers import WriterLease
@@ -95,31 +94,6 @@ def commit_history(config: Mapping[str, str]) -> dict[int, str]:
         return {int(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
     except (ValueError, TypeError, AttributeError):
         return {}
-
-
-class IngestShard(Protocol):
-    """The shard handle the driver needs (``persist.shard.Shard`` or ``ShardRef``)."""
-
-    @property
-    def shard_id(self) -> str: ...
-
-    @property
-    def blob(self) -> Blob: ...
-
-    def state(self) -> ShardState: ...
-
-    def compare_and_append(
-        self,
-        batch: HollowBatch,
-        expected_upper: int,
-        *,
-        ingested_files: Mapping[str, int] | None = None,
-        errors: Sequence[ErrorBatch] = (),
-        config_updates: Mapping[str, str] | None = None,
-        writer_id: str | None = None,
-    ) -> AppendResult: ...
-
-    def writer_lease(self, lease_duration_ms: int = ...) -> WriterLease: ...
 
 
 def checkpoints_current(state: ShardState) -> bool:
@@ -381,4 +355,4 @@ def ingest(
     return report
 
 
-__all__ = ["IngestShard", "checkpoints_current", "commit_history", "ingest", "plan_file"]
+__all__ = ["checkpoints_current", "commit_history", "ingest", "plan_file"]
