@@ -66,8 +66,9 @@ from upsert_core.ingest.report import FileReport, IngestReport, ProgressEvent
 from upsert_core.ingest.shard_api import IngestShard
 from upsert_core.ingest.tasks import FileTask
 from upsert_core.landing import LandingFile, list_landing, pending
+from upsert_core.persist.append import AppendRequest
 from upsert_core.persist.location import Blob
-from upsert_core.persist.state import ErrorBatch, HollowBatch, ShardState
+from upsert_core.persist.state import HollowBatch, ShardState
 from upsert_core.persist.writers import WriterLease
 
 Progress = Callable[[ProgressEvent], None]
@@ -144,9 +145,7 @@ def _delete_new_blobs(
             blob.delete(key)
 
 
-def _commit_request(
-    task: FileTask, options: ShardOptions, outcome: FileOutcome
-) -> tuple[HollowBatch, list[ErrorBatch], dict[str, str]]:
+def _commit_request(task: FileTask, options: ShardOptions, outcome: FileOutcome) -> AppendRequest:
     parts = tuple(p for b in sorted(outcome.buckets, key=lambda r: r.bucket) for p in b.parts)
     batch = HollowBatch(lower=task.ts, upper=task.ts + 1, since=0, parts=parts)
     errors = [] if outcome.read.error_batch is None else [outcome.read.error_batch]
@@ -167,7 +166,10 @@ def _commit_request(
     history = {**task.history, task.ts + 1: task.commit_nonce}
     recent = sorted(history)[-HISTORY_LENGTH:]
     config[CONFIG_HISTORY] = json.dumps({str(u): history[u] for u in recent})
-    return batch, errors, config
+    return AppendRequest(
+        batch, task.ts, ingested_files={task.file.name: task.ts}, errors=errors,
+        config_updates=config,
+    )
 
 
 def live_rows(config: Mapping[str, str]) -> int | None:
@@ -248,7 +250,7 @@ def _ingest_one(
             _delete_new_blobs(shard.blob, outcome)
             message = outcome.read.file_error or f"{file.name}: {outcome.failure}"
             raise IngestError(message)
-        batch, errors, config = _commit_request(task, options, outcome)
+        commit = _commit_request(task, options, outcome)
         # SUBTLE: two writers can build byte-identical batches (inline parts, same file
         # at the same ts); ``append`` then reports the loser's request as "already
         # applied". A per-attempt nonce in the config (``task.commit_nonce``, fresh per
@@ -259,14 +261,7 @@ def _ingest_one(
         # may have committed: the blobs are left alone (GC's leak sweep removes them if
         # not); they are deleted only on a definite "not committed".
         try:
-            result = shard.compare_and_append(
-                batch,
-                task.ts,
-                ingested_files={file.name: task.ts},
-                errors=errors,
-                config_updates=config,
-                writer_id=task.writer_id,
-            )
+            result = shard.compare_and_append(commit, writer_id=task.writer_id)
         except WriterFenced as exc:
             # Determinate: nothing of this attempt was committed (and GC may have
             # deleted some of its blobs). Redo the file under a fresh registration.

@@ -6,12 +6,11 @@ and every engine (``Engine.run_file``) need of a shard handle.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from upsert_core.persist.append import AppendResult
+from upsert_core.persist.append import AppendRequest, AppendResult
 from upsert_core.persist.location import Blob
-from upsert_core.persist.state import ErrorBatch, HollowBatch, ShardState
+from upsert_core.persist.state import ShardState
 from upsert_core.persist.writers import WriterLease
 
 
@@ -28,12 +27,8 @@ class IngestShard(Protocol):
 
     def compare_and_append(
         self,
-        batch: HollowBatch,
-        expected_upper: int,
+        request: AppendRequest,
         *,
-        ingested_files: Mapping[str, int] | None = None,
-        errors: Sequence[ErrorBatch] = (),
-        config_updates: Mapping[str, str] | None = None,
         writer_id: str | None = None,
     ) -> AppendResult: ...
 
