@@ -31,8 +31,9 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from upsert_core.errors import ConfigError, IngestError, UpsertPlatformError
-from upsert_core.ingest.engine import Engine, InProcessEngine, ShardHandle
+from upsert_core.ingest.engine import Engine, InProcessEngine
 from upsert_core.ingest.outcome import FileOutcome
+from upsert_core.ingest.shard_api import IngestShard
 from upsert_core.ingest.tasks import FileTask
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ class LazySparkEngine:
     def started(self) -> bool:
         return self._engine is not None
 
-    def run_file(self, task: FileTask, shard: ShardHandle) -> FileOutcome:
+    def run_file(self, task: FileTask, shard: IngestShard) -> FileOutcome:
         if self._engine is None:
             from resources.spark_ingest import SparkEngine  # heavy: pyspark
 

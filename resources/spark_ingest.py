@@ -89,8 +89,9 @@ from pyspark.sql import SparkSession
 
 from resources.spark_session import is_connect, master_of
 from upsert_core.errors import ConfigError, IngestError
-from upsert_core.ingest.engine import ShardHandle, bucket_groups
+from upsert_core.ingest.engine import bucket_groups
 from upsert_core.ingest.outcome import BucketResult, FileOutcome, FileRead
+from upsert_core.ingest.shard_api import IngestShard
 from upsert_core.ingest.statecache import StateCache
 from upsert_core.ingest.tasks import FileTask, cache_key, read_file, run_bucket
 from upsert_core.persist.codec_state import encode_state
@@ -373,7 +374,7 @@ class SparkEngine:
         wanted = self.slices or default_parallelism(self.spark, master)
         return max(1, min(task.buckets, wanted))
 
-    def run_file(self, task: FileTask, shard: ShardHandle) -> FileOutcome:
+    def run_file(self, task: FileTask, shard: IngestShard) -> FileOutcome:
         url = self.blob_url or blob_url_of(shard.blob)
         env = {name: os.environ[name] for name in SHIPPED_ENV if name in os.environ}
         env[WRITER_TOKEN_ENV] = os.environ.get(WRITER_TOKEN_ENV, "")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.checkpoint import CONFIG_CHECKPOINT_UPPER, checkpoint_ref_name
+from upsert_core.persist.append import AppendRequest
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.state import HollowBatch
 
@@ -81,7 +82,9 @@ def test_stale_checkpoints_are_rehydrated_with_the_same_result(tmp_path: Path) -
     def stale(shard: Shard) -> None:
         # A commit that does not maintain checkpoints (an empty batch) leaves them stale.
         upper = shard.state().upper
-        result = shard.compare_and_append(HollowBatch(upper, upper + 1, 0, ()), upper)
+        result = shard.compare_and_append(
+            AppendRequest(HollowBatch(upper, upper + 1, 0, ()), upper)
+        )
         assert result.committed
         assert shard.state().config[CONFIG_CHECKPOINT_UPPER] == str(upper)
 

@@ -9,7 +9,8 @@ import pytest
 
 from upsert_core.errors import ConfigError, IngestError
 from upsert_core.ingest import FileOutcome, FileTask, IngestRequest, ProgressEvent, ingest
-from upsert_core.ingest.engine import InProcessEngine, ShardHandle
+from upsert_core.ingest.engine import InProcessEngine
+from upsert_core.ingest.shard_api import IngestShard
 from upsert_core.persist.testing import unreferenced_blobs
 
 from .helpers import memory_shard, snapshot_rows, write_jsonl, write_parquet
@@ -215,7 +216,7 @@ class _WriterStillWriting:
         self.inner = InProcessEngine()
         self.done = False
 
-    def run_file(self, task: FileTask, shard: ShardHandle) -> FileOutcome:
+    def run_file(self, task: FileTask, shard: IngestShard) -> FileOutcome:
         if task.file.name == self.path.name and not self.done:
             self.done = True
             with self.path.open("ab") as fh:

@@ -5,7 +5,7 @@ replayed changes equals a current checkpoint, cold or cached."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -16,13 +16,13 @@ from upsert_core.ingest.checkpoint import checkpoint_base_name, checkpoint_ref_n
 from upsert_core.ingest.pipeline import CONFIG_HISTORY, commit_history
 from upsert_core.ingest.statecache import CachedState, StateCache
 from upsert_core.ingest.tasks import REPLAY_FRACTION, Base
-from upsert_core.persist.append import AppendResult
+from upsert_core.persist.append import AppendRequest, AppendResult
 from upsert_core.persist.leases import DEFAULT_LEASE_DURATION_MS
 from upsert_core.persist.location import Blob
 from upsert_core.persist.location.blob_memory import MemoryBlob
 from upsert_core.persist.location.consensus_memory import MemoryConsensus
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.state import ErrorBatch, HollowBatch, ShardState
+from upsert_core.persist.state import ShardState
 from upsert_core.persist.writers import WriterLease
 
 from .helpers import change_rows, contents, memory_shard, snapshot_rows, write_jsonl
@@ -88,21 +88,14 @@ class RacedShard:
 
     def compare_and_append(
         self,
-        batch: HollowBatch,
-        expected_upper: int,
+        request: AppendRequest,
         *,
-        ingested_files: Mapping[str, int] | None = None,
-        errors: Sequence[ErrorBatch] = (),
-        config_updates: Mapping[str, str] | None = None,
         writer_id: str | None = None,
     ) -> AppendResult:
         if self.armed:
             self.armed = False
             ingest(self.racer, str(self.racer_dir), IngestRequest())
-        return self.shard.compare_and_append(
-            batch, expected_upper, ingested_files=ingested_files, errors=errors,
-            config_updates=config_updates, writer_id=writer_id,
-        )
+        return self.shard.compare_and_append(request, writer_id=writer_id)
 
     def writer_lease(self, lease_duration_ms: int = DEFAULT_LEASE_DURATION_MS) -> WriterLease:
         return self.shard.writer_lease(lease_duration_ms)

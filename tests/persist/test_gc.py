@@ -16,6 +16,7 @@ import pytest
 
 from upsert_core.errors import CorruptData, InvalidUsage, NotReadable, WriterFenced
 from upsert_core.persist import keys
+from upsert_core.persist.append import AppendRequest
 from upsert_core.persist.gc import gc as run_gc
 from upsert_core.persist.gc import leak_candidates_key, truncation_point
 from upsert_core.persist.keys import rollup_key, rollup_prefix, writer_id_of
@@ -215,7 +216,7 @@ def test_a_registered_writers_blobs_wait_for_its_registration_not_a_clock(
     report = shard.gc()  # expires the registration, then (same run) sweeps its blobs
     assert report.leases_expired == 1 and pending_keys <= set(report.deleted_keys)
     with pytest.raises(WriterFenced, match="fenced"):
-        writer.compare_and_append(pending, 12)
+        writer.compare_and_append(AppendRequest(pending, 12))
     assert shard.upper == 12
     for _ in range(60):  # move the seqno past the stray rollup; a newer one gets recorded
         shard.register_writer("x")
@@ -241,7 +242,7 @@ def test_a_part_committed_while_gc_lists_is_never_swept(stores: tuple[Consensus,
     batch = other.write_batch(updates_table([(key(8), b"late", 12, 1)]), 12, 13)
 
     def commit() -> None:
-        assert other.compare_and_append(batch, 12).committed
+        assert other.compare_and_append(AppendRequest(batch, 12)).committed
 
     # The writer commits right after GC listed the blobs (its part then looks leaked in
     # the listing); even with no grace GC must see it referenced and keep it.
@@ -357,7 +358,7 @@ def test_an_unleased_read_resumes_after_its_last_key_when_gc_deletes_parts_midst
         updates = upsert_updates(model, ts, ops)
         batch = write_batch(inner, SHARD, updates_table(updates), ts, ts + 1,
                             inline_threshold=0, row_group_rows=4)
-        assert writer.compare_and_append(batch, ts).committed
+        assert writer.compare_and_append(AppendRequest(batch, ts)).committed
     expected = sorted((k, v, 2, 1) for k, v in model.items())
     old_parts = set(writer.state().referenced_blob_keys())
     reader = Shard.open(consensus, blob, SHARD, create=False)

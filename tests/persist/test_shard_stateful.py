@@ -26,7 +26,7 @@ from hypothesis.stateful import (
 )
 
 from upsert_core.errors import InvalidUsage
-from upsert_core.persist.append import AppendResult, delete_uncommitted
+from upsert_core.persist.append import AppendRequest, AppendResult, delete_uncommitted
 from upsert_core.persist.gc import rollup_current, truncation_point
 from upsert_core.persist.keys import rollup_prefix, writer_id_of
 from upsert_core.persist.location import Blob, Consensus
@@ -128,7 +128,7 @@ class ShardModel(RuleBasedStateMachine):
             # Distinct file names: identical batches would be recognised as one append.
             files = {f"racer{i}-{self.upper}": self.upper}
             results[i] = self.handles[i].compare_and_append(
-                batches[i], self.upper, ingested_files=files
+                AppendRequest(batches[i], self.upper, ingested_files=files)
             )
 
         threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]

@@ -20,6 +20,7 @@ from tests.model import UpsertModel
 from upsert_core.errors import WriterFenced
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.persist import leases
+from upsert_core.persist.append import AppendRequest
 from upsert_core.persist.keys import is_writer_id, new_writer_id, writer_id_of
 from upsert_core.persist.location import Blob, CasResult, VersionedData
 from upsert_core.persist.location.blob_memory import MemoryBlob
@@ -66,7 +67,9 @@ def test_an_unregistered_writer_cannot_commit_and_changes_nothing() -> None:
     batch = shard.write_batch(updates_table([(key(1), b"v", 0, 1)]), 0, 1)
     before = shard.state()
     with pytest.raises(WriterFenced, match="fenced"):
-        shard.compare_and_append(batch, 0, ingested_files={"f": 0}, writer_id=new_writer_id())
+        shard.compare_and_append(
+            AppendRequest(batch, 0, ingested_files={"f": 0}), writer_id=new_writer_id()
+        )
     after = shard.state()
     assert (after.seqno, after.upper, dict(after.ingested_files)) == (before.seqno, 0, {})
 
@@ -77,9 +80,11 @@ def test_a_commit_that_landed_stays_committed_after_the_registration_went() -> N
     shard = _shard(clock)
     batch = shard.write_batch(updates_table([(key(1), b"v", 0, 1)]), 0, 1)
     writer = shard.writer_id()
-    assert shard.compare_and_append(batch, 0, ingested_files={"f": 0}).committed
+    assert shard.compare_and_append(AppendRequest(batch, 0, ingested_files={"f": 0})).committed
     shard.release_writer()
-    again = shard.compare_and_append(batch, 0, ingested_files={"f": 0}, writer_id=writer)
+    again = shard.compare_and_append(
+        AppendRequest(batch, 0, ingested_files={"f": 0}), writer_id=writer
+    )
     assert again.committed and again.state.upper == 1
 
 
@@ -98,7 +103,7 @@ def test_gc_deletes_a_stalled_writers_parts_only_after_fencing_it() -> None:
     report = gc_side.gc()
     assert keys <= set(report.deleted_keys)
     with pytest.raises(WriterFenced):
-        slow.compare_and_append(batch, 0)
+        slow.compare_and_append(AppendRequest(batch, 0))
     assert gc_side.state().upper == 0
     # The handle registers a fresh id and its next append commits.
     assert slow.append(updates_table([(key(1), b"v", 0, 1)]), 0).committed
@@ -116,8 +121,8 @@ def test_dead_local_writers_are_removed_through_the_same_fence() -> None:
     assert set(shard.machine.apply(expire_dead_local_writers).writers) == {alive}
     batch = shard.write_batch(updates_table([(key(1), b"v", 0, 1)]), 0, 1)
     with pytest.raises(WriterFenced):
-        shard.compare_and_append(batch, 0, writer_id=dead_id)
-    assert shard.compare_and_append(batch, 0).committed  # the live writer commits
+        shard.compare_and_append(AppendRequest(batch, 0), writer_id=dead_id)
+    assert shard.compare_and_append(AppendRequest(batch, 0)).committed  # the live writer commits
 
 
 def test_a_lease_heartbeats_survive_gc_and_a_lost_one_is_renewed_with_a_new_id() -> None:
@@ -252,9 +257,9 @@ def test_a_batch_written_under_a_removed_id_is_never_committed_by_a_new_registra
     observer = _shard(clock, blob, consensus)
     assert {p.key for p in batch.parts} <= set(observer.gc().deleted_keys)  # type: ignore[union-attr]
     with pytest.raises(WriterFenced):
-        writer.compare_and_append(batch, 0, ingested_files={"f": 0})
+        writer.compare_and_append(AppendRequest(batch, 0, ingested_files={"f": 0}))
     with pytest.raises(WriterFenced, match="was written by writer"):
-        writer.compare_and_append(batch, 0, ingested_files={"f": 0})  # as a new id
+        writer.compare_and_append(AppendRequest(batch, 0, ingested_files={"f": 0}))  # as a new id
     assert observer.state().upper == 0
     assert writer.append(updates_table([(key(1), b"v", 0, 1)]), 0).committed
     assert rows_of(read_all(observer.snapshot(0))) == [(key(1), b"v", 0, 1)]
@@ -302,7 +307,7 @@ def test_gc_does_not_trust_a_lagging_read_of_the_registrations() -> None:
     keys = {p.key for p in batch.parts}  # type: ignore[union-attr]
     report = Shard.open(lagging, blob, "w", create=False).gc(leak_grace_ms=0)
     assert not keys & set(report.deleted_keys)
-    assert writer.compare_and_append(batch, 0, ingested_files={"f": 0}).committed
+    assert writer.compare_and_append(AppendRequest(batch, 0, ingested_files={"f": 0})).committed
     truth = Shard.open(inner, blob, "w", create=False)
     assert rows_of(read_all(truth.snapshot(0))) == [(key(1), b"v", 0, 1)]
 

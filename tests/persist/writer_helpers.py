@@ -7,7 +7,7 @@ from typing import Any
 from weakref import WeakKeyDictionary
 
 from upsert_core.persist import leases
-from upsert_core.persist.append import AppendResult
+from upsert_core.persist.append import AppendRequest, AppendResult
 from upsert_core.persist.append import compare_and_append as _compare_and_append
 from upsert_core.persist.keys import new_writer_id
 from upsert_core.persist.machine import Machine
@@ -25,7 +25,10 @@ def registered_writer(machine: Machine) -> str:
     return writer
 
 
-def compare_and_append(machine: Machine, *args: Any, **kwargs: Any) -> AppendResult:
-    """``append.compare_and_append`` as the machine's registered writer."""
-    kwargs.setdefault("writer_id", registered_writer(machine))
-    return _compare_and_append(machine, *args, **kwargs)
+def compare_and_append(
+    machine: Machine, *args: Any, writer_id: str | None = None, **kwargs: Any
+) -> AppendResult:
+    """``append.compare_and_append`` of ``AppendRequest(*args, **kwargs)`` as the
+    machine's registered writer."""
+    writer = writer_id if writer_id is not None else registered_writer(machine)
+    return _compare_and_append(machine, AppendRequest(*args, **kwargs), writer_id=writer)

@@ -20,7 +20,7 @@ from resources.spark_ingest import outcome_of, run_slice
 from tests.ingest.helpers import contents, memory_shard, write_jsonl
 from upsert_core.errors import IngestError
 from upsert_core.ingest import FileOutcome, FileTask, IngestRequest, ingest
-from upsert_core.ingest.engine import ShardHandle
+from upsert_core.ingest.shard_api import IngestShard
 from upsert_core.ingest.statecache import StateCache
 from upsert_core.persist.codec_state import encode_state
 from upsert_core.persist.location.urls import open_blob, open_consensus
@@ -45,7 +45,7 @@ class SlicedInProcess:
         self.rng = random.Random(3)
         self.loaded: list[str] = []
 
-    def run_file(self, task: FileTask, shard: ShardHandle) -> FileOutcome:
+    def run_file(self, task: FileTask, shard: IngestShard) -> FileOutcome:
         shipped = FileTask(**{**task.__dict__, "shard_state": None,
                               "shard_state_bytes": encode_state(task.load_shard_state())})
         url = si.blob_url_of(shard.blob)
@@ -125,7 +125,7 @@ def test_a_worker_claims_the_buckets_whose_state_it_holds(tmp_path: Path) -> Non
     write_jsonl(landing, "09.jsonl", [{"key": k, "offset": 50, "v": "z"} for k in range(30)])
 
     class TwoWorkers(SlicedInProcess):
-        def run_file(self, task: FileTask, shard: ShardHandle) -> FileOutcome:
+        def run_file(self, task: FileTask, shard: IngestShard) -> FileOutcome:
             shipped = FileTask(**{**task.__dict__, "shard_state": None,
                                   "shard_state_bytes": encode_state(task.load_shard_state())})
             url = si.blob_url_of(shard.blob)

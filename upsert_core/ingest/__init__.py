@@ -7,22 +7,23 @@ one compare-and-append per file.
 - :mod:`~upsert_core.ingest.checkpoint` / :mod:`~upsert_core.ingest.rehydrate`: where a
   bucket's upsert state comes from.
 - :mod:`~upsert_core.ingest.tasks`: the per-file and per-bucket steps every engine runs.
+- :mod:`~upsert_core.ingest.shard_api`: ``IngestShard``, what the ingest needs of a shard.
 - :mod:`~upsert_core.ingest.engine`: the ``Engine`` protocol and the in-process engine.
 - :mod:`~upsert_core.ingest.pipeline`: the driver, :func:`ingest`.
 - :mod:`~upsert_core.ingest.report`: ``IngestReport``, ``FileReport``, ``ProgressEvent``.
 """
 
-from upsert_core.ingest.engine import Engine, InProcessEngine, ShardHandle
+from upsert_core.ingest.engine import Engine, InProcessEngine
 from upsert_core.ingest.options import IngestRequest, ShardOptions, resolve_options
 from upsert_core.ingest.outcome import BucketResult, FileOutcome, FileRead
 from upsert_core.ingest.pipeline import (
-    IngestShard,
     checkpoints_current,
     ingest,
     live_rows,
     plan_file,
 )
 from upsert_core.ingest.report import FileReport, IngestReport, ProgressEvent
+from upsert_core.ingest.shard_api import IngestShard
 from upsert_core.ingest.tasks import ROWS_SCHEMA, FileTask, read_file, run_bucket
 
 __all__ = [
@@ -38,7 +39,6 @@ __all__ = [
     "IngestRequest",
     "IngestShard",
     "ProgressEvent",
-    "ShardHandle",
     "ShardOptions",
     "checkpoints_current",
     "ingest",

@@ -34,25 +34,16 @@ import pyarrow as pa
 
 from upsert_core.ingest.buckets import split_rows
 from upsert_core.ingest.outcome import FileOutcome
+from upsert_core.ingest.shard_api import IngestShard
 from upsert_core.ingest.statecache import StateCache
 from upsert_core.ingest.tasks import ROWS_SCHEMA, FileTask, read_file, run_bucket
 from upsert_core.persist.location import Blob
 
 
-class ShardHandle(Protocol):
-    """What the ingest needs of a shard handle (``persist.shard.Shard`` provides it)."""
-
-    @property
-    def shard_id(self) -> str: ...
-
-    @property
-    def blob(self) -> Blob: ...
-
-
 class Engine(Protocol):
     """Runs the steps of one file; see the module docstring."""
 
-    def run_file(self, task: FileTask, shard: ShardHandle) -> FileOutcome: ...
+    def run_file(self, task: FileTask, shard: IngestShard) -> FileOutcome: ...
 
 
 def bucket_groups(task: FileTask, rows: pa.Table) -> dict[int, pa.Table]:
@@ -94,7 +85,7 @@ class InProcessEngine:
         self.cache = StateCache() if isinstance(cache, str) else cache
         self.threads = default_threads() if threads is None else max(1, threads)
 
-    def run_file(self, task: FileTask, shard: ShardHandle) -> FileOutcome:
+    def run_file(self, task: FileTask, shard: IngestShard) -> FileOutcome:
         blob = shard.blob
         read, rows = read_file(task, blob)
         outcome = FileOutcome(read=read)

@@ -46,8 +46,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Mapping
 
 from upsert_core.errors import (
     ConcurrentModification,
@@ -64,11 +63,12 @@ from upsert_core.ingest.engine import Engine, InProcessEngine
 from upsert_core.ingest.options import CONFIG_SCHEMA, IngestRequest, ShardOptions, resolve_options
 from upsert_core.ingest.outcome import FileOutcome
 from upsert_core.ingest.report import FileReport, IngestReport, ProgressEvent
+from upsert_core.ingest.shard_api import IngestShard
 from upsert_core.ingest.tasks import FileTask
 from upsert_core.landing import LandingFile, list_landing, pending
-from upsert_core.persist.append import AppendResult
+from upsert_core.persist.append import AppendRequest
 from upsert_core.persist.location import Blob
-from upsert_core.persist.state import ErrorBatch, HollowBatch, ShardState
+from upsert_core.persist.state import HollowBatch, ShardState
 from upsert_core.persist.writers import WriterLease
 
 Progress = Callable[[ProgressEvent], None]
@@ -95,31 +95,6 @@ def commit_history(config: Mapping[str, str]) -> dict[int, str]:
         return {int(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
     except (ValueError, TypeError, AttributeError):
         return {}
-
-
-class IngestShard(Protocol):
-    """The shard handle the driver needs (``persist.shard.Shard`` or ``ShardRef``)."""
-
-    @property
-    def shard_id(self) -> str: ...
-
-    @property
-    def blob(self) -> Blob: ...
-
-    def state(self) -> ShardState: ...
-
-    def compare_and_append(
-        self,
-        batch: HollowBatch,
-        expected_upper: int,
-        *,
-        ingested_files: Mapping[str, int] | None = None,
-        errors: Sequence[ErrorBatch] = (),
-        config_updates: Mapping[str, str] | None = None,
-        writer_id: str | None = None,
-    ) -> AppendResult: ...
-
-    def writer_lease(self, lease_duration_ms: int = ...) -> WriterLease: ...
 
 
 def checkpoints_current(state: ShardState) -> bool:
@@ -170,9 +145,7 @@ def _delete_new_blobs(
             blob.delete(key)
 
 
-def _commit_request(
-    task: FileTask, options: ShardOptions, outcome: FileOutcome
-) -> tuple[HollowBatch, list[ErrorBatch], dict[str, str]]:
+def _commit_request(task: FileTask, options: ShardOptions, outcome: FileOutcome) -> AppendRequest:
     parts = tuple(p for b in sorted(outcome.buckets, key=lambda r: r.bucket) for p in b.parts)
     batch = HollowBatch(lower=task.ts, upper=task.ts + 1, since=0, parts=parts)
     errors = [] if outcome.read.error_batch is None else [outcome.read.error_batch]
@@ -193,7 +166,10 @@ def _commit_request(
     history = {**task.history, task.ts + 1: task.commit_nonce}
     recent = sorted(history)[-HISTORY_LENGTH:]
     config[CONFIG_HISTORY] = json.dumps({str(u): history[u] for u in recent})
-    return batch, errors, config
+    return AppendRequest(
+        batch, task.ts, ingested_files={task.file.name: task.ts}, errors=errors,
+        config_updates=config,
+    )
 
 
 def live_rows(config: Mapping[str, str]) -> int | None:
@@ -274,7 +250,7 @@ def _ingest_one(
             _delete_new_blobs(shard.blob, outcome)
             message = outcome.read.file_error or f"{file.name}: {outcome.failure}"
             raise IngestError(message)
-        batch, errors, config = _commit_request(task, options, outcome)
+        commit = _commit_request(task, options, outcome)
         # SUBTLE: two writers can build byte-identical batches (inline parts, same file
         # at the same ts); ``append`` then reports the loser's request as "already
         # applied". A per-attempt nonce in the config (``task.commit_nonce``, fresh per
@@ -285,14 +261,7 @@ def _ingest_one(
         # may have committed: the blobs are left alone (GC's leak sweep removes them if
         # not); they are deleted only on a definite "not committed".
         try:
-            result = shard.compare_and_append(
-                batch,
-                task.ts,
-                ingested_files={file.name: task.ts},
-                errors=errors,
-                config_updates=config,
-                writer_id=task.writer_id,
-            )
+            result = shard.compare_and_append(commit, writer_id=task.writer_id)
         except WriterFenced as exc:
             # Determinate: nothing of this attempt was committed (and GC may have
             # deleted some of its blobs). Redo the file under a fresh registration.
@@ -381,4 +350,4 @@ def ingest(
     return report
 
 
-__all__ = ["IngestShard", "checkpoints_current", "commit_history", "ingest", "plan_file"]
+__all__ = ["checkpoints_current", "commit_history", "ingest", "plan_file"]

@@ -32,7 +32,7 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from upsert_core.errors import InvalidUsage
 from upsert_core.persist.location import Blob
@@ -40,6 +40,25 @@ from upsert_core.persist.machine import Machine
 from upsert_core.persist.parts import delete_parts
 from upsert_core.persist.state import ErrorBatch, HollowBatch, ShardState
 from upsert_core.persist.writers import refresh_in, require_new_references_registered
+
+
+@dataclass(frozen=True, slots=True)
+class AppendRequest:
+    """What one :func:`compare_and_append` commits: ``batch`` iff the shard's upper is
+    ``expected_upper``, together with the landing files it ingested (name -> ts), their
+    error rows and config updates. The mappings and errors are copied on construction,
+    so the request cannot change after it was built."""
+
+    batch: HollowBatch
+    expected_upper: int
+    ingested_files: Mapping[str, int] = field(default_factory=dict)
+    errors: Sequence[ErrorBatch] = ()
+    config_updates: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ingested_files", dict(self.ingested_files))
+        object.__setattr__(self, "errors", tuple(self.errors))
+        object.__setattr__(self, "config_updates", dict(self.config_updates))
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,12 +86,8 @@ class _Verdict:
     duplicates: tuple[str, ...] = ()
 
 
-def _check_request(
-    batch: HollowBatch,
-    expected_upper: int,
-    ingested_files: Mapping[str, int],
-    errors: Sequence[ErrorBatch],
-) -> None:
+def _check_request(request: AppendRequest) -> None:
+    batch, expected_upper = request.batch, request.expected_upper
     if batch.lower != expected_upper or batch.upper <= batch.lower:
         raise InvalidUsage(
             f"cannot append batch [{batch.lower}, {batch.upper}) at expected upper"
@@ -80,46 +95,38 @@ def _check_request(
         )
     if batch.since != 0:
         raise InvalidUsage(f"a freshly written batch has since 0, got {batch.since}")
-    for name, ts in ingested_files.items():
+    for name, ts in request.ingested_files.items():
         if not batch.lower <= ts < batch.upper:
             raise InvalidUsage(
                 f"ingested file {name!r} at ts {ts} outside the batch"
                 f" [{batch.lower}, {batch.upper})"
             )
-    for err in errors:
+    for err in request.errors:
         if not batch.lower <= err.ts < batch.upper:
             raise InvalidUsage(
                 f"error batch at ts {err.ts} outside the batch [{batch.lower}, {batch.upper})"
             )
 
 
-def _already_applied(
-    state: ShardState,
-    batch: HollowBatch,
-    ingested_files: Mapping[str, int],
-    errors: Sequence[ErrorBatch],
-) -> bool:
+def _already_applied(state: ShardState, request: AppendRequest) -> bool:
     """Whether ``state`` already holds exactly this append (our batch, files, errors)."""
     return (
-        batch in state.batches
-        and all(state.ingested_files.get(n) == ts for n, ts in ingested_files.items())
-        and all(e in state.errors for e in errors)
+        request.batch in state.batches
+        and all(state.ingested_files.get(n) == ts for n, ts in request.ingested_files.items())
+        and all(e in state.errors for e in request.errors)
     )
 
 
 def compare_and_append(
     machine: Machine,
-    batch: HollowBatch,
-    expected_upper: int,
+    request: AppendRequest,
     *,
-    ingested_files: Mapping[str, int] | None = None,
-    errors: Sequence[ErrorBatch] = (),
-    config_updates: Mapping[str, str] | None = None,
     max_retries: int | None = None,
     writer_id: str,
     now_ms: int = 0,
 ) -> AppendResult:
-    """Append ``batch`` (and record files, errors, config) iff upper == expected_upper.
+    """Append ``request.batch`` (and record its files, errors, config) iff the shard's
+    upper is ``request.expected_upper``.
 
     Raises :class:`InvalidUsage` for a malformed request (a batch that does not start
     at ``expected_upper``, files or errors outside the batch), and
@@ -127,9 +134,8 @@ def compare_and_append(
     Races with other writers are retried by the machine; a real mismatch is returned,
     not raised. ``now_ms`` refreshes the writer's heartbeat (never moves it back).
     """
-    files = dict(ingested_files or {})
-    config = dict(config_updates or {})
-    _check_request(batch, expected_upper, files, errors)
+    _check_request(request)
+    batch, files = request.batch, request.ingested_files
     # SUBTLE: the transition may run several times (once per lost race, or again on a
     # fresh state); ``verdict`` is overwritten each time, so after ``apply`` returns it
     # holds the verdict on the state that ended up current.
@@ -137,10 +143,10 @@ def compare_and_append(
 
     def append(state: ShardState) -> ShardState | None:
         verdict.committed, verdict.duplicates = False, ()
-        if _already_applied(state, batch, files, errors):
+        if _already_applied(state, request):
             verdict.committed = True
             return None
-        if state.upper != expected_upper:
+        if state.upper != request.expected_upper:
             return None
         verdict.duplicates = tuple(sorted(n for n in files if n in state.ingested_files))
         if verdict.duplicates:
@@ -153,8 +159,8 @@ def compare_and_append(
             upper=batch.upper,
             batches=(*state.batches, batch),
             ingested_files={**state.ingested_files, **files},
-            errors=(*state.errors, *errors),
-            config={**state.config, **config},
+            errors=(*state.errors, *request.errors),
+            config={**state.config, **request.config_updates},
         )
         require_new_references_registered(state, appended)
         verdict.committed = True

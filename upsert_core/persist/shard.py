@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from itertools import chain
 
@@ -39,7 +39,7 @@ import pyarrow as pa
 
 from upsert_core.errors import CorruptData, InvalidUsage, NotReadable, WriterFenced
 from upsert_core.persist import leases
-from upsert_core.persist.append import AppendResult, delete_uncommitted
+from upsert_core.persist.append import AppendRequest, AppendResult, delete_uncommitted
 from upsert_core.persist.append import compare_and_append as _compare_and_append
 from upsert_core.persist.check import CheckReport, check_shard
 from upsert_core.persist.compact import CompactionResult
@@ -209,16 +209,12 @@ class Shard:
 
     def compare_and_append(
         self,
-        batch: HollowBatch,
-        expected_upper: int,
+        request: AppendRequest,
         *,
-        ingested_files: Mapping[str, int] | None = None,
-        errors: Sequence[ErrorBatch] = (),
-        config_updates: Mapping[str, str] | None = None,
         writer_id: str | None = None,
     ) -> AppendResult:
-        """Commit a written batch iff the upper is ``expected_upper`` (see ``append.py``),
-        as ``writer_id`` (default: this handle's registration).
+        """Commit ``request``'s written batch iff the upper is its ``expected_upper`` (see
+        ``append.py``), as ``writer_id`` (default: this handle's registration).
 
         On ``committed=False`` the caller owns the batch's parts (delete them). Raises
         :class:`WriterFenced` (nothing committed) when the writer is not registered.
@@ -226,9 +222,7 @@ class Shard:
         writer = writer_id if writer_id is not None else self.writer_id()
         try:
             return _compare_and_append(
-                self.machine, batch, expected_upper, ingested_files=ingested_files,
-                errors=errors, config_updates=config_updates, writer_id=writer,
-                now_ms=self._clock_ms(),
+                self.machine, request, writer_id=writer, now_ms=self._clock_ms(),
             )
         except WriterFenced:
             if writer == self._writer_id:
@@ -261,10 +255,10 @@ class Shard:
             # SUBTLE: if this raises, the outcome is unknown (the commit may have happened),
             # so the parts are left to GC's leaked-blob sweep, which spares referenced blobs.
             try:
-                result = self.compare_and_append(
-                    batch, expected_upper, ingested_files=ingested_files,
-                    errors=error_batches, config_updates=config_updates,
-                )
+                result = self.compare_and_append(AppendRequest(
+                    batch, expected_upper, ingested_files=ingested_files or {},
+                    errors=error_batches, config_updates=config_updates or {},
+                ))
             except WriterFenced:
                 # Definitely not committed, and GC may have deleted some of these blobs:
                 # drop them and write everything again under a fresh registration.
