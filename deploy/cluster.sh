@@ -113,7 +113,15 @@ do_start() {
   wait_for spark-worker 60 log_has spark-worker "Successfully registered with master"
 
   # Spark Connect, in the foreground of its own session (so `stop` ends it like the rest).
-  launch spark-connect env PYTHONPATH="$pythonpath" "$spark_home/bin/spark-submit" \
+  # The server plans `spark.read.format("upsert")` reads and ships its S3 settings to
+  # the executors with each task (resources/task_env.py), so it gets the same stores
+  # and credentials as the clients (a production server would use its own role).
+  local pg_sa="${PG/postgresql:\/\//postgresql+psycopg://}/$DB"
+  launch spark-connect env PYTHONPATH="$pythonpath" \
+    AWS_ENDPOINT_URL="http://127.0.0.1:$moto_port" AWS_ACCESS_KEY_ID=testing \
+    AWS_SECRET_ACCESS_KEY=testing AWS_DEFAULT_REGION=us-east-1 \
+    UPSERT_CONSENSUS_URL="$pg_sa" UPSERT_BLOB_URL="s3://$BUCKET/shards" \
+    "$spark_home/bin/spark-submit" \
     --class "$CONNECT_CLASS" --name "upsert Spark Connect" \
     --master "spark://127.0.0.1:$master_port" \
     --conf spark.connect.grpc.binding.address=127.0.0.1 \
@@ -126,7 +134,6 @@ do_start() {
   wait_for spark-connect 120 port_open "$connect_port"
 
   cp "$REPO/deploy/dagster.yaml" "$DIR/dagster/dagster.yaml"
-  local pg_sa="${PG/postgresql:\/\//postgresql+psycopg://}/$DB"
   cat > "$DIR/env.sh" <<ENV
 export SPARK_REMOTE=sc://127.0.0.1:$connect_port
 export SPARK_MASTER=spark://127.0.0.1:$master_port

@@ -88,6 +88,7 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from resources.spark_session import is_connect, master_of
+from resources.task_env import SHIPPED_ENV, apply_env, driver_env
 from upsert_core.errors import ConfigError, IngestError
 from upsert_core.ingest.engine import bucket_groups
 from upsert_core.ingest.outcome import BucketResult, FileOutcome, FileRead
@@ -101,15 +102,6 @@ from upsert_core.persist.location.blob_local import LocalBlob
 from upsert_core.persist.location.blob_s3 import S3Blob
 from upsert_core.persist.location.urls import open_blob
 
-SHIPPED_ENV = (
-    "AWS_ENDPOINT_URL",
-    "AWS_ENDPOINT_URL_S3",
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "AWS_DEFAULT_REGION",
-    "AWS_REGION",
-)
 PROFILE_ENV = "UPSERT_SPARK_PROFILE_DIR"
 RESULT_DDL = "result string"
 
@@ -148,11 +140,7 @@ def _task_blob(url: str, env: dict[str, str]) -> Blob:
     # worker's environment (a stale endpoint would point at another S3 server); the
     # blob cache is keyed by the S3 settings. An empty shipped value means "unset":
     # that is how a driver without a writer token clears an earlier driver's.
-    for name, value in env.items():
-        if value:
-            os.environ[name] = value
-        else:
-            os.environ.pop(name, None)
+    apply_env(env)
     cache_key = (url, tuple(sorted((k, v) for k, v in env.items() if k in SHIPPED_ENV)))
     blob = _blobs.get(cache_key)
     if blob is None:
@@ -376,7 +364,7 @@ class SparkEngine:
 
     def run_file(self, task: FileTask, shard: IngestShard) -> FileOutcome:
         url = self.blob_url or blob_url_of(shard.blob)
-        env = {name: os.environ[name] for name in SHIPPED_ENV if name in os.environ}
+        env = driver_env()
         env[WRITER_TOKEN_ENV] = os.environ.get(WRITER_TOKEN_ENV, "")
         state = task.load_shard_state()
         shipped = dataclasses.replace(

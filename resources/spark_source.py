@@ -31,6 +31,9 @@ Invariants:
   decodes only its own rows into the shard's typed columns, and stops after its range.
   So decoding, the costly part, is split across tasks; the merge of the key columns up
   to the end of a task's range is repeated per task.
+- Tasks use the S3 settings (``AWS_*``) of the process that planned the read, shipped
+  inside the task (``resources.task_env``), as the Spark engine's tasks do: cluster
+  executors do not inherit the driver's environment.
 - Columns and types are the shard's (``inspect``'s ``columns``), mapped to Spark types;
   changes add ``__ts`` and ``__diff`` (bigint).
 """
@@ -38,7 +41,7 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -48,6 +51,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
+from resources.task_env import apply_env, driver_env
 from upsert_core.errors import ConfigError
 from upsert_core.persist.read import check_changes_readable, check_snapshot_readable
 from upsert_core.persist.shard import Shard
@@ -79,6 +83,8 @@ class ReadPlan:
     since: int | None = None
     until: int | None = None
     partitions: int = DEFAULT_PARTITIONS
+    env: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    """The planning process's S3 settings (``resources.task_env``), applied by each task."""
 
 
 @dataclass(frozen=True)
@@ -126,7 +132,7 @@ def plan_read(options: Mapping[str, str]) -> ReadPlan:
     consensus, blob = open_stores(config)
     state = Shard.open(consensus, blob, shard_name, create=False).state()
     plan = ReadPlan(consensus=config.consensus_url, blob=config.blob_url, shard=shard_name,
-                    read=read, partitions=partitions)
+                    read=read, partitions=partitions, env=tuple(sorted(driver_env().items())))
     if read == SNAPSHOT:
         as_of = _int_option(lowered, "asof")
         as_of = state.upper - 1 if as_of is None else as_of
@@ -183,6 +189,7 @@ def _in_range(keys: pa.Array, lo: bytes, hi: bytes | None) -> pa.Array:
 
 def read_range(plan: ReadPlan, part: KeyRange) -> Iterator[pa.RecordBatch]:
     """The typed rows of the keys in ``part`` (see the module docstring)."""
+    apply_env(dict(plan.env))
     table = open_shard(plan.shard, plan.consensus, plan.blob)
     schema = table.source_schema()
     if plan.read == SNAPSHOT:

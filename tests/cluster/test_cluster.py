@@ -9,12 +9,17 @@ against PostgreSQL consensus and an S3 blob store and landing, the result equals
 dict model and ``check`` passes. Then the same ingest with ``SPARK_REMOTE`` unset drives
 the standalone master directly (an application of its own appears in the worker's work
 dir, next to the Connect server's), so both cluster modes stay covered (``local[*]`` is
-``tests/spark``). ``stop`` ends every process group it started and ``status`` then says
-so.
+``tests/spark``). Both modes also read the shard back with ``spark.read.format("upsert")``
+in executors that have no S3 settings of their own (the planning driver ships them). ``stop``
+ends every process group it started and ``status`` then says so.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +28,29 @@ import pytest
 
 from tests.clusterctl import run_script, running
 from tests.e2e.helpers import Cli, jsonl_bytes
+
+READ_SCRIPT = """
+import json, sys
+from resources.spark_session import get_spark
+from resources.spark_source import read_shard
+target, shard, consensus, blob = sys.argv[1:5]
+spark = (get_spark(remote=target) if target.startswith("sc://")
+         else get_spark(master=target, app_name="upsert data source read"))
+df = read_shard(spark, shard, consensus=consensus, blob=blob, partitions=3)
+print(json.dumps(sorted([r["key"], r["v"]] for r in df.collect())))
+"""
+
+
+def spark_read(target: str, shard: str, env: dict[str, str]) -> list[tuple[int, str]]:
+    """The shard's rows read by ``spark.read.format("upsert")`` on ``target`` (a Connect
+    URL or the master), from a process of its own with the cluster's exports."""
+    done = subprocess.run(
+        [sys.executable, "-c", READ_SCRIPT, target, shard, env["UPSERT_CONSENSUS_URL"],
+         env["UPSERT_BLOB_URL"]],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [(k, v) for k, v in json.loads(done.stdout.strip().splitlines()[-1])]
 
 
 @pytest.fixture
@@ -78,6 +106,9 @@ def test_cluster_script_runs_a_spark_ingest_on_postgres_and_s3(
     assert sorted((r["key"], r["v"]) for r in snapshot) == sorted(model.items())
     assert cli.inspect()["upper"] == 2
     assert cli.check().json()["ok"] is True
+    # The data source through the Connect server: planned there, read by executors.
+    read_env = {**os.environ, **exports}
+    assert spark_read(exports["SPARK_REMOTE"], "s", read_env) == sorted(model.items())
 
     # The standalone master directly: a Spark application of this ingest's own.
     direct_env = {k: v for k, v in exports.items() if k != "SPARK_REMOTE"}
@@ -90,3 +121,7 @@ def test_cluster_script_runs_a_spark_ingest_on_postgres_and_s3(
     assert len(apps - connect_apps) == 1, "the ingest did not run on the master directly"
     rows = direct.snapshot(shard="direct")
     assert sorted((r["key"], r["v"]) for r in rows) == sorted(model.items())
+    # ...and on the master directly: this driver ships its S3 settings to the executors.
+    direct_read_env = {k: v for k, v in read_env.items() if k != "SPARK_REMOTE"}
+    assert spark_read(exports["SPARK_MASTER"], "direct", direct_read_env) == sorted(
+        model.items())

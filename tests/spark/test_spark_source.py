@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from resources.spark_source import KEY_SPACE, key_ranges, read_shard
+from resources.spark_source import KEY_SPACE, key_ranges, plan_read, read_range, read_shard
 from tests.ingest.helpers import write_jsonl
 from upsert_core import open_shard
 from upsert_core.ingest import IngestRequest, ingest
@@ -122,3 +122,25 @@ def test_the_same_read_through_spark_connect(connect_url: str, stores: tuple[str
     want = json.loads(json.dumps(open_shard("t", consensus, blob).snapshot(3).to_pylist(),
                                  default=str))
     assert _bag(got) == _bag(want) and got
+
+
+def test_a_plan_ships_the_planners_s3_settings_and_each_task_applies_them(
+    stores: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Executors do not inherit the driver's environment: the plan carries the planning
+    process's AWS_* (not as options, and not in its repr), and every task applies them,
+    overriding what an earlier task left in a reused worker."""
+    consensus, blob = stores
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9/planner")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "planner-secret")
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    plan = plan_read({"shard": "t", "consensus": consensus, "blob": blob})
+    assert dict(plan.env) == {"AWS_ENDPOINT_URL": "http://127.0.0.1:9/planner",
+                              "AWS_SECRET_ACCESS_KEY": "planner-secret"}
+    assert "planner-secret" not in repr(plan)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9/stale-worker")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "stale")
+    rows = [r for b in read_range(plan, key_ranges(1)[0]) for r in b.to_pylist()]
+    assert os.environ["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9/planner"
+    assert os.environ["AWS_SECRET_ACCESS_KEY"] == "planner-secret"
+    assert len(rows) == open_shard("t", consensus, blob).snapshot().num_rows > 0
