@@ -23,7 +23,7 @@
 #     unset: SPARK_MASTER), which would otherwise wait forever for a free core.
 #   - The Connect server's executors import this checkout (spark.executorEnv.PYTHONPATH,
 #     the repo first) with UPSERT_PYTHON; its gRPC port listens on 127.0.0.1 only.
-# Settings: UPSERT_PYTHON (default: the repo's .venv, else /work/main/.venv, else python3),
+# Settings: UPSERT_PYTHON (default: the repo's .venv, else python3),
 #   UPSERT_CLUSTER_PG (default postgresql://postgres@127.0.0.1:5432),
 #   UPSERT_CLUSTER_DB (default upsert_cluster), UPSERT_CLUSTER_BUCKET (default upsert),
 #   UPSERT_CLUSTER_CORES (default 2), UPSERT_CLUSTER_MEMORY (default 1g).
@@ -40,7 +40,6 @@ CORES="${UPSERT_CLUSTER_CORES:-2}"
 MEMORY="${UPSERT_CLUSTER_MEMORY:-1g}"
 if [[ -n "${UPSERT_PYTHON:-}" ]]; then PY="$UPSERT_PYTHON"
 elif [[ -x "$REPO/.venv/bin/python" ]]; then PY="$REPO/.venv/bin/python"
-elif [[ -x /work/main/.venv/bin/python ]]; then PY=/work/main/.venv/bin/python
 else PY="$(command -v python3)"; fi
 SERVICES=(spark-master spark-worker spark-connect moto)
 CONNECT_CLASS=org.apache.spark.sql.connect.service.SparkConnectServer

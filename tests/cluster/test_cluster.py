@@ -28,6 +28,7 @@ import pytest
 
 from tests.clusterctl import run_script, running
 from tests.e2e.helpers import Cli, jsonl_bytes
+from tests.model import UpsertModel
 
 READ_SCRIPT = """
 import json, sys
@@ -91,10 +92,11 @@ def test_cluster_script_runs_a_spark_ingest_on_postgres_and_s3(
     s3.put_object(Bucket=bucket, Key="landing/1.jsonl", Body=jsonl_bytes(rows1))
     s3.put_object(Bucket=bucket, Key="landing/2.jsonl", Body=jsonl_bytes(rows2))
 
-    model = {r["key"]: r["v"] for r in rows1}
-    model.update({r["key"]: r["v"] for r in rows2 if not r.get("__deleted")})
-    for k in (1, 2):
-        model.pop(k)
+    upsert = UpsertModel("batch")
+    upsert.apply(rows1)
+    upsert.apply(rows2)
+    model = {k: dict(row)["v"] for (k,), row in upsert.snapshot().items()}
+    assert len(model) == 38  # two deletes
     connect_apps = set((directory / "spark-work").glob("app-*"))
     assert len(connect_apps) == 1, "the Spark Connect server is not an application on the master"
 
