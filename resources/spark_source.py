@@ -24,6 +24,10 @@ Invariants:
 - The time is pinned when the read is planned (``asOf``, or ``since``/``until``), so
   every task reads the same version: a DataFrame never mixes two. A time outside
   ``[since, upper)`` fails at ``load()`` with the shard's :class:`NotReadable` message.
+  So is the schema: tasks decode with the columns Spark was told at planning, whatever
+  columns later ingests add. A changes task refuses (``NotReadable``) when GC moved the
+  shard's since onto ``since`` after planning: its updates at ``since`` would then hold
+  history folded from before it, which the plan (and the other tasks) did not.
 - Keys are 16-byte digests, uniformly spread: the key space is cut into ``partitions``
   contiguous ranges by their first two bytes, and task ``i`` returns exactly the rows of
   the keys in range ``i``. The union of the tasks is the read, each key in one task.
@@ -52,9 +56,12 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
 from resources.task_env import apply_env, driver_env
-from upsert_core.errors import ConfigError
+from upsert_core.errors import ConfigError, NotReadable
+from upsert_core.ingest.options import CONFIG_SCHEMA
+from upsert_core.landing import SourceSchema
 from upsert_core.persist.read import check_changes_readable, check_snapshot_readable
 from upsert_core.persist.shard import Shard
+from upsert_core.persist.state import ShardState
 from upsert_core.shard_table import (
     changes_schema,
     decode_changes_batch,
@@ -83,6 +90,10 @@ class ReadPlan:
     since: int | None = None
     until: int | None = None
     partitions: int = DEFAULT_PARTITIONS
+    schema_json: str | None = None
+    """The shard's source schema when the read was planned: the columns Spark was told."""
+    planned_since: int = 0
+    """The shard's since when the read was planned (see :func:`read_range`)."""
     env: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     """The planning process's S3 settings (``resources.task_env``), applied by each task."""
 
@@ -132,7 +143,9 @@ def plan_read(options: Mapping[str, str]) -> ReadPlan:
     consensus, blob = open_stores(config)
     state = Shard.open(consensus, blob, shard_name, create=False).state()
     plan = ReadPlan(consensus=config.consensus_url, blob=config.blob_url, shard=shard_name,
-                    read=read, partitions=partitions, env=tuple(sorted(driver_env().items())))
+                    read=read, partitions=partitions,
+                    schema_json=state.config.get(CONFIG_SCHEMA), planned_since=state.since,
+                    env=tuple(sorted(driver_env().items())))
     if read == SNAPSHOT:
         as_of = _int_option(lowered, "asof")
         as_of = state.upper - 1 if as_of is None else as_of
@@ -146,8 +159,14 @@ def plan_read(options: Mapping[str, str]) -> ReadPlan:
     return ReadPlan(**{**plan.__dict__, "since": since, "until": until})
 
 
+def source_schema_of(plan: ReadPlan) -> SourceSchema | None:
+    """The source schema pinned in the plan. Schemas only append columns, so it covers
+    every row at the plan's times (all before the upper it was planned at)."""
+    return None if plan.schema_json is None else SourceSchema.from_json(plan.schema_json)
+
+
 def arrow_schema_of(plan: ReadPlan) -> pa.Schema:
-    schema = open_shard(plan.shard, plan.consensus, plan.blob).source_schema()
+    schema = source_schema_of(plan)
     return snapshot_schema(schema) if plan.read == SNAPSHOT else changes_schema(schema)
 
 
@@ -191,7 +210,9 @@ def read_range(plan: ReadPlan, part: KeyRange) -> Iterator[pa.RecordBatch]:
     """The typed rows of the keys in ``part`` (see the module docstring)."""
     apply_env(dict(plan.env))
     table = open_shard(plan.shard, plan.consensus, plan.blob)
-    schema = table.source_schema()
+    # SUBTLE: decode with the schema Spark was told at planning, not the current one: a
+    # column added since would make every batch fail Spark's schema check.
+    schema = source_schema_of(plan)
     if plan.read == SNAPSHOT:
         batches = table.shard.snapshot(plan.as_of)
         decode = decode_snapshot_batch
@@ -200,6 +221,8 @@ def read_range(plan: ReadPlan, part: KeyRange) -> Iterator[pa.RecordBatch]:
         batches = table.shard.changes(plan.since, plan.until)
         decode = decode_changes_batch
     try:
+        if plan.read == CHANGES:
+            _check_same_changes(plan, table.shard.state())
         for batch in batches:
             if not batch.num_rows:
                 continue
@@ -215,6 +238,23 @@ def read_range(plan: ReadPlan, part: KeyRange) -> Iterator[pa.RecordBatch]:
         close = getattr(batches, "close", None)
         if close is not None:
             close()
+
+
+def _check_same_changes(plan: ReadPlan, state: ShardState) -> None:
+    """Refuse a changes task whose answer would differ from the planned one.
+
+    ``changes`` reports updates from before the shard's since AT since, so the updates
+    at ``plan.since`` hold all earlier history exactly when the shard's since equals it.
+    Each task starts its own read, possibly after GC moved since (the state read here,
+    after the task's read started, has a since at least the read's: since only grows);
+    a task must not fold history in that the plan (and the other tasks) did not.
+    """
+    folded_when_planned = plan.planned_since == plan.since
+    if not folded_when_planned and state.since >= (plan.since or 0):
+        raise NotReadable(
+            f"shard {plan.shard}: since moved from {plan.planned_since} to {state.since}"
+            f" after the read of changes from {plan.since} was planned; read again"
+        )
 
 
 def register(spark: SparkSession) -> None:

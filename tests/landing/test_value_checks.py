@@ -225,3 +225,20 @@ def test_parse_order_and_hashable() -> None:
     assert hash(checks) == hash(parse_value_checks({"a": {"min": 0, "max": 9, "not_null": True,
                                                           "isin": [1, 2]}}))
     assert ValueCheck("a", CheckKind.NOT_NULL).reason() == "value check a not_null failed"
+
+
+def test_nan_fails_every_range_check_min_alone_included() -> None:
+    """NaN is not >= any bound (IEEE, numpy, Python): a ``min`` check must flag it as
+    ``max`` and ``in_range`` do (Polars orders NaN above every number, so ``ge`` alone let
+    NaN in while ``le`` alone rejected it); ints and nulls are checked as before."""
+    table = pa.table({"key": [1, 2, 3, 4], "offset": [1, 2, 3, 4],
+                      "a": [float("nan"), 5.0, -1.0, None]})
+    for checks, bad in (({"a": {"min": 0}}, {1, 3}), ({"a": {"max": 10}}, {1}),
+                        ({"a": {"min": 0, "max": 10}}, {1, 3})):
+        batch = validate_batch(read_parquet("x.parquet", parquet(table)), SourceSchema(),
+                               parse_value_checks(checks))
+        assert {e.row for e in batch.errors} == bad, checks
+        assert len(batch.keys) == 4 - len(bad), checks
+    ints = jsonl({"key": 1, "offset": 1, "n": -1}, {"key": 2, "offset": 2, "n": 2})
+    assert errors_of(ints, {"n": {"min": 0}}) == {1: "value check n min(0) failed"}
+    assert errors_of(ints, {"n": {"max": 0}}) == {2: "value check n max(0) failed"}

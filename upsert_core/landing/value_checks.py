@@ -252,12 +252,12 @@ def _pandera_schema(checks: tuple[ValueCheck, ...]) -> Any:
         pandera_checks = []
         for c in column_checks:
             if c.kind is CheckKind.IN_RANGE:
-                if c.min is not None and c.max is not None:
-                    check = pp.Check.in_range(c.min, c.max)
-                elif c.min is not None:
-                    check = pp.Check.ge(c.min)
-                else:
-                    check = pp.Check.le(c.max)
+                # SUBTLE: always a two-sided range (an open side at infinity), never
+                # ``ge``/``le`` alone: Polars orders NaN above every number, so NaN
+                # passed ``ge(min)`` and failed ``le(max)``; NaN fails any range here.
+                low = -math.inf if c.min is None else c.min
+                high = math.inf if c.max is None else c.max
+                check = pp.Check.in_range(low, high)
             elif c.kind is CheckKind.ISIN:
                 check = pp.Check.isin(list(c.values))
             elif c.kind is CheckKind.REGEX:
