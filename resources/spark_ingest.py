@@ -58,8 +58,9 @@ Invariants:
   keys). See ``_frozen_after``.
 - ``AWS_*`` variables set in the driver's environment are shipped with every task and
   override the worker's (reused workers must not keep an earlier task's endpoint);
-  variables the driver does not set are left as the executors' environment has them
-  (e.g. credentials configured on a cluster).
+  variables the driver does not set are the executor's own, as its worker had them
+  before any task (e.g. credentials configured on a cluster), never an earlier
+  driver's (``resources/task_env.py``).
 - The driver's writer token (``UPSERT_WRITER_TOKEN``, see ``upsert_core.persist.keys``)
   is shipped with every task too and always mirrored: set when the driver has one,
   removed when it has none. Executors of a cluster do not inherit the driver's

@@ -10,8 +10,12 @@ Invariants:
 - Only the names in :data:`SHIPPED_ENV` are taken, and only those the driver has set;
   a name the driver does not set is left as the executor's environment has it (an
   instance profile or the worker's own credentials keep working).
-- A shipped value always wins over what an earlier task left in the worker (a stale
-  endpoint would point at another S3 server); a shipped empty value unsets the name.
+- A task sees the worker's own values (as they were when this module was imported in
+  the worker) overridden by the shipped ones, never an earlier task's: Python workers
+  outlive tasks and, on a shared Spark Connect session, serve several client processes,
+  so a value an earlier driver shipped and this one does not is put back to the
+  worker's own (a stale endpoint would point at another S3 server). A shipped empty
+  value unsets the name.
 - Shipped values travel inside the pickled task, never as data source options, so they
   do not show in query plans or the Spark UI.
 """
@@ -38,10 +42,22 @@ def driver_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return {name: env[name] for name in SHIPPED_ENV if name in env}
 
 
+_WORKER_ENV: dict[str, str | None] = {name: os.environ.get(name) for name in SHIPPED_ENV}
+"""This process's own :data:`SHIPPED_ENV` values, before any task applied a driver's."""
+
+
+def _set(name: str, value: str | None) -> None:
+    if value:
+        os.environ[name] = value
+    else:
+        os.environ.pop(name, None)
+
+
 def apply_env(env: Mapping[str, str]) -> None:
-    """Apply shipped values in this worker: set each non-empty one, unset empty ones."""
+    """Apply a task's shipped values in this worker: the worker's own
+    :data:`SHIPPED_ENV` values first, then each shipped one (empty: unset). Names
+    outside :data:`SHIPPED_ENV` (the writer token) are set or unset as shipped."""
+    for name, value in _WORKER_ENV.items():
+        _set(name, value)
     for name, value in env.items():
-        if value:
-            os.environ[name] = value
-        else:
-            os.environ.pop(name, None)
+        _set(name, value)
