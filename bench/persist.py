@@ -14,8 +14,9 @@
 (d) Typed snapshot reads (``upsert_core.open_shard(...).snapshot()``: the shard read plus
     decoding every row into typed columns) of a shard ingested from one Parquet file of
     N rows (int64 key and order, string, float64, timestamp), against ``pq.read_table``
-    of that file; best of 3, interleaved; plus ``upsertctl snapshot --format parquet
-    --out`` as a fresh process (what a user runs), against the same pyarrow read.
+    of that file and delta-rs's ``DeltaTable(...).to_pyarrow_table()`` of the same rows
+    (when ``deltalake`` is installed); best of 3, interleaved; plus ``upsertctl snapshot
+    --format parquet --out`` as a fresh process (what a user runs), against both.
 (c) GC time for a shard with V versions on SQLite + local files (mostly small config
     changes, a one-row append every 20th version), including its compaction.
 
@@ -230,7 +231,15 @@ def typed_read_figures(root: Path, n: int) -> dict[str, float]:
     ingest(shard, str(landing), IngestRequest())
     ingest_s = time.perf_counter() - started
     reader = ShardTable(shard)
-    best_api = best_arrow = float("inf")
+    delta_path = root / "typed-delta"
+    try:
+        from deltalake import DeltaTable, write_deltalake
+    except ImportError:
+        log("typed snapshot: deltalake not installed (pip install -e .[bench]): no delta-rs figure")
+        DeltaTable = None  # noqa: N806
+    else:
+        write_deltalake(str(delta_path), source)
+    best_api = best_arrow = best_delta = float("inf")
     for _ in range(3):
         t0 = time.perf_counter()
         table = reader.snapshot()
@@ -238,6 +247,11 @@ def typed_read_figures(root: Path, n: int) -> dict[str, float]:
         t0 = time.perf_counter()
         floor = pq.read_table(parquet)
         best_arrow = min(best_arrow, time.perf_counter() - t0)
+        if DeltaTable is not None:
+            t0 = time.perf_counter()
+            delta = DeltaTable(str(delta_path)).to_pyarrow_table()
+            best_delta = min(best_delta, time.perf_counter() - t0)
+            assert delta.num_rows == n
     assert table.num_rows == floor.num_rows == n
     assert table.sort_by("key").equals(floor.sort_by("key")), "typed snapshot differs"
     out = root / "typed-out.parquet"
@@ -255,6 +269,11 @@ def typed_read_figures(root: Path, n: int) -> dict[str, float]:
         "typed_snapshot_ratio_vs_pyarrow": round(best_api / best_arrow, 3),
         "typed_cli_parquet_seconds": round(cli_s, 3),
         "typed_cli_parquet_ratio_vs_pyarrow": round(cli_s / best_arrow, 3),
+        **({} if DeltaTable is None else {
+            "typed_deltalake_seconds": round(best_delta, 4),
+            "typed_snapshot_ratio_vs_deltalake": round(best_api / best_delta, 3),
+            "typed_cli_parquet_ratio_vs_deltalake": round(cli_s / best_delta, 3),
+        }),
     }
 
 
