@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 
 from upsert_core.errors import CorruptData
-from upsert_core.ingest.options import CONFIG_SCHEMA
+from upsert_core.ingest.shard_config import CONFIG_SCHEMA
 from upsert_core.landing import ARROW_TYPES, SourceSchema
 from upsert_core.landing.rows import decode_rows_to_table
 from upsert_core.persist.shard import Shard

@@ -37,7 +37,7 @@ EXIT_OK = 0
 def shard_schema(shard: Shard) -> SourceSchema | None:
     """The shard's source schema (None before its first ingest committed one)."""
     # heavy: pyarrow and the ingest package, loaded only once a shard is open
-    from upsert_core.ingest.options import CONFIG_SCHEMA
+    from upsert_core.ingest.shard_config import CONFIG_SCHEMA
     from upsert_core.landing import SourceSchema
 
     text = shard.state().config.get(CONFIG_SCHEMA)
@@ -129,7 +129,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     schema = shard_schema(shard)
     if schema is not None:
         # heavy: pyarrow and the ingest package, loaded only for a shard with a schema
-        from upsert_core.ingest.options import CONFIG_BUCKETS, CONFIG_ORDER_SCOPE, DEFAULT_BUCKETS
+        from upsert_core.ingest.shard_config import (
+            CONFIG_BUCKETS,
+            CONFIG_ORDER_SCOPE,
+            DEFAULT_BUCKETS,
+        )
 
         config = shard.state().config
         info["key"] = list(schema.key)

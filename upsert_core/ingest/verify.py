@@ -72,17 +72,15 @@ from upsert_core.drain import OrderScope
 from upsert_core.errors import InvalidUpsertState, NotReadable, UpsertPlatformError
 from upsert_core.ingest import IngestRequest, checkpoints_current, resolve_options
 from upsert_core.ingest.buckets import bucket_of, bucket_of_keys, split_rows
-from upsert_core.ingest.checkpoint import (
-    CONFIG_CHECKPOINT_UPPER,
-    CheckpointUnusable,
-    checkpoint_base_name,
-    checkpoint_ref_name,
-    load_checkpoint,
-    new_state,
-)
-from upsert_core.ingest.options import CONFIG_SCHEMA
+from upsert_core.ingest.checkpoint import CheckpointUnusable, load_checkpoint, new_state
 from upsert_core.ingest.rehydrate import order_values
 from upsert_core.ingest.replay import replay_bucket
+from upsert_core.ingest.shard_config import (
+    CONFIG_CHECKPOINT_UPPER,
+    CONFIG_SCHEMA,
+    checkpoint_base_name,
+    checkpoint_ref_name,
+)
 from upsert_core.ingest.tasks import Base
 from upsert_core.landing import SourceSchema
 from upsert_core.persist.check import CONSOLIDATION, STORAGE, CheckReport
