@@ -34,13 +34,15 @@ Invariants:
   ``batch`` or :data:`DEFAULT_BUCKETS`; a malformed schema, order scope or bucket count
   raises :class:`ConfigError` (``malformed stored bucket count: ...`` for a count that
   is not an integer). Everything else never raises: malformed history reads as ``{}``,
-  live rows that are not all digits as None, a checkpoint upper that is not a decimal
-  as None (so it equals no upper), and a reference or base entry whose bucket is not
-  a decimal is ignored (no reader ever looked it up).
+  live rows that are not all digits as None, a checkpoint upper not written as
+  ``str(n)`` as None (so it equals no upper), and a reference or base entry whose bucket is not
+  written as ``str(b)`` is ignored (no reader ever looked it up). The one deviation:
+  live rows of digits ``int()`` refuses (superscripts) read as None, not ValueError.
 - :meth:`ShardIngestConfig.entries` writes one entry per field that is set (None or an
   empty mapping writes nothing), in the order the ingest always wrote them, so a
   commit's state diff is byte-for-byte what it was. ``read(entries(v)) == v`` for every
-  value ``read`` can return.
+  value whose upper, live rows and bucket numbers are non-negative (so for every value
+  ``read`` returns).
 - A commit writes the entries of a value that holds only what it changes (the buckets
   it ran, the live rows if known): entries it does not hold keep their stored values.
 """
