@@ -33,7 +33,7 @@ from dagster import (
 )
 
 from assets.ingest_step import PartitionIngest
-from upsert_core.ingest import live_rows
+from upsert_core.ingest import ShardIngestConfig
 from upsert_core.persist.gc import GcReport
 
 MAX_NAMES = 20
@@ -150,7 +150,7 @@ def gc_metadata(report: GcReport, seconds: float) -> dict[str, Any]:
 def row_count_metadata(config: Mapping[str, str]) -> dict[str, Any]:
     """``dagster/row_count``: the shard's live rows, as its ingest commits recorded them
     (nothing for a shard first ingested before the count was kept)."""
-    rows = live_rows(config)
+    rows = ShardIngestConfig.read(config).live_rows
     return {} if rows is None else {"dagster/row_count": MetadataValue.int(rows)}
 
 

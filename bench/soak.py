@@ -55,7 +55,7 @@ if str(ROOT) not in sys.path:
 
 from upsert_core.errors import NotReadable, UpsertPlatformError  # noqa: E402
 from upsert_core.ingest import IngestRequest, ingest  # noqa: E402
-from upsert_core.ingest.options import CONFIG_SCHEMA  # noqa: E402
+from upsert_core.ingest.shard_config import CONFIG_SCHEMA  # noqa: E402
 from upsert_core.ingest.verify import compare_state  # noqa: E402
 from upsert_core.landing import SourceSchema, decode_row  # noqa: E402
 from upsert_core.persist.check import check_shard  # noqa: E402

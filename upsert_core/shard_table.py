@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 
 from upsert_core.errors import CorruptData
-from upsert_core.ingest.options import CONFIG_SCHEMA
+from upsert_core.ingest.shard_config import ShardIngestConfig
 from upsert_core.landing import ARROW_TYPES, SourceSchema
 from upsert_core.landing.rows import decode_rows_to_table
 from upsert_core.persist.shard import Shard
@@ -62,8 +62,7 @@ class ShardTable:
 
     def source_schema(self) -> SourceSchema | None:
         """The shard's source schema (None before its first ingest committed one)."""
-        text = self.shard.state().config.get(CONFIG_SCHEMA)
-        return None if text is None else SourceSchema.from_json(text)
+        return ShardIngestConfig.read(self.shard.state().config).schema
 
     @property
     def schema(self) -> pa.Schema:

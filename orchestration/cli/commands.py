@@ -28,20 +28,25 @@ from upsert_core.errors import CorruptData, InvariantViolation
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from upsert_core.ingest.shard_config import ShardOptions
     from upsert_core.landing import SourceSchema
     from upsert_core.persist.shard import Shard
 
 EXIT_OK = 0
 
 
+def shard_options(shard: Shard) -> ShardOptions | None:
+    """The shard's ingest options (None before its first ingest committed them)."""
+    # heavy: pyarrow and the ingest package, loaded only once a shard is open
+    from upsert_core.ingest.shard_config import ShardIngestConfig
+
+    return ShardIngestConfig.read(shard.state().config).options
+
+
 def shard_schema(shard: Shard) -> SourceSchema | None:
     """The shard's source schema (None before its first ingest committed one)."""
-    # heavy: pyarrow and the ingest package, loaded only once a shard is open
-    from upsert_core.ingest.options import CONFIG_SCHEMA
-    from upsert_core.landing import SourceSchema
-
-    text = shard.state().config.get(CONFIG_SCHEMA)
-    return None if text is None else SourceSchema.from_json(text)
+    options = shard_options(shard)
+    return None if options is None else options.schema
 
 
 def _columns(schema: SourceSchema | None) -> list[tuple[str, object]]:
@@ -126,17 +131,14 @@ def cmd_errors(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     shard = open_shard(args)
     info = shard.inspect()
-    schema = shard_schema(shard)
-    if schema is not None:
-        # heavy: pyarrow and the ingest package, loaded only for a shard with a schema
-        from upsert_core.ingest.options import CONFIG_BUCKETS, CONFIG_ORDER_SCOPE, DEFAULT_BUCKETS
-
-        config = shard.state().config
+    options = shard_options(shard)
+    if options is not None:
+        schema = options.schema
         info["key"] = list(schema.key)
         info["order"] = schema.order
         info["deleted_col"] = schema.deleted
-        info["order_scope"] = config.get(CONFIG_ORDER_SCOPE, "batch")
-        info["buckets"] = int(config.get(CONFIG_BUCKETS, DEFAULT_BUCKETS))
+        info["order_scope"] = options.order_scope.value
+        info["buckets"] = options.buckets
         info["columns"] = {name: str(typ) for name, typ in schema.columns}
     print(dumps(info))
     return EXIT_OK

@@ -20,7 +20,7 @@ from tests.dagster.helpers import Platform
 from tests.ingest.helpers import memory_shard
 from tests.ingest.test_check_batch import _big, _built, _ingest, _replace_row
 from upsert_core.ingest import tasks
-from upsert_core.ingest.checkpoint import checkpoint_ref_name
+from upsert_core.ingest.shard_config import checkpoint_ref_name
 from upsert_core.ingest.verify import STATE, check_new_batch
 from upsert_core.persist.consolidate import UPDATE_SCHEMA
 

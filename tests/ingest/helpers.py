@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tests.model import Row, canonical
-from upsert_core.ingest.options import CONFIG_SCHEMA
+from upsert_core.ingest.shard_config import CONFIG_SCHEMA
 from upsert_core.landing import SourceSchema, decode_row
 from upsert_core.persist.location.blob_memory import MemoryBlob
 from upsert_core.persist.location.consensus_memory import MemoryConsensus

@@ -20,11 +20,8 @@ from upsert_core.columnar.checkpoint_format import decode_state, encode_state
 from upsert_core.drain import OrderScope
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.buckets import bucket_of
-from upsert_core.ingest.checkpoint import (
-    CONFIG_CHECKPOINT_UPPER,
-    checkpoint_ref_name,
-    write_checkpoint,
-)
+from upsert_core.ingest.checkpoint import write_checkpoint
+from upsert_core.ingest.shard_config import CONFIG_CHECKPOINT_UPPER, checkpoint_ref_name
 from upsert_core.ingest.verify import STATE, check_new_batch
 from upsert_core.landing import encode_key
 from upsert_core.persist.check import CONSOLIDATION, STORAGE, CheckReport

@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 
 from upsert_core.ingest import IngestRequest, ingest
-from upsert_core.ingest.checkpoint import CONFIG_CHECKPOINT_UPPER, checkpoint_ref_name
+from upsert_core.ingest.shard_config import CONFIG_CHECKPOINT_UPPER, checkpoint_ref_name
 from upsert_core.persist.append import AppendRequest
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.state import HollowBatch

@@ -12,8 +12,13 @@ import pytest
 
 from upsert_core.drain import OrderScope
 from upsert_core.ingest import IngestRequest, InProcessEngine, ingest
-from upsert_core.ingest.checkpoint import checkpoint_base_name, checkpoint_ref_name, new_state
-from upsert_core.ingest.pipeline import CONFIG_HISTORY, commit_history
+from upsert_core.ingest.checkpoint import new_state
+from upsert_core.ingest.pipeline import commit_history
+from upsert_core.ingest.shard_config import (
+    CONFIG_HISTORY,
+    checkpoint_base_name,
+    checkpoint_ref_name,
+)
 from upsert_core.ingest.statecache import CachedState, StateCache
 from upsert_core.ingest.tasks import REPLAY_FRACTION, Base
 from upsert_core.persist.append import AppendRequest, AppendResult

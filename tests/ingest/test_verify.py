@@ -15,13 +15,10 @@ from upsert_core.columnar.checkpoint_format import decode_state
 from upsert_core.drain import OrderScope
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.buckets import bucket_of
-from upsert_core.ingest.checkpoint import (
-    checkpoint_ref_name,
-    load_checkpoint,
-    write_checkpoint,
-)
+from upsert_core.ingest.checkpoint import load_checkpoint, write_checkpoint
 from upsert_core.ingest.options import resolve_options
 from upsert_core.ingest.rehydrate import rehydrate_bucket
+from upsert_core.ingest.shard_config import checkpoint_ref_name
 from upsert_core.ingest.verify import compare_state
 from upsert_core.landing import encode_key
 from upsert_core.persist.shard import Shard

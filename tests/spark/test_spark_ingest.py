@@ -16,7 +16,7 @@ from tests.ingest.helpers import contents, memory_shard, write_jsonl, write_parq
 from tests.services import AWS_TEST_CREDENTIALS
 from upsert_core.errors import IngestError
 from upsert_core.ingest import IngestReport, IngestRequest, ingest
-from upsert_core.ingest.checkpoint import checkpoint_ref_name
+from upsert_core.ingest.shard_config import checkpoint_ref_name
 from upsert_core.persist.location.urls import open_blob, open_consensus
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.testing import unreferenced_blobs

@@ -3,6 +3,8 @@ one compare-and-append per file.
 
 - :mod:`~upsert_core.ingest.options`: ``IngestRequest`` and the options a shard is
   fixed to (``resolve_options``).
+- :mod:`~upsert_core.ingest.shard_config`: ``ShardIngestConfig``, the shard's config
+  entries the ingest keeps (options, checkpoint references, row count, commit history).
 - :mod:`~upsert_core.ingest.buckets`: key -> bucket, rows split by bucket.
 - :mod:`~upsert_core.ingest.checkpoint` / :mod:`~upsert_core.ingest.rehydrate`: where a
   bucket's upsert state comes from.
@@ -14,7 +16,7 @@ one compare-and-append per file.
 """
 
 from upsert_core.ingest.engine import Engine, InProcessEngine
-from upsert_core.ingest.options import IngestRequest, ShardOptions, resolve_options
+from upsert_core.ingest.options import IngestRequest, resolve_options
 from upsert_core.ingest.outcome import BucketResult, FileOutcome, FileRead
 from upsert_core.ingest.pipeline import (
     checkpoints_current,
@@ -24,6 +26,7 @@ from upsert_core.ingest.pipeline import (
 )
 from upsert_core.ingest.report import FileReport, IngestReport, ProgressEvent
 from upsert_core.ingest.shard_api import IngestShard
+from upsert_core.ingest.shard_config import ShardIngestConfig, ShardOptions
 from upsert_core.ingest.tasks import ROWS_SCHEMA, FileTask, read_file, run_bucket
 
 __all__ = [
@@ -39,6 +42,7 @@ __all__ = [
     "IngestRequest",
     "IngestShard",
     "ProgressEvent",
+    "ShardIngestConfig",
     "ShardOptions",
     "checkpoints_current",
     "ingest",

@@ -8,7 +8,8 @@ bucket ``b`` as ``blobref.checkpoint.<b>`` (so GC keeps it) and records in
 ``checkpoint.upper`` the upper as of which *all* referenced checkpoints are valid (each
 as its base plus the shard's changes since ``checkpoint.base.<b>``'s ``as_of``, see
 ``tasks.Base``; no base entry means as of ``checkpoint.upper``); they change only in
-the compare-and-append that commits the batch they describe.
+the compare-and-append that commits the batch they describe. Those entries are read
+and written through :class:`~upsert_core.ingest.shard_config.ShardIngestConfig`.
 
 Invariants:
 
@@ -44,12 +45,10 @@ from upsert_core.drain import OrderScope
 from upsert_core.errors import CodecError, InvalidUpsertState, UpsertPlatformError
 from upsert_core.persist.keys import checkpoint_prefix, unique_name
 from upsert_core.persist.location import Blob
-from upsert_core.persist.state import BLOB_REF_PREFIX
 from upsert_core.state import StateValue
 
 CHECKPOINT_FORMAT = 2
 LEGACY_FORMAT = 1
-CONFIG_CHECKPOINT_UPPER = "checkpoint.upper"
 
 LEGACY_SCHEMA = pa.schema([("key", pa.binary()), ("state", pa.binary())])
 """Format 1: one ``StateValue.encode()`` per key, as Parquet."""
@@ -57,16 +56,6 @@ LEGACY_SCHEMA = pa.schema([("key", pa.binary()), ("state", pa.binary())])
 
 class CheckpointUnusable(UpsertPlatformError):
     """A checkpoint that is missing, unreadable or not the one asked for."""
-
-
-def checkpoint_ref_name(bucket: int) -> str:
-    """The config entry referencing bucket ``bucket``'s checkpoint blob."""
-    return f"{BLOB_REF_PREFIX}checkpoint.{bucket}"
-
-
-def checkpoint_base_name(bucket: int) -> str:
-    """The config entry describing bucket ``bucket``'s checkpoint base (``tasks.Base``)."""
-    return f"checkpoint.base.{bucket}"
 
 
 def checkpoint_key(shard: str, bucket: int) -> str:

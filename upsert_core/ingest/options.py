@@ -13,9 +13,9 @@ Invariants:
 - The stored config is the single source of truth once present; defaults apply only to
   a shard that has never committed an ingest.
 - Value checks (``IngestRequest.value_checks``) are per request, never stored.
-- ``ingest.schema`` holds :meth:`SourceSchema.to_json`, so the key/order/delete-marker
-  columns live in exactly one place; ``ingest.order_scope`` and ``ingest.buckets`` hold
-  the rest.
+- The stored options are read with :class:`~upsert_core.ingest.shard_config.ShardIngestConfig`
+  (which owns the config entries and their formats); the key/order/delete-marker
+  columns live in exactly one place, the source schema.
 """
 
 from __future__ import annotations
@@ -27,19 +27,20 @@ from dataclasses import dataclass, field
 
 from upsert_core.drain import OrderScope
 from upsert_core.errors import ConfigError
+from upsert_core.ingest.shard_config import (
+    DEFAULT_BUCKETS,
+    ShardIngestConfig,
+    ShardOptions,
+    check_buckets,
+    parse_order_scope,
+)
 from upsert_core.landing import SourceSchema, ValueCheck
 from upsert_core.persist.leases import DEFAULT_LEASE_DURATION_MS
 from upsert_core.persist.parts import DEFAULT_INLINE_THRESHOLD
 
-CONFIG_SCHEMA = "ingest.schema"
-CONFIG_ORDER_SCOPE = "ingest.order_scope"
-CONFIG_BUCKETS = "ingest.buckets"
-
 DEFAULT_KEY: tuple[str, ...] = ("key",)
 DEFAULT_ORDER = "offset"
 DEFAULT_DELETED = "__deleted"
-DEFAULT_BUCKETS = 4
-MAX_BUCKETS = 4096
 DEFAULT_MAX_ATTEMPTS = 5
 
 
@@ -95,47 +96,16 @@ def writer_lease_ms_from_env(env: Mapping[str, str] | None = None) -> int:
     return max(1, round(seconds * 1000))
 
 
-@dataclass(frozen=True)
-class ShardOptions:
-    """The options a shard's ingests run with (stored, or defaults for a new shard)."""
-
-    schema: SourceSchema
-    order_scope: OrderScope
-    buckets: int
-
-    def config(self) -> dict[str, str]:
-        """The config entries that fix these options in the shard."""
-        return {
-            CONFIG_SCHEMA: self.schema.to_json(),
-            CONFIG_ORDER_SCOPE: self.order_scope.value,
-            CONFIG_BUCKETS: str(self.buckets),
-        }
-
-
-def parse_order_scope(value: str | OrderScope) -> OrderScope:
-    if isinstance(value, OrderScope):
-        return value
-    try:
-        return OrderScope(value.strip().lower())
-    except ValueError:
-        raise ConfigError(
-            f"--order-scope must be 'batch' or 'global', got {value!r}"
-        ) from None
-
-
-def _check_buckets(n: int) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_BUCKETS:
-        raise ConfigError(f"the bucket count must be an integer in [1, {MAX_BUCKETS}], got {n!r}")
-    return n
-
-
-def resolve_options(config: Mapping[str, str], request: IngestRequest) -> ShardOptions:
-    """The options for an ingest of a shard with ``config``; see the module docstring."""
+def resolve_options(
+    config: Mapping[str, str] | ShardIngestConfig, request: IngestRequest
+) -> ShardOptions:
+    """The options for an ingest of a shard with ``config`` (the stored entries, or
+    them read); see the module docstring."""
     key = None if request.key is None else tuple(request.key)
     scope = None if request.order_scope is None else parse_order_scope(request.order_scope)
-    buckets = None if request.buckets is None else _check_buckets(request.buckets)
-    stored = config.get(CONFIG_SCHEMA)
-    if stored is None:
+    buckets = None if request.buckets is None else check_buckets(request.buckets)
+    stored = config if isinstance(config, ShardIngestConfig) else ShardIngestConfig.read(config)
+    if stored.options is None:
         schema = SourceSchema(
             key=key or DEFAULT_KEY,
             order=request.order or DEFAULT_ORDER,
@@ -144,12 +114,9 @@ def resolve_options(config: Mapping[str, str], request: IngestRequest) -> ShardO
         return ShardOptions(
             schema, scope or OrderScope.BATCH, buckets or DEFAULT_BUCKETS
         )
-    schema = SourceSchema.from_json(stored)
-    stored_scope = parse_order_scope(config.get(CONFIG_ORDER_SCOPE, OrderScope.BATCH.value))
-    try:
-        stored_buckets = _check_buckets(int(config.get(CONFIG_BUCKETS, str(DEFAULT_BUCKETS))))
-    except ValueError as exc:
-        raise ConfigError(f"malformed stored bucket count: {exc}") from exc
+    schema = stored.options.schema
+    stored_scope = stored.options.order_scope
+    stored_buckets = stored.options.buckets
     conflicts: list[str] = []
     try:
         schema.check_options(key=key, order=request.order, deleted=request.deleted_col)
@@ -161,4 +128,4 @@ def resolve_options(config: Mapping[str, str], request: IngestRequest) -> ShardO
         conflicts.append(f"--buckets {buckets} (shard has {stored_buckets})")
     if conflicts:
         raise ConfigError("conflicting ingest options: " + "; ".join(conflicts))
-    return ShardOptions(schema, stored_scope, stored_buckets)
+    return stored.options

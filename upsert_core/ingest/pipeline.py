@@ -43,10 +43,10 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 from upsert_core.errors import (
     ConcurrentModification,
@@ -54,18 +54,14 @@ from upsert_core.errors import (
     LandingFileChanged,
     WriterFenced,
 )
-from upsert_core.ingest.checkpoint import (
-    CONFIG_CHECKPOINT_UPPER,
-    checkpoint_base_name,
-    checkpoint_ref_name,
-)
 from upsert_core.ingest.engine import Engine, InProcessEngine
-from upsert_core.ingest.options import CONFIG_SCHEMA, IngestRequest, ShardOptions, resolve_options
+from upsert_core.ingest.options import IngestRequest, resolve_options
 from upsert_core.ingest.outcome import FileOutcome
 from upsert_core.ingest.report import FileReport, IngestReport, ProgressEvent
 from upsert_core.ingest.shard_api import IngestShard
+from upsert_core.ingest.shard_config import ShardIngestConfig, ShardOptions, recent_history
 from upsert_core.ingest.tasks import FileTask
-from upsert_core.landing import LandingFile, list_landing, pending
+from upsert_core.landing import LandingFile, SourceSchema, list_landing, pending
 from upsert_core.persist.append import AppendRequest
 from upsert_core.persist.location import Blob
 from upsert_core.persist.state import HollowBatch, ShardState
@@ -73,33 +69,15 @@ from upsert_core.persist.writers import WriterLease
 
 Progress = Callable[[ProgressEvent], None]
 
-CONFIG_COMMIT_NONCE = "ingest.commit"
-"""Config entry set to a fresh nonce by every ingest commit (see ``_ingest_one``)."""
-
-CONFIG_HISTORY = "ingest.history"
-"""Config entry: JSON ``{upper: nonce}`` of the last ``HISTORY_LENGTH`` ingest commits
-(the upper each produced and its nonce), which tells state caches which of their
-entries were committed (see ``ingest.statecache``)."""
-
-CONFIG_LIVE_ROWS = "stats.live_rows"
-"""Config entry: live rows at the shard's upper, kept by the ingest's commits (the
-catalog's row count); absent for shards first ingested before it was kept."""
-
-HISTORY_LENGTH = 16
-
 
 def commit_history(config: Mapping[str, str]) -> dict[int, str]:
     """The recorded ``{upper: nonce}`` of recent ingest commits (empty if malformed)."""
-    try:
-        raw = json.loads(config.get(CONFIG_HISTORY, "{}"))
-        return {int(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
-    except (ValueError, TypeError, AttributeError):
-        return {}
+    return dict(ShardIngestConfig.read(config).history)
 
 
 def checkpoints_current(state: ShardState) -> bool:
     """Whether the checkpoint refs in ``state.config`` describe the state at its upper."""
-    return state.upper == 0 or state.config.get(CONFIG_CHECKPOINT_UPPER) == str(state.upper)
+    return ShardIngestConfig.read(state.config).checkpoints_current(state.upper)
 
 
 def plan_file(
@@ -110,6 +88,7 @@ def plan_file(
     writer_id: str | None = None,
 ) -> FileTask:
     """The task for ingesting ``file`` at the upper of ``state``, written as ``writer_id``."""
+    stored = ShardIngestConfig.read(state.config)
     return FileTask(
         shard_id=state.shard_id,
         ts=state.upper,
@@ -117,19 +96,17 @@ def plan_file(
         schema_json=options.schema.to_json(),
         order_scope=options.order_scope.value,
         buckets=options.buckets,
-        checkpoints={
-            b: state.config.get(checkpoint_ref_name(b), "") for b in range(options.buckets)
-        },
-        checkpoints_current=checkpoints_current(state),
+        checkpoints={b: stored.checkpoint_refs.get(b, "") for b in range(options.buckets)},
+        checkpoints_current=stored.checkpoints_current(state.upper),
         inline_threshold=request.inline_threshold,
         shard_state=state,
         bases={
-            b: state.config[checkpoint_base_name(b)]
+            b: stored.checkpoint_bases[b]
             for b in range(options.buckets)
-            if checkpoint_base_name(b) in state.config
+            if b in stored.checkpoint_bases
         },
         commit_nonce=uuid.uuid4().hex,
-        history=commit_history(state.config),
+        history=dict(stored.history),
         writer_id=writer_id,
         value_checks=request.value_checks,
     )
@@ -149,34 +126,30 @@ def _commit_request(task: FileTask, options: ShardOptions, outcome: FileOutcome)
     parts = tuple(p for b in sorted(outcome.buckets, key=lambda r: r.bucket) for p in b.parts)
     batch = HollowBatch(lower=task.ts, upper=task.ts + 1, since=0, parts=parts)
     errors = [] if outcome.read.error_batch is None else [outcome.read.error_batch]
-    config = options.config()
-    if outcome.read.schema_json is not None:
-        config[CONFIG_SCHEMA] = outcome.read.schema_json
-    for result in outcome.buckets:
-        config[checkpoint_ref_name(result.bucket)] = result.checkpoint or ""
-        if result.base is not None:
-            config[checkpoint_base_name(result.bucket)] = result.base
-    config[CONFIG_CHECKPOINT_UPPER] = str(task.ts + 1)
-    live = _live_rows_after(task, outcome)
-    if live is not None:
-        config[CONFIG_LIVE_ROWS] = str(live)
-    # SUBTLE: the nonce was minted when the task was planned, so the engine could tag
-    # its cached states with it before the commit that makes them valid.
-    config[CONFIG_COMMIT_NONCE] = task.commit_nonce
-    history = {**task.history, task.ts + 1: task.commit_nonce}
-    recent = sorted(history)[-HISTORY_LENGTH:]
-    config[CONFIG_HISTORY] = json.dumps({str(u): history[u] for u in recent})
+    evolved = outcome.read.schema_json
+    # What this commit changes; the buckets it did not run keep their entries.
+    committed = ShardIngestConfig(
+        options=options if evolved is None
+        else replace(options, schema=SourceSchema.from_json(evolved)),
+        checkpoint_upper=task.ts + 1,
+        checkpoint_refs={r.bucket: r.checkpoint or "" for r in outcome.buckets},
+        checkpoint_bases={r.bucket: r.base for r in outcome.buckets if r.base is not None},
+        live_rows=_live_rows_after(task, outcome),
+        # SUBTLE: the nonce was minted when the task was planned, so the engine could
+        # tag its cached states with it before the commit that makes them valid.
+        commit_nonce=task.commit_nonce,
+        history=recent_history(task.history, task.ts + 1, task.commit_nonce),
+    )
     return AppendRequest(
         batch, task.ts, ingested_files={task.file.name: task.ts}, errors=errors,
-        config_updates=config,
+        config_updates=committed.entries(),
     )
 
 
 def live_rows(config: Mapping[str, str]) -> int | None:
     """The number of live rows the ingest recorded for the shard at its upper, or None
     for a shard whose first files were ingested before the count was kept."""
-    text = config.get(CONFIG_LIVE_ROWS, "")
-    return int(text) if text.isdigit() else None
+    return ShardIngestConfig.read(config).live_rows
 
 
 def _live_rows_after(task: FileTask, outcome: FileOutcome) -> int | None:
@@ -274,7 +247,10 @@ def _ingest_one(
             if file.name in state.ingested_files:
                 return state, None
             continue
-        if result.committed and result.state.config.get(CONFIG_COMMIT_NONCE) == nonce:
+        if (
+            result.committed
+            and ShardIngestConfig.read(result.state.config).commit_nonce == nonce
+        ):
             file_report = _file_report(task, outcome, time.monotonic() - started, attempt)
             for b in outcome.buckets:
                 if b.rehydrated:

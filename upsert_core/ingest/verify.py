@@ -60,7 +60,6 @@ not as a problem; the full check covers it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -69,20 +68,12 @@ import pyarrow as pa
 from upsert_core.columnar import ColumnarState, apply_changes, join_keys
 from upsert_core.columnar.merge import fold
 from upsert_core.drain import OrderScope
-from upsert_core.errors import InvalidUpsertState, NotReadable, UpsertPlatformError
-from upsert_core.ingest import IngestRequest, checkpoints_current, resolve_options
+from upsert_core.errors import ConfigError, InvalidUpsertState, NotReadable, UpsertPlatformError
 from upsert_core.ingest.buckets import bucket_of, bucket_of_keys, split_rows
-from upsert_core.ingest.checkpoint import (
-    CONFIG_CHECKPOINT_UPPER,
-    CheckpointUnusable,
-    checkpoint_base_name,
-    checkpoint_ref_name,
-    load_checkpoint,
-    new_state,
-)
-from upsert_core.ingest.options import CONFIG_SCHEMA
+from upsert_core.ingest.checkpoint import CheckpointUnusable, load_checkpoint, new_state
 from upsert_core.ingest.rehydrate import order_values
 from upsert_core.ingest.replay import replay_bucket
+from upsert_core.ingest.shard_config import ShardIngestConfig, ShardOptions
 from upsert_core.ingest.tasks import Base
 from upsert_core.landing import SourceSchema
 from upsert_core.persist.check import CONSOLIDATION, STORAGE, CheckReport
@@ -158,16 +149,16 @@ class StateComparison:
 
 
 def _load_live(
-    shard: Shard, state: ShardState, result: StateComparison
+    shard: Shard, state: ShardState, stored: ShardIngestConfig, options: ShardOptions,
+    result: StateComparison,
 ) -> dict[bytes, bytes] | None:
-    options = resolve_options(state.config, IngestRequest())
     result.buckets = options.buckets
     listed = shard.blob.list_keys(checkpoint_prefix(shard.shard_id))
     sizes = {m.key: m.size_in_bytes for m in listed}
     live: dict[bytes, bytes] = {}
     usable = True
     for bucket in range(options.buckets):
-        ref = state.config.get(checkpoint_ref_name(bucket), "")
+        ref = stored.checkpoint_refs.get(bucket, "")
         if not ref:
             continue
         result.checkpoint_bytes += sizes.get(ref, 0)
@@ -181,7 +172,8 @@ def _load_live(
             continue
         try:
             caught_up = _catch_up(
-                shard, state, upsert, bucket, options.buckets, options.order_scope.value
+                shard, state, stored, upsert, bucket, options.buckets,
+                options.order_scope.value,
             )
             if caught_up is None:
                 result.rebuilt_buckets.add(bucket)
@@ -210,8 +202,8 @@ def _load_live(
 
 
 def _catch_up(
-    shard: Shard, state: ShardState, upsert: ColumnarState, bucket: int, buckets: int,
-    scope: str,
+    shard: Shard, state: ShardState, stored: ShardIngestConfig, upsert: ColumnarState,
+    bucket: int, buckets: int, scope: str,
 ) -> ColumnarState | None:
     """``upsert`` with the shard's changes since the bucket's checkpoint base replayed.
 
@@ -221,7 +213,7 @@ def _catch_up(
     """
     if scope != "batch":
         return upsert
-    base = Base.decode(state.config.get(checkpoint_base_name(bucket)), state.upper)
+    base = Base.decode(stored.checkpoint_bases.get(bucket), state.upper)
     if base.as_of >= state.upper:
         return upsert
     try:
@@ -240,21 +232,26 @@ def compare_state(shard: Shard) -> StateComparison:
     result = StateComparison(upper=state.upper)
     if state.upper == 0:
         return result
-    if CONFIG_SCHEMA not in state.config:
+    try:
+        stored = ShardIngestConfig.read(state.config)
+    except ConfigError as exc:
+        result.problems.append(f"cannot compare the state with the shard: {exc}")
+        return result
+    if stored.options is None:
         result.problems.append(
             f"shard {shard.shard_id!r} has data up to {state.upper} but no ingest options:"
             " it was not written by the ingest"
         )
         return result
-    if not checkpoints_current(state):
+    if not stored.checkpoints_current(state.upper):
         result.problems.append(
             f"the upsert state checkpoints describe upper"
-            f" {state.config.get(CONFIG_CHECKPOINT_UPPER)!s}, but the shard's upper is"
+            f" {stored.checkpoint_upper!s}, but the shard's upper is"
             f" {state.upper}: something other than the ingest appended to the shard"
         )
         return result
     try:
-        live = _load_live(shard, state, result)
+        live = _load_live(shard, state, stored, stored.options, result)
         if live is None:
             return result
         result.live_keys = len(live)
@@ -349,10 +346,10 @@ class _Buckets:
     def __init__(self, shard: Shard, state: ShardState, buckets: int, scope: OrderScope):
         self.shard, self.state, self.buckets, self.scope = shard, state, buckets, scope
 
-    def at(self, config: Mapping[str, str], bucket: int, upper: int) -> ColumnarState:
+    def at(self, config: ShardIngestConfig, bucket: int, upper: int) -> ColumnarState:
         """Raises CheckpointUnusable, NotReadable or InvalidUpsertState."""
-        ref = config.get(checkpoint_ref_name(bucket), "")
-        base = Base.decode(config.get(checkpoint_base_name(bucket)), upper)
+        ref = config.checkpoint_refs.get(bucket, "")
+        base = Base.decode(config.checkpoint_bases.get(bucket), upper)
         loaded = new_state(self.scope) if not ref else load_checkpoint(
             self.shard.blob, ref, self.shard.shard_id, bucket, self.buckets, self.scope
         )
@@ -375,16 +372,14 @@ class _Buckets:
         return caught_up
 
 
-def _kept_base(before: Mapping[str, str], after: Mapping[str, str], bucket: int,
+def _kept_base(before: ShardIngestConfig, after: ShardIngestConfig, bucket: int,
                start_upper: int, upper: int) -> bool:
     """Whether the bucket's checkpoint at ``upper`` is, by construction, its checkpoint
     at ``start_upper`` plus the shard's changes in between (same blob, same base)."""
-    ref = checkpoint_ref_name(bucket)
-    base = checkpoint_base_name(bucket)
     return (
-        before.get(ref, "") == after.get(ref, "")
-        and Base.decode(before.get(base), start_upper).as_of
-        == Base.decode(after.get(base), upper).as_of
+        before.checkpoint_refs.get(bucket, "") == after.checkpoint_refs.get(bucket, "")
+        and Base.decode(before.checkpoint_bases.get(bucket), start_upper).as_of
+        == Base.decode(after.checkpoint_bases.get(bucket), upper).as_of
     )
 
 
@@ -408,27 +403,29 @@ def compare_touched_buckets(
         changes = check_batch_consolidated(
             read_new_updates(shard, state, start_upper, upper, report), report
         )
-    if CONFIG_SCHEMA not in state.config:
+    options = ShardIngestConfig.read(state.config).options
+    if options is None:
         report.add(STATE, f"shard {shard.shard_id!r} has data up to {state.upper} but no"
                           " ingest options: it was not written by the ingest")
         return report
-    options = resolve_options(state.config, IngestRequest())
     buckets, scope = options.buckets, options.order_scope
     configs = configs_at_uppers(shard, state, {start_upper, upper})
-    after = configs.get(upper)
-    before = {} if start_upper == 0 else configs.get(start_upper)
-    if after is None or before is None:
+    after_config = configs.get(upper)
+    before_config = {} if start_upper == 0 else configs.get(start_upper)
+    if after_config is None or before_config is None:
         report.notes.append(
             f"the state diffs since upper {start_upper} are truncated (GC): the touched"
             " buckets' states were not compared"
         )
         return report
-    if after.get(CONFIG_CHECKPOINT_UPPER) != str(upper):
+    after = ShardIngestConfig.read(after_config)
+    before = ShardIngestConfig.read(before_config)
+    if after.checkpoint_upper != upper:
         report.add(STATE, f"the upsert state checkpoints at upper {upper} describe upper"
-                          f" {after.get(CONFIG_CHECKPOINT_UPPER)!s}: something other than the"
+                          f" {after.checkpoint_upper!s}: something other than the"
                           " ingest appended to the shard")
         return report
-    if start_upper > 0 and before.get(CONFIG_CHECKPOINT_UPPER) != str(start_upper):
+    if start_upper > 0 and before.checkpoint_upper != start_upper:
         report.notes.append(
             f"the upsert state was not current at upper {start_upper} (something else had"
             " appended; the run rebuilt it): the touched buckets' states were not compared"
@@ -440,7 +437,7 @@ def compare_touched_buckets(
     )
     moved = {
         b for b in range(buckets)
-        if before.get(checkpoint_ref_name(b), "") != after.get(checkpoint_ref_name(b), "")
+        if before.checkpoint_refs.get(b, "") != after.checkpoint_refs.get(b, "")
     }
     touched = sorted(set(by_bucket) | moved)
     report.counts["touched_buckets"] = len(touched)
@@ -451,8 +448,7 @@ def compare_touched_buckets(
         try:
             previous = loader.at(before, bucket, start_upper)
         except CheckpointUnusable as exc:
-            ref = checkpoint_ref_name(bucket)
-            if before.get(ref, "") == after.get(ref, ""):
+            if before.checkpoint_refs.get(bucket, "") == after.checkpoint_refs.get(bucket, ""):
                 # Still the committed checkpoint: the state at the upper stands on it.
                 report.add(STATE, f"bucket {bucket}: its checkpoint cannot be used: {exc}")
             else:
