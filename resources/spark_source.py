@@ -57,7 +57,7 @@ from pyspark.sql.types import StructType
 
 from resources.task_env import apply_env, driver_env
 from upsert_core.errors import ConfigError, NotReadable
-from upsert_core.ingest.options import CONFIG_SCHEMA
+from upsert_core.ingest.shard_config import ShardIngestConfig
 from upsert_core.landing import SourceSchema
 from upsert_core.persist.read import check_changes_readable, check_snapshot_readable
 from upsert_core.persist.shard import Shard
@@ -144,7 +144,7 @@ def plan_read(options: Mapping[str, str]) -> ReadPlan:
     state = Shard.open(consensus, blob, shard_name, create=False).state()
     plan = ReadPlan(consensus=config.consensus_url, blob=config.blob_url, shard=shard_name,
                     read=read, partitions=partitions,
-                    schema_json=state.config.get(CONFIG_SCHEMA), planned_since=state.since,
+                    schema_json=_schema_json(state), planned_since=state.since,
                     env=tuple(sorted(driver_env().items())))
     if read == SNAPSHOT:
         as_of = _int_option(lowered, "asof")
@@ -157,6 +157,11 @@ def plan_read(options: Mapping[str, str]) -> ReadPlan:
     until = state.upper if until is None else until
     check_changes_readable(state, since, until)
     return ReadPlan(**{**plan.__dict__, "since": since, "until": until})
+
+
+def _schema_json(state: ShardState) -> str | None:
+    schema = ShardIngestConfig.read(state.config).schema
+    return None if schema is None else schema.to_json()
 
 
 def source_schema_of(plan: ReadPlan) -> SourceSchema | None:

@@ -2,8 +2,9 @@
 
 Python workers are reused across tasks, and cluster executors do not inherit the
 driver's environment, so each task applies the driver's shipped values itself: AWS_*
-override the worker's own (never an earlier task's), and the writer token is mirrored exactly, removed when the
-driver has none (an earlier driver's token on a new blob would let GC delete it).
+override the worker's own (never an earlier task's), and the writer token is mirrored
+exactly, removed when the driver has none (an earlier driver's token on a new blob would
+let GC delete it).
 """
 
 from __future__ import annotations
