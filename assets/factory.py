@@ -102,14 +102,20 @@ from assets.metadata import (
 from assets.spec import SourceSpec
 from resources.spark import SparkResource
 from resources.stores import BlobStoreResource, ConsensusResource, open_shard
-from upsert_core.errors import ConcurrentModification, ShardNotFound, UpsertPlatformError
+from upsert_core.errors import (
+    ConcurrentModification,
+    LandingFileChanged,
+    ShardNotFound,
+    UpsertPlatformError,
+)
 from upsert_core.ingest import ProgressEvent
 from upsert_core.landing import list_landing, pending
 from upsert_core.persist.keys import claim_writer_token
 from upsert_core.redact import redact_url
 from upsert_core.shard_table import ShardTable
 
-#: Retries of ``upsert_state`` after a lost race (``ConcurrentModification``): 1 s, 2 s,
+#: Retries of ``upsert_state`` after a lost race (``ConcurrentModification``) or a landing
+#: file that changed while read (``LandingFileChanged``): 1 s, 2 s,
 #: 4 s apart (+-jitter). Other failures are not retried (``Failure(allow_retries=False)``).
 RACE_RETRY_POLICY = RetryPolicy(max_retries=3, delay=1.0, backoff=Backoff.EXPONENTIAL,
                                 jitter=Jitter.PLUS_MINUS)
@@ -322,6 +328,9 @@ def build_source_assets(
                                dict(shard.state().ingested_files), [], committed)
             if isinstance(exc, ConcurrentModification):
                 context.log.warning(f"lost a race on shard {spec.shard!r}; retrying: {exc}")
+                raise _failure(exc, retry=True) from exc
+            if isinstance(exc, LandingFileChanged):  # probably still being written
+                context.log.warning(f"a landing file changed while read; retrying: {exc}")
                 raise _failure(exc, retry=True) from exc
             raise _failure(exc) from exc
         for warning in result.warnings:

@@ -17,6 +17,9 @@ ingest:
   is made (no Spark session starts); the result says at which ts each went in.
 - a partition not yet ingested and not in the landing: :class:`IngestError` naming it
   (nothing is applied).
+- a partition the ingest left pending (a file that changed while it was read, or one
+  after it): :class:`LandingFileChanged` naming it, after the files before it were
+  committed (a retry applies what is still pending).
 
 Invariants: the driver's ``through=target`` stops before the first file after it, so
 nothing of it is read or written; a file-level error in a file <= target raises the
@@ -31,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from upsert_core.errors import IngestError
+from upsert_core.errors import IngestError, LandingFileChanged
 from upsert_core.ingest import Engine, FileReport, IngestRequest, IngestShard, ProgressEvent, ingest
 from upsert_core.landing import LandingFile, list_landing, pending
 from upsert_core.redact import redact_url
@@ -139,4 +142,14 @@ def ingest_through(
     state = shard.state()
     result.upper, result.seqno = state.upper, state.seqno
     result.applied_at = {k: state.ingested_files[k] for k in keys if k in state.ingested_files}
+    missing = [k for k in keys if k not in result.applied_at]
+    if missing:
+        # SUBTLE: the driver stops without an error at a file that changed while it was
+        # read (LandingFileChanged: left pending, with the files after it). The run's
+        # partitions are then not all applied: say so, as the error it is, instead of
+        # returning a result the caller would report as every partition applied.
+        why = "; ".join(result.warnings) or "left pending by the ingest"
+        raise LandingFileChanged(
+            f"{len(missing)} partition(s) not applied: {missing[:10]} ({why})"
+        )
     return result

@@ -20,7 +20,8 @@ One line per partition on stdout, in name order (``<file>: <status>``, e.g.
 ``b-02.jsonl: applied at ts 1``); exit status 0 when the run succeeded, 1 when it failed
 (its error on stderr; files committed before the failure are listed as applied, files
 already in the shard before the run as already ingested at their ts, the rest as
-failed), 2 for a usage or configuration error. H9's ``upsertctl`` can expose
+failed; a run that failed after applying every file, e.g. in its blocking checks, also
+exits 1), 2 for a usage or configuration error. H9's ``upsertctl`` can expose
 this as a ``backfill`` command by calling :func:`main` (or :func:`run_backfill`).
 
 Invariants: partitions are added before the run; one run per backfill; files already
@@ -54,12 +55,18 @@ from upsert_core.landing import list_landing, pending
 
 @dataclass(frozen=True)
 class PartitionRun:
-    """One backfilled partition: the run's id, success, and what it reported."""
+    """One backfilled partition: the run's id, success, and what it reported.
+
+    ``success``: the partition's file is in the shard (applied by this run or before);
+    ``run_error``: why the run failed (None when it succeeded). A run can fail after
+    it applied every file (its blocking checks failed: nothing was published), so a
+    backfill succeeded only when every partition succeeded and the run did."""
 
     partition: str
     run_id: str
     success: bool
     status: str
+    run_error: str | None = None
 
 
 def _instance() -> DagsterInstance:
@@ -185,7 +192,7 @@ def run_backfill(
         ok = status is not None
         if not result.success and status is None:
             status = f"failed: {message}"
-        runs.append(PartitionRun(partition, result.run_id, ok, status or "failed"))
+        runs.append(PartitionRun(partition, result.run_id, ok, status or "failed", message))
         if on_run is not None:
             on_run(runs[-1])
     return runs
@@ -230,6 +237,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     failed = [r for r in runs if not r.success]
     if failed:
         sys.stderr.write(f"error: {failed[0].partition}: {failed[0].status}\n")
+        return 1
+    # SUBTLE: every file applied, yet the run failed after (e.g. its blocking checks
+    # found the batch corrupt, so nothing was published): the backfill failed too.
+    run_error = next((r.run_error for r in runs if r.run_error is not None), None)
+    if run_error is not None:
+        sys.stderr.write(f"error: run {runs[0].run_id} failed after applying the files"
+                         f" (not published): {run_error}\n")
         return 1
     return 0
 

@@ -231,3 +231,43 @@ def test_rollup_gc_before_the_shard_exists_says_so(plat: Platform) -> None:
     )
     assert result.success
     assert "does not exist yet" in str(_meta(result, built.key("rollup_gc"))["note"])
+
+
+def test_a_file_that_changes_while_read_fails_the_attempt_and_the_retry_applies_it(
+    plat: Platform, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Review: the driver leaves a file that changed while it was read pending and
+    # returns normally; the step then crashed on a KeyError (its partition not applied),
+    # without reporting the file it had committed before, so the retry labelled that
+    # file "already ingested" instead of this run's.
+    from upsert_core.errors import LandingFileChanged
+    from upsert_core.ingest import pipeline
+
+    names = plat.write_batches(["b-01.jsonl", "b-02.jsonl"])
+    spec = plat.spec()
+    built, _ = plat.build(spec)
+    plat.add_partitions(spec, names)
+    ingest_one, changed = pipeline._ingest_one, []
+
+    def changing(shard, state, file, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if file.name == names[1] and not changed:
+            changed.append(file.name)
+            raise LandingFileChanged(f"{file.name}: changed while it was read")
+        return ingest_one(shard, state, file, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "_ingest_one", changing)
+    result = materialize(
+        [*built.assets, built.checks], selection=list(built.ingest_keys),
+        partition_key=names[1], instance=plat.instance, resources=plat.resources(),
+    )
+    assert changed and result.success  # the retry applied it
+    assert dict(plat.shard().state().ingested_files) == {names[0]: 0, names[1]: 1}
+    state = built.key("upsert_state")
+    assert (_meta(result, state)["ts"], _meta(result, state)["applied_by"]) == (1, "this run")
+    # The failed attempt reported the file it committed (its events are in the
+    # instance, not in the in-process result), as this run's.
+    records = plat.instance.fetch_materializations(state, limit=100).records
+    first = [r.asset_materialization for r in records
+             if r.asset_materialization is not None
+             and r.asset_materialization.partition == names[0]]
+    assert [m.metadata["applied_by"].value for m in first] == ["this run"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from dagster import AssetKey, DagsterEventType
 
 from orchestration.backfill import find_source, main, run_backfill, select_partitions
@@ -126,3 +127,34 @@ def test_cli_prints_one_line_per_partition_and_exit_codes(
     captured = capsys.readouterr()
     assert captured.out.startswith("b-04.jsonl: failed: b-04.jsonl: ")
     assert "error: b-04.jsonl: failed: b-04.jsonl: missing key column" in captured.err
+
+
+def test_a_backfill_whose_blocking_checks_fail_exits_1(
+    plat: Platform, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Review: a run applies its files (upsert_state) before its blocking checks; when
+    # those fail (a corrupt batch) the run fails and nothing is published, but every
+    # partition had an "applied" status, so the backfill exited 0 with no error.
+    from tests.dagster.test_checks import _doubling
+
+    monkeypatch.setenv("UPSERT_HOME", str(plat.root / "upsert_home"))
+    monkeypatch.setenv("UPSERT_ENGINE", "local")
+    monkeypatch.setenv("UPSERT_LANDING", str(plat.landing))
+    monkeypatch.setenv("UPSERT_SHARD", "feed")
+    monkeypatch.setenv("DAGSTER_HOME", str(plat.root / "dagster_home"))
+    import orchestration.definitions as definitions
+
+    monkeypatch.setattr(definitions, "SOURCES", definitions.load_sources())
+    monkeypatch.setattr(definitions, "defs", definitions.build_definitions(definitions.SOURCES))
+    names = plat.write_batches(["b-01.jsonl", "b-02.jsonl"])
+    _doubling(monkeypatch)  # the ingest commits every diff doubled: not consolidated
+    assert main(["feed"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == [f"{n}: applied at ts {i}" for i, n in enumerate(names)]
+    assert "failed after applying the files (not published)" in captured.err
+
+    spec = plat.spec()
+    _, defs = plat.build(spec)
+    runs = run_backfill(defs, spec, names, instance=plat.instance)
+    assert all(r.success for r in runs)  # the files are in the shard...
+    assert all(r.run_error for r in runs)  # ...but the run (its checks) failed

@@ -21,8 +21,12 @@ from upsert_core.drain import OrderScope
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.buckets import bucket_of
 from upsert_core.ingest.checkpoint import write_checkpoint
-from upsert_core.ingest.shard_config import CONFIG_CHECKPOINT_UPPER, checkpoint_ref_name
-from upsert_core.ingest.verify import STATE, check_new_batch
+from upsert_core.ingest.shard_config import (
+    CONFIG_CHECKPOINT_UPPER,
+    checkpoint_base_name,
+    checkpoint_ref_name,
+)
+from upsert_core.ingest.verify import STATE, check_new_batch, compare_state
 from upsert_core.landing import encode_key
 from upsert_core.persist.check import CONSOLIDATION, STORAGE, CheckReport
 from upsert_core.persist.check_batch import configs_at_uppers
@@ -214,6 +218,28 @@ def test_two_insertions_of_a_key_at_one_ts_fail_consolidation(tmp_path: Path) ->
     problems = check_new_batch(shard, upper).of_kind(CONSOLIDATION)
     assert any("2 insertion(s)" in p for p in problems), problems
     assert any("diff 2" in p for p in problems), problems
+
+
+def test_a_moved_base_of_a_bucket_without_changes_fails_state(tmp_path: Path) -> None:
+    # A batch that leaves a bucket's checkpoint blob alone but moves its base past the
+    # changes the blob does not hold: the bucket's state at the upper loses them, though
+    # the batch has no changes in the bucket (review: only moved refs counted as touched).
+    shard = _built(tmp_path, "batch")
+    state = shard.state()
+    bases = {b: state.config[checkpoint_base_name(b)] for b in range(BUCKETS)}
+    bucket = next(b for b, base in bases.items() if int(base.split(":")[1]) > 0)
+    _, _, rows, size = bases[bucket].split(":")
+    upper = state.upper
+    result = shard.append(UPDATE_SCHEMA.empty_table(), upper, config_updates={
+        CONFIG_CHECKPOINT_UPPER: str(upper + 1),
+        checkpoint_base_name(bucket): f"{upper + 1}:0:{rows}:{size}",
+    })
+    assert result.committed
+    assert not compare_state(shard).ok  # the full check sees the state lost changes
+    report = check_new_batch(shard, upper)
+    assert any(p.startswith(f"bucket {bucket}:") for p in report.of_kind(STATE)), (
+        report.problems, report.notes
+    )
 
 
 def test_a_run_after_gc_is_checked_in_full(tmp_path: Path) -> None:
