@@ -211,3 +211,17 @@ def test_csv_text_outside_the_calendar_is_a_row_error_not_a_crash(
     fresh = validate_csv(data, name="c.csv")
     assert fresh.schema.type_of(column) is T.STRING and not fresh.errors
     assert [r[column] for r in _decoded(fresh)][1] == text
+
+
+@pytest.mark.parametrize("text", ["1_2", "1_000.5", "\uff15", "\u0661\u0662.5"])
+def test_csv_text_only_python_reads_as_a_number_is_not_silently_a_float(
+    text: str,
+) -> None:
+    # CONTRACT.md, bad input: no value silently changed. float() reads "1_2" as 12.0 and
+    # non-ASCII digits as numbers: a CSV column of such codes became float64 12.0, ...
+    data = f"key,offset,v\n1,1,{text}\n".encode()
+    assert _decoded(validate_csv(data)) == [{"key": 1, "offset": 1, "v": text}]
+    floats = SourceSchema(columns=(("v", T.FLOAT64),))
+    b = validate_csv(f"key,offset,v\n1,1,2.5\n2,2,{text}\n".encode(), floats, name="f.csv")
+    assert [(e.file, e.row) for e in b.errors] == [("f.csv", 2)]
+    assert _decoded(b) == [{"key": 1, "offset": 1, "v": 2.5}]

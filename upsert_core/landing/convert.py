@@ -48,6 +48,10 @@ from upsert_core.landing.schema import ARROW_TYPES, LogicalType, logical_type_of
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 _INT_TEXT = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_FLOAT_TEXT = re.compile(
+    r"[+-]?(([0-9]+\.?[0-9]*|\.[0-9]+)(e[+-]?[0-9]+)?|inf|infinity|nan)",
+    re.ASCII | re.IGNORECASE,
+)
 _TRUE_FALSE = {"true": True, "false": False}
 
 BoolMask = npt.NDArray[np.bool_]
@@ -420,6 +424,10 @@ def _parse_float_text(value: object) -> object:
     text = value.strip()
     if _INT_TEXT.fullmatch(text):
         return _json_float(int(text))  # an integer converts only if the float equals it
+    if not _FLOAT_TEXT.fullmatch(text):
+        # Python's float() also reads "1_2" as 12.0 and non-ASCII digits ("５", "١٢"):
+        # not numbers in a CSV file, and not what Arrow's fast cast reads either.
+        return None
     try:
         parsed = float(text)
     except ValueError:
