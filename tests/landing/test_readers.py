@@ -168,3 +168,11 @@ def test_jsonl_a_line_that_is_not_utf8_is_a_row_error(line: bytes) -> None:
 def test_jsonl_a_byte_order_mark_starting_a_later_line_is_still_skipped() -> None:
     raw = read_jsonl("b.jsonl", b'{"key": 1, "offset": 1}\n\xef\xbb\xbf{"key": 2, "offset": 2}\n')
     assert not raw.errors and raw.columns["key"] == [1, 2]
+
+
+def test_csv_with_carriage_return_line_ends_is_read_like_pyarrow_reads_it() -> None:
+    # The header check read the text with universal newlines off, so a CR-only file
+    # (classic Mac / Excel export), which pyarrow reads, was "unreadable CSV file".
+    raw = read_csv("r.csv", b"key,offset,v\r1,1,a\r2,2\r3,3,c\r")
+    assert raw.names == ["key", "offset", "v"] and list(raw.positions) == [1, 3]
+    assert [(e.row, e.reason) for e in raw.errors] == [(2, "CSV row has 2 fields, expected 3")]

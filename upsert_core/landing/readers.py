@@ -131,7 +131,7 @@ def read_csv(name: str, data: bytes) -> RawBatch:
         # SUBTLE: the header is the first non-empty line, as pyarrow (which skips empty
         # lines) reads it; taking a blank first line for it would let pyarrow use an
         # unchecked line as the column names.
-        header = next(row for row in csv.reader(io.StringIO(text)) if row)
+        header = next(row for row in csv.reader(io.StringIO(text, newline="")) if row)
     except (csv.Error, StopIteration) as exc:
         raise IngestError(f"{name}: unreadable CSV file: {exc or 'no header row'}") from exc
     for col in header:
