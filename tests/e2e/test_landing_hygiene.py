@@ -158,3 +158,27 @@ def test_json_lines_are_strict(cli: Cli, landing: Path) -> None:
         (4, "malformed JSON line: duplicate key 'key'"),
     ]
     assert cli.snapshot() == [{"key": 1, "offset": 1, "v": 1.5}]
+
+
+def test_bytes_that_are_not_utf8_in_json_or_csv_are_error_rows_and_reads_keep_working(
+    cli: Cli, landing: Path
+) -> None:
+    # CONTRACT.md, bad input: a string that is not valid UTF-8 and a value the column
+    # cannot represent are row errors; the good rows are committed and exit 0. Before:
+    # CESU-8 surrogate bytes in a JSON name entered the schema and broke every later
+    # snapshot; a CSV year-0000 timestamp crashed the ingest ("unexpected OverflowError").
+    (landing / "1.jsonl").write_bytes(
+        b'{"key": 1, "offset": 1, "t": "x"}\n{"key": 2, "offset": 2, "v\xed\xa0\x80": 5}\n'
+    )
+    (landing / "2.csv").write_bytes(b"key,offset,at\n3,3,2024-01-01T00:00:00\n")  # a timestamp
+    (landing / "3.csv").write_bytes(
+        b"key,offset,at\n4,4,0000-01-01T00:00:00\n5,5,2024-01-02T00:00:00\n"
+    )
+    r = cli.ingest(landing)
+    assert "2 error row(s)" in r.err
+    assert [(e["file"], e["row"]) for e in cli.errors()] == [("1.jsonl", 2), ("3.csv", 1)]
+    assert sorted(_every_read_works(cli), key=lambda row: str(row["key"])) == [
+        {"key": 1, "offset": 1, "t": "x", "at": None},
+        {"key": 3, "offset": 3, "t": None, "at": "2024-01-01T00:00:00+00:00"},
+        {"key": 5, "offset": 5, "t": None, "at": "2024-01-02T00:00:00+00:00"},
+    ]

@@ -182,3 +182,46 @@ def test_decimals_convert_when_the_float_reads_back_as_the_same_decimal() -> Non
     b = validate_parquet(pa.table({"key": [1, 2, 3], "offset": [1, 2, 3], "d": v}))
     assert error_rows(b) == [3]
     assert [r["d"] for r in _decoded(b)] == [0.3, -0.7]  # the nearest floats, exactly
+
+
+@pytest.mark.parametrize(
+    ("column", "typ", "text"),
+    [
+        ("t", T.TIMESTAMP, "0000-01-01T00:00:00"),  # Arrow parses year 0, Python cannot
+        ("t", T.TIMESTAMP, "0001-01-01T00:00:00+01:00"),  # year 0 in UTC
+        ("t", T.TIMESTAMP, "9999-12-31T23:59:59-01:00"),  # year 10000 in UTC
+        ("d", T.DATE, "0000-01-01"),
+    ],
+)
+def test_csv_text_outside_the_calendar_is_a_row_error_not_a_crash(
+    column: str, typ: LogicalType, text: str
+) -> None:
+    # CONTRACT.md, bad input: "a value that cannot be converted to the column's type or
+    # represented exactly in it" is a row error; Arrow's fast text cast accepted these
+    # and the ingest then died with "unexpected OverflowError" (no file name, the whole
+    # file and every later one blocked).
+    schema = SourceSchema(columns=(("t", T.TIMESTAMP), ("d", T.DATE)))
+    good = "2024-01-01T00:00:00" if typ is T.TIMESTAMP else "2024-01-01"
+    data = f"key,offset,{column}\n1,1,{good}\n2,2,{text}\n3,3,{good}\n".encode()
+    b = validate_csv(data, schema, name="c.csv")
+    assert [(e.file, e.row) for e in b.errors] == [("c.csv", 2)]
+    assert f"'{column}'" in b.errors[0].reason
+    assert [r["key"] for r in _decoded(b)] == [1, 3]
+    # A new column is not typed by values that do not convert: it stays a string.
+    fresh = validate_csv(data, name="c.csv")
+    assert fresh.schema.type_of(column) is T.STRING and not fresh.errors
+    assert [r[column] for r in _decoded(fresh)][1] == text
+
+
+@pytest.mark.parametrize("text", ["1_2", "1_000.5", "\uff15", "\u0661\u0662.5"])
+def test_csv_text_only_python_reads_as_a_number_is_not_silently_a_float(
+    text: str,
+) -> None:
+    # CONTRACT.md, bad input: no value silently changed. float() reads "1_2" as 12.0 and
+    # non-ASCII digits as numbers: a CSV column of such codes became float64 12.0, ...
+    data = f"key,offset,v\n1,1,{text}\n".encode()
+    assert _decoded(validate_csv(data)) == [{"key": 1, "offset": 1, "v": text}]
+    floats = SourceSchema(columns=(("v", T.FLOAT64),))
+    b = validate_csv(f"key,offset,v\n1,1,2.5\n2,2,{text}\n".encode(), floats, name="f.csv")
+    assert [(e.file, e.row) for e in b.errors] == [("f.csv", 2)]
+    assert _decoded(b) == [{"key": 1, "offset": 1, "v": 2.5}]

@@ -142,3 +142,37 @@ def test_read_batch_dispatches_on_suffix(tmp_path: Path) -> None:
     assert read_batch(landing_file(str(tmp_path), "c.parquet")).kind is SourceKind.TYPED
     with pytest.raises(IngestError, match="not a batch file"):
         read_batch(landing_file(str(tmp_path), "d.txt"))
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"key": 2, "offset": 2, "v\xed\xa0\x80": 5}',  # CESU-8 surrogate in a name
+        b'{"key": 2, "offset": 2, "v": "\xed\xa0\x80"}',  # ... in a value
+        '{"key": 2, "offset": 2, "v": "x"}'.encode("utf-16-le"),  # json.loads guessed it
+        b'{"key": 2, "offset": 2, "v": "\xff"}',
+    ],
+)
+def test_jsonl_a_line_that_is_not_utf8_is_a_row_error(line: bytes) -> None:
+    # CONTRACT.md, bad input: "a string that is not valid UTF-8" is a row error. Parsed
+    # from bytes, json.loads accepted surrogate bytes (decoding with "surrogatepass"),
+    # so a column name that is not UTF-8 entered the shard's schema and every later
+    # `upsertctl snapshot` failed with UnicodeEncodeError; a UTF-16 line was guessed.
+    data = b'{"key": 1, "offset": 1}\n' + line + b"\n" + b'{"key": 3, "offset": 3}\n'
+    raw = read_jsonl("u.jsonl", data)
+    assert [(e.file, e.row) for e in raw.errors] == [("u.jsonl", 2)]
+    assert "malformed JSON line" in raw.errors[0].reason
+    assert raw.names == ["key", "offset"] and list(raw.positions) == [1, 3]
+
+
+def test_jsonl_a_byte_order_mark_starting_a_later_line_is_still_skipped() -> None:
+    raw = read_jsonl("b.jsonl", b'{"key": 1, "offset": 1}\n\xef\xbb\xbf{"key": 2, "offset": 2}\n')
+    assert not raw.errors and raw.columns["key"] == [1, 2]
+
+
+def test_csv_with_carriage_return_line_ends_is_read_like_pyarrow_reads_it() -> None:
+    # The header check read the text with universal newlines off, so a CR-only file
+    # (classic Mac / Excel export), which pyarrow reads, was "unreadable CSV file".
+    raw = read_csv("r.csv", b"key,offset,v\r1,1,a\r2,2\r3,3,c\r")
+    assert raw.names == ["key", "offset", "v"] and list(raw.positions) == [1, 3]
+    assert [(e.row, e.reason) for e in raw.errors] == [(2, "CSV row has 2 fields, expected 3")]

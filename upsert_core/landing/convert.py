@@ -48,6 +48,10 @@ from upsert_core.landing.schema import ARROW_TYPES, LogicalType, logical_type_of
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 _INT_TEXT = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_FLOAT_TEXT = re.compile(
+    r"[+-]?(([0-9]+\.?[0-9]*|\.[0-9]+)(e[+-]?[0-9]+)?|inf|infinity|nan)",
+    re.ASCII | re.IGNORECASE,
+)
 _TRUE_FALSE = {"true": True, "false": False}
 
 BoolMask = npt.NDArray[np.bool_]
@@ -221,15 +225,22 @@ def _convert_typed(column: pa.Array, target: LogicalType) -> tuple[pa.Array, Boo
             result = pc.cast(arr, ARROW_TYPES[target])  # safe: refuses to change a value
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             raise IngestError(f"cannot convert {arr.type} to {target}: {exc}") from exc
+    return _within_calendar(result, bad, target)
+
+
+def _within_calendar(result: pa.Array, bad: BoolMask, target: LogicalType) -> Conversion:
+    """``(result, bad)`` with timestamps and dates outside Python's calendar (years
+    1..9999, in UTC) made bad and null: Arrow's range is wider, and such a value could
+    not be decoded (``decode_row``) once stored."""
     limits = _PYTHON_RANGE.get(target)
-    if limits is not None:
-        # Arrow's range is wider than Python's datetime/date (years 1..9999).
-        raw = result.view(pa.int32() if target is LogicalType.DATE else pa.int64())
-        out = pc.or_(pc.less(raw, limits[0]), pc.greater(raw, limits[1])).fill_null(False)
-        out_np = np.asarray(out.to_numpy(zero_copy_only=False), dtype=np.bool_)
-        if out_np.any():
-            bad = bad | out_np
-            result = pc.if_else(out, pa.scalar(None, type=result.type), result)
+    if limits is None:
+        return result, bad
+    raw = result.view(pa.int32() if target is LogicalType.DATE else pa.int64())
+    out = pc.or_(pc.less(raw, limits[0]), pc.greater(raw, limits[1])).fill_null(False)
+    out_np = np.asarray(out.to_numpy(zero_copy_only=False), dtype=np.bool_)
+    if out_np.any():
+        bad = bad | out_np
+        result = pc.if_else(out, pa.scalar(None, type=result.type), result)
     return result, bad
 
 
@@ -347,7 +358,9 @@ def _convert_text(column: pa.Array, target: LogicalType) -> tuple[pa.Array, Bool
         bad = np.zeros(len(column), dtype=np.bool_)
         if target is LogicalType.FLOAT64:
             fast, bad = _inexact_float_text(column, fast)
-        return fast, bad
+        # SUBTLE: Arrow parses years 0000 and (with an offset) instants before
+        # 0001-01-01 or after 9999-12-31 UTC, which the per-value (Python) way refuses.
+        return _within_calendar(fast, bad, target)
     parse = _TEXT_PARSERS[target]
     return _per_value(column.to_pylist(), parse, arrow_type)
 
@@ -380,12 +393,12 @@ def _all_text_converts(column: pa.Array, present: list[object], target: LogicalT
         return False
     try:
         if target is LogicalType.TIMESTAMP:
-            _timestamp_text_fast(column)
+            fast = _timestamp_text_fast(column)
         else:
-            pc.cast(column, ARROW_TYPES[target])
-        return True
+            fast = pc.cast(column, ARROW_TYPES[target])
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return all(parse(v) is not None for v in present)
+    return not _within_calendar(fast, np.zeros(len(fast), dtype=np.bool_), target)[1].any()
 
 
 def _timestamp_text_fast(column: pa.Array) -> pa.Array:
@@ -411,6 +424,10 @@ def _parse_float_text(value: object) -> object:
     text = value.strip()
     if _INT_TEXT.fullmatch(text):
         return _json_float(int(text))  # an integer converts only if the float equals it
+    if not _FLOAT_TEXT.fullmatch(text):
+        # Python's float() also reads "1_2" as 12.0 and non-ASCII digits ("５", "١٢"):
+        # not numbers in a CSV file, and not what Arrow's fast cast reads either.
+        return None
     try:
         parsed = float(text)
     except ValueError:

@@ -9,7 +9,9 @@ Invariants:
   object) and a CSV row with the wrong number of fields become :class:`RowError`\\ s
   with their row number, and the other rows are kept. Strict JSON: ``NaN``,
   ``Infinity`` and ``-Infinity`` do not parse, an object with a repeated key does not
-  parse (no silent "last one wins"), nor does one with a key that is not UTF-8.
+  parse (no silent "last one wins"), nor does one with a key that is not UTF-8. A
+  JSON line is UTF-8 (RFC 8259): one whose bytes are not (UTF-16, CESU-8 surrogates,
+  a stray byte) is a malformed line, never guessed at.
 - Only names must be UTF-8 to read a file (a CSV header; Parquet column names): CSV
   values are read unchecked, and strings that are not valid UTF-8 are row errors
   found by validation (``convert.split_invalid_utf8``).
@@ -79,8 +81,18 @@ def read_jsonl(name: str, data: bytes) -> RawBatch:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line, object_pairs_hook=_object, parse_constant=_not_json)
-        except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8, ours
+            # SUBTLE: decoded here, strictly, not by json.loads: given bytes, it guesses
+            # UTF-16/32 from NUL bytes and decodes UTF-8 with "surrogatepass", so a
+            # UTF-16 line or CESU-8 surrogate bytes (not UTF-8) would read as valid.
+            text = line.decode("utf-8")
+            if text.startswith("\ufeff"):  # json.loads(bytes) skipped a BOM on any line
+                text = text[1:]
+            obj = json.loads(text, object_pairs_hook=_object, parse_constant=_not_json)
+        except UnicodeDecodeError as exc:
+            reason = f"malformed JSON line: not valid UTF-8 ({exc.reason} at byte {exc.start + 1})"
+            errors.append(RowError(name, number, reason))
+            continue
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, ours
             errors.append(RowError(name, number, f"malformed JSON line: {_short(str(exc))}"))
             continue
         if not isinstance(obj, dict):
@@ -119,7 +131,7 @@ def read_csv(name: str, data: bytes) -> RawBatch:
         # SUBTLE: the header is the first non-empty line, as pyarrow (which skips empty
         # lines) reads it; taking a blank first line for it would let pyarrow use an
         # unchecked line as the column names.
-        header = next(row for row in csv.reader(io.StringIO(text)) if row)
+        header = next(row for row in csv.reader(io.StringIO(text, newline="")) if row)
     except (csv.Error, StopIteration) as exc:
         raise IngestError(f"{name}: unreadable CSV file: {exc or 'no header row'}") from exc
     for col in header:
