@@ -8,6 +8,8 @@ Invariants (CONTRACT.md, "Output"):
   base64; non-finite floats are the strings ``NaN``, ``Infinity``, ``-Infinity`` (JSON
   has no literal for them). Parquet keeps the native column types.
 - CSV always starts with a header row, even when there are no rows.
+- CSV quotes every value holding a line break (``\\n`` or a lone ``\\r``), so each row
+  reads back as one row with any CSV reader.
 - Writers stream: rows are written as they come, never collected first (Parquet is
   written one row group per call to :meth:`RowWriter.write`).
 - Only data goes to the output; nothing here writes to stderr.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import base64
 import csv
 import datetime as dt
+import io
 import json
 import math
 import sys
@@ -80,13 +83,40 @@ class _JsonlWriter:
 
 
 class _CsvWriter:
+    """Minimal quoting, ``"\\n"`` line ends, and any value holding a line break quoted.
+
+    SUBTLE: ``csv`` quotes only the characters of its ``lineterminator``. With ``"\\n"``
+    a value holding a lone ``"\\r"`` would be written bare, and every CSV reader
+    (pyarrow, pandas, ``csv`` itself, the landing's reader) takes a bare ``"\\r"`` for a
+    line end: the row would read back split in two. Rows with a ``"\\r"`` go through a
+    writer whose terminator is ``"\\r\\n"`` (so it quotes both), and get ``"\\n"``.
+    """
+
     def __init__(self, out: IO[str], columns: Sequence[str]) -> None:
+        self._out = out
         self._columns = list(columns)
         self._csv = csv.writer(out, lineterminator="\n")
-        self._csv.writerow(self._columns)
+        self._cr_buffer = io.StringIO()
+        self._cr_csv = csv.writer(self._cr_buffer, lineterminator="\r\n")
+        self._write_rows([self._columns])
+
+    def _write_rows(self, rows: Iterable[list[str]]) -> None:
+        plain: list[list[str]] = []
+        for row in rows:
+            if not any("\r" in value for value in row):
+                plain.append(row)
+                continue
+            self._csv.writerows(plain)
+            plain = []
+            self._cr_csv.writerow(row)
+            line = self._cr_buffer.getvalue()
+            self._cr_buffer.seek(0)
+            self._cr_buffer.truncate()
+            self._out.write(line[: -len("\r\n")] + "\n")
+        self._csv.writerows(plain)
 
     def write(self, rows: Sequence[dict[str, object]]) -> None:
-        self._csv.writerows([csv_value(r.get(c)) for c in self._columns] for r in rows)
+        self._write_rows([csv_value(r.get(c)) for c in self._columns] for r in rows)
 
 
 DICTIONARY_MAX_DISTINCT = 0.25
