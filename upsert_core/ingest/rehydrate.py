@@ -65,7 +65,11 @@ def rehydrate_bucket(
             f"shard {shard_state.shard_id}: cannot rehydrate upsert state bucket {bucket}: "
             f"the latest snapshot (ts {as_of}) is before since {shard_state.since}"
         )
-    updates = bucket_tables(snapshot(blob, shard_state, as_of), bucket, buckets)
+    # SUBTLE: negative rows too (``positive_only=False``): the verification below must
+    # see them to refuse them; the default read drops them, hiding the corruption.
+    updates = bucket_tables(
+        snapshot(blob, shard_state, as_of, positive_only=False), bucket, buckets
+    )
     if scope is OrderScope.BATCH:
         return state_from_snapshot(updates)
 
