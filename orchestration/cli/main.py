@@ -228,6 +228,21 @@ def _report(message: str) -> None:
     sys.stderr.flush()
 
 
+def _utf8_stdout() -> None:
+    """Make stdout UTF-8, as ``--out`` files are.
+
+    SUBTLE: stdout otherwise takes the locale's encoding. JSON Lines is UTF-8 by
+    definition and CSV readers default to it: under a legacy locale (ISO-8859-1, ASCII)
+    a snapshot wrote non-UTF-8 bytes, or stopped half-way at the first character the
+    locale's encoding lacks.
+    """
+    stream = sys.stdout
+    reconfigure = getattr(stream, "reconfigure", None)
+    encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "").replace("_", "")
+    if reconfigure is not None and encoding != "utf8":
+        reconfigure(encoding="utf-8")
+
+
 def main(argv: Sequence[str] | None = None, *, defer_pandas: bool = False) -> int:
     """Run ``upsertctl`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status.
 
@@ -246,6 +261,7 @@ def main(argv: Sequence[str] | None = None, *, defer_pandas: bool = False) -> in
             )
 
             withhold_pandas()
+        _utf8_stdout()
         return run(args)
     except UsageError as exc:
         _report(f"{exc} (see {PROG} --help)")
