@@ -65,9 +65,21 @@ def json_row(columns: Sequence[str], row: dict[str, object]) -> dict[str, object
     return {name: json_value(row.get(name)) for name in columns}
 
 
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+"""The line breaks ``json.dumps(ensure_ascii=False)`` leaves raw (it escapes those below
+U+0020), as JSON escapes."""
+
+
 def dumps(obj: object) -> str:
-    """Compact JSON with non-ASCII kept readable; never emits NaN literals."""
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    """Compact JSON with non-ASCII kept readable; never emits NaN literals.
+
+    SUBTLE: one JSON value is one line by any reader's definition: U+0085, U+2028 and
+    U+2029 in strings are escaped, since ``str.splitlines`` (the usual way to read JSON
+    Lines in Python) and other line readers break lines there, which would cut a row in
+    two. The JSON parses to the same value either way.
+    """
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return text.translate(_LINE_BREAKS)
 
 
 class RowWriter(Protocol):
