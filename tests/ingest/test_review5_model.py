@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.model import UpsertModel
+from upsert_core.columnar import merge
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.engine import InProcessEngine
 from upsert_core.ingest.verify import compare_state
@@ -209,3 +211,43 @@ def test_parquet_timestamp_orders_match_model(data: st.DataObject, scope: str,
                 assert snapshot_rows(shard, ts) == model.rows(ts), f"snapshot at {ts}"
                 assert change_rows(shard, ts) == model.row_changes(ts), f"changes at {ts}"
     assert not compare_state(shard).problems
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plan=st.sampled_from([12, 400]).flatmap(plans), scope=st.sampled_from(["batch", "global"]),
+       fold=st.sampled_from([(0, 0.0), (2, 0.1)]))
+def test_overlay_folds_and_blob_parts_match_model(plan: list[tuple[str, Any]], scope: str,
+                                                  fold: tuple[int, float]) -> None:
+    """The same runs with the overlay folded early and every part written as a blob."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(merge, "FOLD_MIN_KEYS", fold[0])
+        mp.setattr(merge, "FOLD_FRACTION", fold[1])
+        shard = CrashingShard(memory_shard())
+        model = UpsertModel(scope, key=KEYS)
+        engines = [InProcessEngine(cache="new"), InProcessEngine(cache="new"),
+                   InProcessEngine(cache=None)]
+        request = IngestRequest(key=KEYS, order_scope=scope, buckets=3, inline_threshold=0)
+        n = 0
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            last: list[dict[str, Any]] = []
+            for kind, arg in plan:
+                if kind == "gc":
+                    shard.gc(retain=arg, leak_grace_ms=0)
+                    continue
+                process, rows, crash = (arg, last, None) if kind == "resend" else arg
+                write_jsonl(root, f"{n:04d}.jsonl", rows)
+                n += 1
+                last = rows
+                model.apply(rows)
+                shard.crash = crash
+                try:
+                    ingest(shard, str(root), request, engine=engines[process])  # type: ignore[arg-type]
+                except Crash:
+                    ingest(shard, str(root), request, engine=engines[process])  # type: ignore[arg-type]
+                state = shard.state()
+                for ts in range(state.since, state.upper):
+                    assert snapshot_rows(shard, ts) == model.rows(ts), f"snapshot at {ts}"  # type: ignore[arg-type]
+                    if ts > state.since:
+                        assert change_rows(shard, ts) == model.row_changes(ts)  # type: ignore[arg-type]
+        assert not compare_state(shard._shard).problems
