@@ -198,3 +198,46 @@ def test_pandas_duckdb_and_polars_read_the_arrow_tables(home: Path) -> None:
     ).fetchone() == (sum(d for d, t in zip(changes.column("__diff").to_pylist(),
                                              changes.column("__ts").to_pylist(),
                                              strict=True) if t == 1),)
+
+
+def test_streamed_batches_keep_read_order_and_errors_surface_at_their_batch(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches are decoded one ahead on a helper thread: the output keeps the read's
+    order, a batch that fails to decode raises when its turn comes (after the batches
+    before it were delivered), and a reader closed early stops the helper."""
+    import upsert_core.shard_table as shard_table
+
+    landing = home / "landing"
+    landing.mkdir()
+    _ingest(landing, BATCHES)
+    table = upsert_core.open_shard("t")
+    read = list(table.shard.snapshot(None))
+    assert len(read) == 1
+    slices = [read[0].slice(i, 1) for i in range(read[0].num_rows)]
+    monkeypatch.setattr(table.shard, "snapshot", lambda as_of: iter(slices))
+    want = [shard_table.decode_snapshot_batch(table.source_schema(), s).to_pylist()
+            for s in slices]
+    got = [b.to_pylist() for b in table.to_batches()]
+    assert got == want and len(got) == 3
+
+    real = shard_table.decode_snapshot_batch
+    calls = []
+
+    def failing(schema: Any, batch: pa.RecordBatch) -> pa.Table:
+        calls.append(1)
+        if len(calls) == 3:
+            raise upsert_core.errors.CorruptData("bad row")
+        return real(schema, batch)
+
+    monkeypatch.setattr(shard_table, "decode_snapshot_batch", failing)
+    reader = table.to_batches()
+    assert reader.read_next_batch().to_pylist() == want[0]
+    assert reader.read_next_batch().to_pylist() == want[1]
+    with pytest.raises(upsert_core.errors.CorruptData, match="bad row"):
+        reader.read_next_batch()
+
+    calls.clear()
+    early = table.to_batches()
+    assert early.read_next_batch().to_pylist() == want[0]
+    early.close()
