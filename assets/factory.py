@@ -256,7 +256,11 @@ def build_source_assets(
         keys = run_partitions(context.partition_keys)
         try:
             files = list_landing(spec.landing)
-            chosen = {k: find_file(files, k, spec.landing) for k in keys if k not in ingested}
+            listed = {f.name for f in files}
+            # A partition whose file is gone fails upsert_state (naming it) after the
+            # files that are there went in; here it is reported as not in the landing.
+            chosen = {k: find_file(files, k, spec.landing) for k in keys
+                      if k not in ingested and k in listed}
         except UpsertPlatformError as exc:
             raise _failure(exc) from exc
         by_name = {f.name: f for f in files}
@@ -265,6 +269,7 @@ def build_source_assets(
             context.add_asset_metadata({
                 "file_bytes": MetadataValue.int(max(f.size, 0) if f else 0),
                 "already_ingested": MetadataValue.bool(k in ingested),
+                "in_landing": MetadataValue.bool(f is not None),
             }, partition_key=k)
         target = keys[-1]
         todo = [f for f in pending(files, ingested) if f.name <= target]
