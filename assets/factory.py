@@ -392,7 +392,17 @@ def build_source_assets(
                            extra)
         meta = shard_metadata(shard.inspect())
         meta.update(column_schema_metadata(ShardTable(shard).schema))
-        meta.update(row_count_metadata(shard.state().config))
+        # SUBTLE: the recorded live-row count is the shard's at ITS upper. A batch
+        # committed after the checks ran (``upsertctl ingest`` meanwhile) is not
+        # published: its rows must not be in the published row count, so the count is
+        # reported only when it is the published shard's (else the previous one stands).
+        state = shard.state()
+        if state.upper == published:
+            meta.update(row_count_metadata(state.config))
+        else:
+            context.log.info(f"shard {spec.shard!r} is at upper {state.upper}, published"
+                             f" through {published}: dagster/row_count not updated")
+            meta["unpublished_batches"] = MetadataValue.int(max(state.upper - published, 0))
         meta.update(extra)
         return MaterializeResult(metadata=meta)
 
