@@ -182,3 +182,19 @@ def test_a_removed_file_inside_the_range_does_not_block_the_backfill(plat: Platf
     # The partition without a file is not reported done: the run fails naming it.
     assert not by["b-02.jsonl"].success
     assert "b-02.jsonl: no such file in the landing location" in str(by["b-02.jsonl"].run_error)
+
+
+def test_a_named_file_that_is_not_in_the_landing_adds_no_partition(plat: Platform) -> None:
+    """Dynamic partitions are never deleted: a typo on the backfill command line
+    (``python -m orchestration.backfill feed b-01.json``) must be refused naming the
+    file, not become a partition for a file that will never be ingested (and sit in the
+    key range of every later backfill)."""
+    from upsert_core.errors import IngestError
+
+    plat.write_batches(["b-01.jsonl"])
+    spec = plat.spec()
+    _, defs = plat.build(spec)
+    with pytest.raises(IngestError, match=r"b-01\.json: no such file in the landing"):
+        run_backfill(defs, spec, ["b-01.jsonl", "b-01.json"], instance=plat.instance)
+    assert plat.instance.get_dynamic_partitions(spec.partitions_name) == []
+    assert not plat.instance.get_runs()
