@@ -256,7 +256,11 @@ def build_source_assets(
         keys = run_partitions(context.partition_keys)
         try:
             files = list_landing(spec.landing)
-            chosen = {k: find_file(files, k, spec.landing) for k in keys if k not in ingested}
+            listed = {f.name for f in files}
+            # A partition whose file is gone fails upsert_state (naming it) after the
+            # files that are there went in; here it is reported as not in the landing.
+            chosen = {k: find_file(files, k, spec.landing) for k in keys
+                      if k not in ingested and k in listed}
         except UpsertPlatformError as exc:
             raise _failure(exc) from exc
         by_name = {f.name: f for f in files}
@@ -265,6 +269,7 @@ def build_source_assets(
             context.add_asset_metadata({
                 "file_bytes": MetadataValue.int(max(f.size, 0) if f else 0),
                 "already_ingested": MetadataValue.bool(k in ingested),
+                "in_landing": MetadataValue.bool(f is not None),
             }, partition_key=k)
         target = keys[-1]
         todo = [f for f in pending(files, ingested) if f.name <= target]
@@ -387,7 +392,17 @@ def build_source_assets(
                            extra)
         meta = shard_metadata(shard.inspect())
         meta.update(column_schema_metadata(ShardTable(shard).schema))
-        meta.update(row_count_metadata(shard.state().config))
+        # SUBTLE: the recorded live-row count is the shard's at ITS upper. A batch
+        # committed after the checks ran (``upsertctl ingest`` meanwhile) is not
+        # published: its rows must not be in the published row count, so the count is
+        # reported only when it is the published shard's (else the previous one stands).
+        state = shard.state()
+        if state.upper == published:
+            meta.update(row_count_metadata(state.config))
+        else:
+            context.log.info(f"shard {spec.shard!r} is at upper {state.upper}, published"
+                             f" through {published}: dagster/row_count not updated")
+            meta["unpublished_batches"] = MetadataValue.int(max(state.upper - published, 0))
         meta.update(extra)
         return MaterializeResult(metadata=meta)
 

@@ -15,8 +15,9 @@ ingest:
   that no run covers yet are applied now and their own runs become no-ops.
 - every partition of the run already ingested: nothing is read or written and no engine
   is made (no Spark session starts); the result says at which ts each went in.
-- a partition not yet ingested and not in the landing: :class:`IngestError` naming it
-  (nothing is applied).
+- a partition not yet ingested and not in the landing (say a broken file removed):
+  :class:`IngestError` naming it, after the pending files through the greatest
+  partition that IS there were applied (nothing, when there is none).
 - a partition the ingest left pending (a file that changed while it was read, or one
   after it): :class:`LandingFileChanged` naming it, after the files before it were
   committed (a retry applies what is still pending).
@@ -128,21 +129,27 @@ def ingest_through(
         result.upper, result.seqno = state.upper, state.seqno
         return result
     files = list_landing(landing)
-    for key in keys:
-        if key not in done:
-            find_file(files, key, landing)
+    listed = {f.name for f in files}
+    gone = [k for k in keys if k not in done and k not in listed]
+    todo = [k for k in keys if k not in done and k in listed]
+    if not todo:
+        find_file(files, gone[0], landing)  # raises: nothing of this run is there
+    # SUBTLE: a partition whose file was removed before it was ingested (the contract's
+    # remedy for a broken file) stays a partition, inside the key range of every later
+    # backfill that spans it. The files that are there are applied (through the greatest
+    # of them) before the run fails naming it; failing first blocked them for good.
 
     if engine is None and engine_factory is not None:
         engine = engine_factory()
     report = ingest(shard, landing, request, engine=engine, progress=progress,
-                    through=result.partition)
+                    through=todo[-1])
     result.files.extend(report.files)
     result.ingested_elsewhere.extend(report.ingested_elsewhere)
     result.warnings.extend(report.warnings)
     state = shard.state()
     result.upper, result.seqno = state.upper, state.seqno
     result.applied_at = {k: state.ingested_files[k] for k in keys if k in state.ingested_files}
-    missing = [k for k in keys if k not in result.applied_at]
+    missing = [k for k in keys if k not in result.applied_at and k not in gone]
     if missing:
         # SUBTLE: the driver stops without an error at a file that changed while it was
         # read (LandingFileChanged: left pending, with the files after it). The run's
@@ -151,5 +158,12 @@ def ingest_through(
         why = "; ".join(result.warnings) or "left pending by the ingest"
         raise LandingFileChanged(
             f"{len(missing)} partition(s) not applied: {missing[:10]} ({why})"
+        )
+    if gone:
+        raise IngestError(
+            f"{gone[0]}: no such file in the landing location {redact_url(landing)}"
+            f" ({len(gone)} partition(s) without a file: {gone[:10]}); the pending files"
+            f" through {todo[-1]} were applied; materialize the other partitions without"
+            " these to publish them"
         )
     return result

@@ -49,8 +49,9 @@ from assets.metadata import APPLIED_BEFORE, partition_status
 from assets.spec import SourceSpec
 from orchestration.jobs import ingest_job_name
 from resources.stores import BlobStoreResource, ConsensusResource, open_shard
-from upsert_core.errors import ConfigError, ShardNotFound, UpsertPlatformError
+from upsert_core.errors import ConfigError, IngestError, ShardNotFound, UpsertPlatformError
 from upsert_core.landing import list_landing, pending
+from upsert_core.redact import redact_url
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,16 @@ def run_backfill(
     known = set(instance.get_dynamic_partitions(spec.partitions_name))
     missing = sorted({p for p in partitions if p not in known})
     if missing:
+        # Dynamic partitions are never deleted: a name that is neither in the landing
+        # nor in the shard (a typo) is refused before it becomes one.
+        listed = {f.name for f in list_landing(spec.landing)}
+        absent = [p for p in missing if p not in listed and p not in _ingested(defs, spec)]
+        if absent:
+            raise IngestError(
+                f"{absent[0]}: no such file in the landing location"
+                f" {redact_url(spec.landing)} ({len(absent)} name(s) not found:"
+                f" {absent[:10]}); nothing was run: name landing files (or give none to"
+                " backfill every pending one)")
         instance.add_dynamic_partitions(spec.partitions_name, missing)
     covered = covering_range(instance, spec, partitions)
     result = job.execute_in_process(

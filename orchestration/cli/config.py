@@ -48,8 +48,17 @@ def store_config(args: argparse.Namespace) -> StoreConfig:
 
 
 def open_shard(args: argparse.Namespace, *, create: bool = False) -> Shard:
-    """The shard ``--shard`` names; read commands never create one (ShardNotFound)."""
+    """The shard ``--shard`` names; read commands never create one (ShardNotFound, its
+    message saying what to do next: ingest into it, or name the stores that hold it)."""
+    from upsert_core.errors import ShardNotFound
     from upsert_core.persist.shard import Shard  # heavy: pyarrow, only when a shard opens
 
     consensus, blob = open_stores(store_config(args))
-    return Shard.open(consensus, blob, args.shard, create=create)
+    try:
+        return Shard.open(consensus, blob, args.shard, create=create)
+    except ShardNotFound as exc:
+        raise ShardNotFound(
+            f"{exc} in these stores: create it with `upsertctl ingest LANDING --shard"
+            f" {args.shard}`, or point --consensus/--blob (UPSERT_CONSENSUS_URL,"
+            f" UPSERT_BLOB_URL, UPSERT_HOME) at the stores that hold it"
+        ) from exc

@@ -41,13 +41,26 @@ def parse_key(text: str | None) -> tuple[str, ...] | None:
     return names
 
 
+def _column(text: str | None, option: str) -> str | None:
+    """A column option's value; None when not given.
+
+    SUBTLE: an empty value (``--order "$COL"`` with the variable unset) is an error, not
+    "not given": the shard's default column would otherwise be fixed in its place.
+    """
+    if text is None:
+        return None
+    if not text.strip():
+        raise ConfigError(f"{option} {text!r}: give a column name")
+    return text
+
+
 def request_from_args(args: argparse.Namespace) -> IngestRequest:
     from upsert_core.ingest import IngestRequest  # heavy: pyarrow, the ingest package
 
     return IngestRequest(
         key=parse_key(args.key),
-        order=args.order,
-        deleted_col=args.deleted_col,
+        order=_column(args.order, "--order"),
+        deleted_col=_column(args.deleted_col, "--deleted-col"),
         order_scope=args.order_scope,
         buckets=_buckets(args),
     )
@@ -97,8 +110,17 @@ def run_ingest(args: argparse.Namespace) -> int:
     # writes (upsert_core.persist.writers); this legacy process token only names blobs
     # written outside any registration (rollups).
     claim_writer_token()
+    from upsert_core.errors import ShardNotFound
+    from upsert_core.landing import list_landing
+
     request = request_from_args(args)
-    shard = open_shard(args, create=True)
+    try:
+        shard = open_shard(args)
+    except ShardNotFound:
+        # A new shard is created only once its landing can be listed: a typo in the
+        # landing path must not leave an empty shard behind.
+        list_landing(args.landing)
+        shard = open_shard(args, create=True)
     report = ingest_landing(
         shard, args.landing, request, args.engine, progress_bar=False if args.no_progress else None
     )

@@ -158,3 +158,43 @@ def test_a_backfill_whose_blocking_checks_fail_exits_1(
     runs = run_backfill(defs, spec, names, instance=plat.instance)
     assert all(r.success for r in runs)  # the files are in the shard...
     assert all(r.run_error for r in runs)  # ...but the run (its checks) failed
+
+
+def test_a_removed_file_inside_the_range_does_not_block_the_backfill(plat: Platform) -> None:
+    """CONTRACT: a broken file stops the ingest at it; "later files wait until the file
+    is fixed or removed, then a re-run continues". Removed here: its partition stays in
+    Dagster (partitions are never deleted), inside the key range of any later backfill
+    that spans it. That backfill must apply the files that are there, not fail on the
+    partition whose file is gone."""
+    names = plat.write_batches(["b-01.jsonl", "b-03.jsonl"])
+    (plat.landing / "b-02.jsonl").write_text('{"key": "x", "offset": "not a number"}\n{')
+    spec = plat.spec()
+    _, defs = plat.build(spec)
+    first = run_backfill(defs, spec, ["b-01.jsonl", "b-02.jsonl", "b-03.jsonl"],
+                         instance=plat.instance)
+    assert [r.success for r in first] == [True, False, False]
+    (plat.landing / "b-02.jsonl").unlink()  # the contract's remedy
+
+    runs = run_backfill(defs, spec, names, instance=plat.instance)
+    assert dict(plat.shard().state().ingested_files) == {"b-01.jsonl": 0, "b-03.jsonl": 1}
+    by = {r.partition: r for r in runs}
+    assert by["b-03.jsonl"].success and by["b-03.jsonl"].status == "applied at ts 1"
+    # The partition without a file is not reported done: the run fails naming it.
+    assert not by["b-02.jsonl"].success
+    assert "b-02.jsonl: no such file in the landing location" in str(by["b-02.jsonl"].run_error)
+
+
+def test_a_named_file_that_is_not_in_the_landing_adds_no_partition(plat: Platform) -> None:
+    """Dynamic partitions are never deleted: a typo on the backfill command line
+    (``python -m orchestration.backfill feed b-01.json``) must be refused naming the
+    file, not become a partition for a file that will never be ingested (and sit in the
+    key range of every later backfill)."""
+    from upsert_core.errors import IngestError
+
+    plat.write_batches(["b-01.jsonl"])
+    spec = plat.spec()
+    _, defs = plat.build(spec)
+    with pytest.raises(IngestError, match=r"b-01\.json: no such file in the landing"):
+        run_backfill(defs, spec, ["b-01.jsonl", "b-01.json"], instance=plat.instance)
+    assert plat.instance.get_dynamic_partitions(spec.partitions_name) == []
+    assert not plat.instance.get_runs()

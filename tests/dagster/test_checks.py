@@ -16,7 +16,7 @@ import pytest
 from dagster import AssetCheckSeverity, DefaultScheduleStatus
 
 from assets.checks import BLOCKING_CHECKS, FULL_CHECKS, verify_range
-from tests.dagster.helpers import Platform
+from tests.dagster.helpers import Platform, write_jsonl
 from tests.ingest.helpers import memory_shard
 from tests.ingest.test_check_batch import _big, _built, _ingest, _replace_row
 from upsert_core.ingest import tasks
@@ -265,3 +265,37 @@ def test_new_error_rows_warn_without_blocking(plat: Platform) -> None:
     assert warn.metadata["since_ts"].value == 2
     assert checks["storage_invariants"].metadata["new_error_parts"].value == 1
     assert built.key("output_shard") in materialized
+
+
+def test_output_shard_row_count_is_the_published_one(
+    plat: Platform, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``output_shard`` is the shard *as published* (through the upper its checks
+    verified). A batch committed after the checks ran (``upsertctl ingest`` meanwhile)
+    is not published, so its rows must not be in the published ``dagster/row_count``."""
+    import assets.checks as checks_module
+    from upsert_core.ingest import ingest
+    from upsert_core.shard_table import ShardTable
+
+    names = plat.write_batches(["b-01.jsonl"])
+    plat.add_partitions(plat.spec(), names)
+    verify = checks_module.verify_range
+
+    def then_the_cli_ingests(*args: Any, **kwargs: Any) -> Any:
+        out = verify(*args, **kwargs)
+        write_jsonl(plat.landing / "b-02.jsonl",  # two new keys: more live rows
+                    [{"key": "x", "offset": 1, "v": "x"}, {"key": "y", "offset": 1, "v": "y"}])
+        ingest(plat.shard(), str(plat.landing), plat.spec().request())
+        return out
+
+    monkeypatch.setattr(checks_module, "verify_range", then_the_cli_ingests)
+    built, result, _, _ = _run(plat, "b-01.jsonl")
+    assert result.success
+    [out] = [e.materialization for e in result.get_asset_materialization_events()
+             if e.asset_key == built.key("output_shard")]
+    assert out.metadata["published_upper"].value == 1
+    assert plat.shard().state().upper == 2
+    published_rows = ShardTable(plat.shard()).snapshot(0).num_rows
+    assert published_rows != ShardTable(plat.shard()).snapshot().num_rows
+    row_count = out.metadata.get("dagster/row_count")
+    assert row_count is None or row_count.value == published_rows

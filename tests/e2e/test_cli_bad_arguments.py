@@ -1,0 +1,49 @@
+"""CONTRACT.md "Command line": a bad argument is a one-line error naming what is wrong
+and what to do next; it is never silently replaced by a default, and a failed command
+leaves nothing behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.helpers import Cli, write_jsonl
+
+
+def _one_file(landing: Path) -> None:
+    write_jsonl(landing, "a.jsonl", [{"key": 1, "offset": 1, "v": "x", "__deleted": False}])
+
+
+@pytest.mark.parametrize("option", ["--order", "--deleted-col"])
+def test_an_empty_column_option_is_refused_not_replaced_by_the_default(
+    cli: Cli, landing: Path, option: str
+) -> None:
+    # `--order "$ORDER_COL"` with the variable unset: the user named a column (none);
+    # taking the default instead would fix the wrong column in the shard for good.
+    _one_file(landing)
+    r = cli.ingest(landing, f"{option}=", rc=1)
+    assert option in r.error_line() and "column name" in r.error_line()
+    r = cli.run("inspect", "--shard", "s", rc=1)  # nothing was created
+    assert "not been initialised" in r.error_line()
+
+
+def test_ingest_from_a_missing_landing_creates_no_shard(
+    cli: Cli, tmp_path: Path
+) -> None:
+    # A typo in the landing path must not leave an empty shard behind (with a typo'd
+    # name it would stay in the stores, and `inspect` would show it as real).
+    r = cli.ingest(tmp_path / "no-such-landing", shard="typo", rc=1)
+    assert "no-such-landing" in r.error_line()
+    r = cli.run("inspect", "--shard", "typo", rc=1)
+    assert "not been initialised" in r.error_line()
+
+
+@pytest.mark.parametrize("command", ["snapshot", "changes", "errors", "inspect", "gc", "check"])
+def test_a_missing_shard_says_what_to_do(cli: Cli, command: str) -> None:
+    r = cli.run(command, "--shard", "nope", rc=1)
+    line = r.error_line()
+    assert "'nope'" in line and "not been initialised" in line
+    # the next step: ingest into it, or point at the stores that hold it
+    assert "upsertctl ingest" in line and "--consensus" in line
+    assert r.out == ""
