@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from upsert_core.errors import ShardNotFound
 from upsert_core.stores import (
     DEFAULT_HOME,
     ENV_BLOB,
@@ -50,7 +51,6 @@ def store_config(args: argparse.Namespace) -> StoreConfig:
 def open_shard(args: argparse.Namespace, *, create: bool = False) -> Shard:
     """The shard ``--shard`` names; read commands never create one (ShardNotFound, its
     message saying what to do next: ingest into it, or name the stores that hold it)."""
-    from upsert_core.errors import ShardNotFound
     from upsert_core.persist.shard import Shard  # heavy: pyarrow, only when a shard opens
 
     consensus, blob = open_stores(store_config(args))

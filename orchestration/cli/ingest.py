@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from orchestration.cli.config import open_shard
 from orchestration.cli.progress import ProgressPrinter, summary_line
-from upsert_core.errors import ConfigError
+from upsert_core.errors import ConfigError, ShardNotFound
 
 if TYPE_CHECKING:
     from upsert_core.ingest import IngestReport, IngestRequest
@@ -110,8 +110,7 @@ def run_ingest(args: argparse.Namespace) -> int:
     # writes (upsert_core.persist.writers); this legacy process token only names blobs
     # written outside any registration (rollups).
     claim_writer_token()
-    from upsert_core.errors import ShardNotFound
-    from upsert_core.landing import list_landing
+    from upsert_core.landing import list_landing  # heavy: pyarrow, only for an ingest
 
     request = request_from_args(args)
     try:
