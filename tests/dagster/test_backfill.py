@@ -101,11 +101,10 @@ def test_a_failed_backfill_reports_earlier_files_as_already_ingested(
     assert not by["b-02.jsonl"].success and by["b-02.jsonl"].status.startswith("failed: ")
 
 
-def test_cli_prints_one_line_per_partition_and_exit_codes(
-    plat: Platform, monkeypatch, capsys  # type: ignore[no-untyped-def]
-) -> None:
-    home = plat.root / "upsert_home"
-    monkeypatch.setenv("UPSERT_HOME", str(home))
+def _backfill_cli_env(plat: Platform, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The environment ``python -m orchestration.backfill`` runs in: source ``feed`` on
+    the platform's landing, the in-process engine, definitions rebuilt from it."""
+    monkeypatch.setenv("UPSERT_HOME", str(plat.root / "upsert_home"))
     monkeypatch.setenv("UPSERT_ENGINE", "local")
     monkeypatch.setenv("UPSERT_LANDING", str(plat.landing))
     monkeypatch.setenv("UPSERT_SHARD", "feed")
@@ -114,6 +113,12 @@ def test_cli_prints_one_line_per_partition_and_exit_codes(
 
     monkeypatch.setattr(definitions, "SOURCES", definitions.load_sources())
     monkeypatch.setattr(definitions, "defs", definitions.build_definitions(definitions.SOURCES))
+
+
+def test_cli_prints_one_line_per_partition_and_exit_codes(
+    plat: Platform, monkeypatch, capsys  # type: ignore[no-untyped-def]
+) -> None:
+    _backfill_cli_env(plat, monkeypatch)
     names = plat.write_batches(["b-01.jsonl", "b-02.jsonl", "b-03.jsonl"])
     assert main(["feed", "--shuffle", "3"]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -137,15 +142,7 @@ def test_a_backfill_whose_blocking_checks_fail_exits_1(
     # partition had an "applied" status, so the backfill exited 0 with no error.
     from tests.dagster.test_checks import _doubling
 
-    monkeypatch.setenv("UPSERT_HOME", str(plat.root / "upsert_home"))
-    monkeypatch.setenv("UPSERT_ENGINE", "local")
-    monkeypatch.setenv("UPSERT_LANDING", str(plat.landing))
-    monkeypatch.setenv("UPSERT_SHARD", "feed")
-    monkeypatch.setenv("DAGSTER_HOME", str(plat.root / "dagster_home"))
-    import orchestration.definitions as definitions
-
-    monkeypatch.setattr(definitions, "SOURCES", definitions.load_sources())
-    monkeypatch.setattr(definitions, "defs", definitions.build_definitions(definitions.SOURCES))
+    _backfill_cli_env(plat, monkeypatch)
     names = plat.write_batches(["b-01.jsonl", "b-02.jsonl"])
     _doubling(monkeypatch)  # the ingest commits every diff doubled: not consolidated
     assert main(["feed"]) == 1

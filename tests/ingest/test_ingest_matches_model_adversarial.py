@@ -58,6 +58,16 @@ class CrashingShard:
         return result
 
 
+def _ingest_through_crash(shard: CrashingShard, root: Path, request: IngestRequest,
+                          engine: Any, crash: str | None) -> None:
+    """Ingest the landing with ``crash`` armed; after a crash, re-run as a user would."""
+    shard.crash = crash
+    try:
+        ingest(shard, str(root), request, engine=engine)  # type: ignore[arg-type]
+    except Crash:
+        ingest(shard, str(root), request, engine=engine)  # type: ignore[arg-type]
+
+
 @st.composite
 def source_row(draw: st.DrawFn, with_w: bool, keys: int = 12) -> dict[str, Any]:
     row: dict[str, Any] = {
@@ -119,11 +129,7 @@ def test_adversarial_runs_match_model(plan: list[tuple[str, Any]], scope: str,
             write_jsonl(root, f"{len(sent):04d}.jsonl", rows)
             sent.append(rows)
             model.apply(rows)
-            shard.crash = crash
-            try:
-                ingest(shard, str(root), request, engine=engines[process])  # type: ignore[arg-type]
-            except Crash:
-                ingest(shard, str(root), request, engine=engines[process])  # type: ignore[arg-type]
+            _ingest_through_crash(shard, root, request, engines[process], crash)
 
         for kind, arg in [("ingest", (0, seed, None)), *plan]:
             if kind == "gc":
@@ -240,11 +246,7 @@ def test_overlay_folds_and_blob_parts_match_model(plan: list[tuple[str, Any]], s
                 n += 1
                 last = rows
                 model.apply(rows)
-                shard.crash = crash
-                try:
-                    ingest(shard, str(root), request, engine=engines[process])  # type: ignore[arg-type]
-                except Crash:
-                    ingest(shard, str(root), request, engine=engines[process])  # type: ignore[arg-type]
+                _ingest_through_crash(shard, root, request, engines[process], crash)
                 state = shard.state()
                 for ts in range(state.since, state.upper):
                     assert snapshot_rows(shard, ts) == model.rows(ts), f"snapshot at {ts}"  # type: ignore[arg-type]
