@@ -316,7 +316,9 @@ def run_slice(
             if not claims.claim(bucket):
                 continue
             with _Profiled(f"bucket{bucket}"):
-                result = run_bucket(task, bucket, groups[bucket], blob, cache)
+                result = run_bucket(
+                    task, bucket, groups[bucket], blob, cache, read.schema_json
+                )
             lines.append(f"{BUCKET}:{result.to_json()}")
             if result.failure is not None:
                 break

@@ -16,12 +16,19 @@ Invariants:
 - A snapshot holds one row per live key (a row with multiplicity ``n`` appears ``n``
   times, as ``upsertctl snapshot`` writes it); ``changes`` holds the consolidated updates
   with their time and multiplicity in ``__ts`` and ``__diff``.
-- Rows are decoded with the schema read AFTER the read started: schemas only append
-  columns, so it covers every row the read returns; a column a row predates is null.
-- Streaming: :meth:`ShardTable.to_batches` decodes one record batch at a time (the
-  next on a helper thread while the caller takes the current one), so a shard larger
-  than memory can be read; the other reads collect it into one table. Batches come in
-  read order, and a decoding error surfaces at the batch it belongs to.
+- Rows are typed with the schema of the state the read started from: schemas only
+  append columns, so it covers every row the read returns; a column a row predates is
+  null.
+- Snapshots come from the parts' value columns, bucket by bucket, when every part is
+  typed and bucket-labelled (``persist.typed_read``: no merge, no decode); otherwise
+  from the merged read (``persist.read``), decoded one batch ahead on a helper thread.
+  Both give the same rows; their order is not part of the answer (bucket by bucket in
+  the first case, key-digest order in the second).
+- Streaming: :meth:`ShardTable.to_batches` holds about one bucket (typed) or one
+  record batch (merged) at a time, so a shard larger than memory can be read; the other
+  reads collect it into one table. A decoding error surfaces at the batch it belongs
+  to. A read that GC overtakes (a part of its superseded state deleted) resumes on the
+  fresh state without repeating or losing a row, as ``Shard``'s reads do.
 """
 
 from __future__ import annotations
@@ -30,13 +37,18 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from upsert_core.errors import CorruptData
 from upsert_core.ingest.shard_config import ShardIngestConfig
 from upsert_core.landing import ARROW_TYPES, SourceSchema
 from upsert_core.landing.rows import decode_rows_to_table
-from upsert_core.persist.shard import Shard
+from upsert_core.persist.buckets import bucket_of_keys
+from upsert_core.persist.read import check_snapshot_readable
+from upsert_core.persist.shard import READ_ATTEMPTS, Shard
+from upsert_core.persist.state import ShardState
+from upsert_core.persist.typed_read import TypedSnapshot, open_typed_snapshot
 from upsert_core.stores import open_stores, resolve
 
 TS_COLUMN = "__ts"
@@ -76,26 +88,87 @@ class ShardTable:
 
     def to_batches(self, as_of: int | None = None) -> pa.RecordBatchReader:
         """The snapshot as of ``as_of`` (default: the newest readable time), streamed."""
-        batches = self.shard.snapshot(as_of)  # raises NotReadable now
-        schema = self.source_schema()
+        state = self.shard.state()
+        pinned = state.upper - 1 if as_of is None else as_of
+        check_snapshot_readable(state, pinned)  # NotReadable now, at the call
+        schema = ShardIngestConfig.read(state.config).schema
+        fields = list(snapshot_schema(schema))
+        try:
+            typed = open_typed_snapshot(self.shard.blob, state, pinned, fields)
+        except CorruptData:
+            typed = None  # the merged read resumes after GC, or reports the damage
+        if typed is None:
+            batches = self._decoded(schema, self.shard.snapshot(pinned))
+        else:
+            batches = self._typed(typed, state, pinned, fields, schema)
+        return pa.RecordBatchReader.from_batches(snapshot_schema(schema), batches)
 
-        def decoded() -> Iterator[pa.RecordBatch]:
-            # Each batch is decoded on a helper thread while the read merges the next
-            # (numpy and Arrow release the GIL): 12-16% off a 1M-row snapshot here.
-            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot-decode")
-            pending: Future[pa.Table] | None = None
-            try:
-                for batch in batches:
-                    future = pool.submit(decode_snapshot_batch, schema, batch)
-                    if pending is not None:
-                        yield from pending.result().to_batches()
-                    pending = future
+    def _decoded(
+        self, schema: SourceSchema | None, batches: Iterator[pa.RecordBatch]
+    ) -> Iterator[pa.RecordBatch]:
+        """The merged read's batches decoded into typed rows."""
+        # Each batch is decoded on a helper thread while the read merges the next
+        # (numpy and Arrow release the GIL): 12-16% off a 1M-row snapshot here.
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot-decode")
+        pending: Future[pa.Table] | None = None
+        try:
+            for batch in batches:
+                future = pool.submit(decode_snapshot_batch, schema, batch)
                 if pending is not None:
                     yield from pending.result().to_batches()
-            finally:
-                pool.shutdown(wait=True, cancel_futures=True)
+                pending = future
+            if pending is not None:
+                yield from pending.result().to_batches()
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
 
-        return pa.RecordBatchReader.from_batches(snapshot_schema(schema), decoded())
+    def _typed(
+        self, typed: TypedSnapshot, state: ShardState, as_of: int, fields: list[pa.Field],
+        schema: SourceSchema | None,
+    ) -> Iterator[pa.RecordBatch]:
+        """The typed read, bucket by bucket, resumed after GC removed a part under it.
+
+        SUBTLE: GC deletes the parts of states older than its truncation point, so a
+        long read of a superseded state can meet a missing part (:class:`CorruptData`).
+        Buckets are yielded whole and share no key, so the read goes on from a fresh
+        state with the buckets not yet yielded: typed if the fresh state still is, else
+        through the merged read with the yielded buckets' keys dropped. Compaction and
+        GC never change what a readable time shows, so the answer is the same.
+        """
+        done: set[int] = set()
+        restarts = 0
+        current: TypedSnapshot | None = typed
+        try:
+            while current is not None:
+                try:
+                    for bucket, tables in current.tables(skip=done):
+                        for table in tables:
+                            yield from table.to_batches()
+                        done.add(bucket)
+                    return
+                except CorruptData:
+                    restarts += 1
+                    if restarts >= READ_ATTEMPTS or self.shard.versions.head_seqno() == state.seqno:
+                        raise
+                buckets = current.buckets
+                current.close()
+                current = None
+                state = self.shard.state()
+                check_snapshot_readable(state, as_of)  # NotReadable if since passed as_of
+                current = open_typed_snapshot(self.shard.blob, state, as_of, fields)
+                if current is not None and current.buckets != buckets and done:
+                    current.close()
+                    current = None
+                if current is None:
+                    merged = self.shard.snapshot(as_of)
+                    yield from self._decoded(schema, _without_buckets(merged, done, buckets))
+                    return
+        finally:
+            if current is not None:
+                current.close()
 
     def snapshot(self, as_of: int | None = None) -> pa.Table:
         """The snapshot as of ``as_of`` (default: the newest readable time)."""
@@ -126,6 +199,23 @@ class ShardTable:
             {"name": name, "type": str(typ)} for name, typ in schema.columns
         ]
         return info
+
+
+def _without_buckets(
+    batches: Iterator[pa.RecordBatch], done: set[int], buckets: int
+) -> Iterator[pa.RecordBatch]:
+    """``batches`` without the rows of keys in the buckets ``done`` (of ``buckets``)."""
+    try:
+        for batch in batches:
+            if done:
+                keep = ~np.isin(bucket_of_keys(batch.column("key"), buckets), list(done))
+                batch = batch.filter(pa.array(keep))
+            if batch.num_rows:
+                yield batch
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
 
 
 def snapshot_schema(schema: SourceSchema | None) -> pa.Schema:
@@ -167,8 +257,6 @@ def _decode(schema: SourceSchema | None, batch: pa.RecordBatch, *, repeat: bool)
     if repeat:
         diffs = batch.column("diff").to_numpy(zero_copy_only=False)
         if (diffs != 1).any():
-            import numpy as np
-
             indices = np.repeat(np.arange(len(diffs)), np.maximum(diffs, 0))
             rows = rows.take(pa.array(indices))
     return decode_rows_to_table(schema, rows)

@@ -203,11 +203,13 @@ def test_pandas_duckdb_and_polars_read_the_arrow_tables(home: Path) -> None:
 def test_streamed_batches_keep_read_order_and_errors_surface_at_their_batch(
     home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Batches are decoded one ahead on a helper thread: the output keeps the read's
-    order, a batch that fails to decode raises when its turn comes (after the batches
-    before it were delivered), and a reader closed early stops the helper."""
+    """The merged read's batches are decoded one ahead on a helper thread: the output
+    keeps the read's order, a batch that fails to decode raises when its turn comes
+    (after the batches before it were delivered), and a reader closed early stops the
+    helper."""
     import upsert_core.shard_table as shard_table
 
+    monkeypatch.setattr(shard_table, "open_typed_snapshot", lambda *args: None)
     landing = home / "landing"
     landing.mkdir()
     _ingest(landing, BATCHES)

@@ -36,7 +36,7 @@ from upsert_core.ingest.buckets import split_rows
 from upsert_core.ingest.outcome import FileOutcome
 from upsert_core.ingest.shard_api import IngestShard
 from upsert_core.ingest.statecache import StateCache
-from upsert_core.ingest.tasks import ROWS_SCHEMA, FileTask, read_file, run_bucket
+from upsert_core.ingest.tasks import ROWS_SCHEMA, FileRead, FileTask, read_file, run_bucket
 from upsert_core.persist.location import Blob
 
 
@@ -92,7 +92,7 @@ class InProcessEngine:
         if read.file_error is not None or read.changed is not None:
             return outcome
         try:
-            self._run_buckets(task, rows, blob, outcome)
+            self._run_buckets(task, read, rows, blob, outcome)
         except BaseException:
             # SUBTLE: an unexpected error (not a platform error, which run_bucket
             # reports as a failure) escapes: the driver never sees this outcome, so
@@ -103,15 +103,19 @@ class InProcessEngine:
             raise
         return outcome
 
-    def _run_buckets(self, task: FileTask, rows: pa.Table, blob: Blob, outcome: FileOutcome
-                     ) -> None:
+    def _run_buckets(
+        self, task: FileTask, read: FileRead, rows: pa.Table, blob: Blob, outcome: FileOutcome
+    ) -> None:
         groups = bucket_groups(task, rows)
         order = sorted(groups)
         workers = min(self.threads, len(order))
         if workers > 1:
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bucket") as pool:
                 futures = [
-                    pool.submit(run_bucket, task, b, groups[b], blob, self.cache) for b in order
+                    pool.submit(
+                        run_bucket, task, b, groups[b], blob, self.cache, read.schema_json
+                    )
+                    for b in order
                 ]
                 error: BaseException | None = None
                 for future in futures:  # every bucket's result, even after an error
@@ -123,7 +127,9 @@ class InProcessEngine:
                 raise error
             return
         for bucket in order:
-            result = run_bucket(task, bucket, groups[bucket], blob, self.cache)
+            result = run_bucket(
+                task, bucket, groups[bucket], blob, self.cache, read.schema_json
+            )
             outcome.buckets.append(result)
             if result.failure is not None:
                 break

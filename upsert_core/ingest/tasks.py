@@ -67,6 +67,7 @@ from upsert_core.ingest.rehydrate import GLOBAL_REHYDRATION_WARNING, rehydrate_b
 from upsert_core.ingest.replay import replay_bucket
 from upsert_core.ingest.statecache import CachedState, CacheKey, StateCache
 from upsert_core.landing import LandingFile, SourceSchema, ValueCheck, validate_file
+from upsert_core.landing.rows import decode_rows_to_table
 from upsert_core.persist.codec_state import decode_state
 from upsert_core.persist.keys import writing_as
 from upsert_core.persist.location import Blob
@@ -306,13 +307,19 @@ def run_bucket(
     rows: pa.Table,
     blob: Blob,
     cache: StateCache | None = None,
+    row_schema_json: str | None = None,
 ) -> BucketResult:
     """Drain one bucket's rows at ``task.ts``; see the module docstring. Never raises a
-    platform error: it comes back in ``BucketResult.failure``."""
+    platform error: it comes back in ``BucketResult.failure``.
+
+    ``row_schema_json`` is the schema the file's rows were encoded with
+    (``FileRead.schema_json``: the shard's, plus any columns the file added; default
+    the task's): the written parts carry the rows decoded with it as value columns."""
     result = BucketResult(bucket=bucket)
     try:
         with writing_as(task.writer_id):
-            _run_bucket(task, bucket, rows, blob, result, cache)
+            row_schema = SourceSchema.from_json(row_schema_json or task.schema_json)
+            _run_bucket(task, bucket, rows, blob, result, cache, row_schema)
     except UpsertPlatformError as exc:
         result.failure = f"{type(exc).__name__}: bucket {bucket}: {exc}"
     return result
@@ -335,6 +342,7 @@ def _run_bucket(
     blob: Blob,
     result: BucketResult,
     cache: StateCache | None,
+    row_schema: SourceSchema,
 ) -> None:
     ts = task.ts
     state, base = _load_state(task, bucket, blob, result, cache)
@@ -349,10 +357,14 @@ def _run_bucket(
     ref = task.checkpoints.get(bucket) or ""
     try:
         if table.num_rows:
-            result.parts = list(
-                write_parts(blob, task.shard_id, table, inline_threshold=task.inline_threshold,
-                            presorted=True)  # drain_to_upper emits (key, row) order
-            )
+            # Typed, bucket-labelled parts: a snapshot reads their value columns bucket
+            # by bucket, with neither a merge nor a decode (persist.typed_read).
+            result.parts = list(write_parts(
+                blob, task.shard_id, table, inline_threshold=task.inline_threshold,
+                presorted=True,  # drain_to_upper emits (key, row) order
+                values=decode_rows_to_table(row_schema, table.column("row")),
+                bucket=(bucket, task.buckets),
+            ))
         for part in result.parts:
             result.bytes_written += part.encoded_size_bytes
             if isinstance(part, BlobPart):

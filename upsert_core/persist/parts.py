@@ -20,12 +20,26 @@ Invariants:
   missing, or that vanishes while it is read, raises it too (saying "missing").
 - Reading is lazy and ranged: a part is opened at the first ``next`` through a blob
   reader and decoded one row group at a time, so a reader never holds a whole part.
+
+Typed parts (the layout :mod:`~upsert_core.persist.typed_read` reads without merging):
+
+- A batch part may carry, after the four update columns, *value columns* named
+  :data:`VALUE_PREFIX` + a row column's name: row ``i``'s values, decoded from its
+  ``row`` by the writer's decoder. They are derived data: every reader of updates reads
+  only the four update columns (Parquet projection, so they cost such a reader nothing),
+  and ``check`` verifies them against ``row``.
+- Its footer may label it with a *bucket* ``"b/N"``: the writer promises that every key
+  lies in bucket ``b`` of the shard's fixed key-to-bucket map with ``N`` buckets, so
+  two parts labelled differently (same ``N``) share no key. The label is opaque here.
+- ``consolidated`` in its footer is computed by :func:`write_part` from the sorted data
+  (no two rows share ``(key, row)``, no ``diff`` is 0), never taken from the caller.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -51,6 +65,44 @@ DEFAULT_PART_ROWS = 1024 * 1024
 
 DEFAULT_BATCH_ROWS = 64 * 1024
 """Rows per record batch yielded by :func:`read_part`."""
+
+VALUE_PREFIX = "v:"
+"""Name prefix of a typed part's value columns."""
+
+BUCKET_META = b"upsert.bucket"
+CONSOLIDATED_META = b"upsert.consolidated"
+
+
+@dataclass(frozen=True)
+class PartLayout:
+    """What a part's footer says beyond its updates (all empty for a plain part)."""
+
+    values: tuple[pa.Field, ...] = ()
+    """The value columns, named without :data:`VALUE_PREFIX`, in stored order."""
+    bucket: tuple[int, int] | None = None
+    """``(b, N)``: every key lies in bucket ``b`` of ``N`` (see the module docstring)."""
+    consolidated: bool = False
+    """No two rows share ``(key, row)`` and no ``diff`` is 0."""
+
+    def value_type(self, name: str) -> pa.DataType | None:
+        for value in self.values:
+            if value.name == name:
+                return value.type
+        return None
+
+
+def format_bucket(bucket: tuple[int, int]) -> str:
+    return f"{bucket[0]}/{bucket[1]}"
+
+
+def parse_bucket(text: str) -> tuple[int, int] | None:
+    """``"b/N"`` as ``(b, N)``, or None when it is not a valid label."""
+    head, sep, tail = text.partition("/")
+    if not (sep and head.isdigit() and tail.isdigit() and head.isascii() and tail.isascii()):
+        return None
+    b, n = int(head), int(tail)
+    return (b, n) if 0 <= b < n else None
+
 
 ERROR_SCHEMA = pa.schema(
     [
@@ -99,8 +151,11 @@ def encode_parquet(table: pa.Table, row_group_rows: int = DEFAULT_ROW_GROUP_ROWS
     sink = pa.BufferOutputStream()
     # Keys and rows are nearly all distinct digests and encodings: a dictionary would be
     # tried and dropped, and their min/max statistics are never read. zstd shrinks the
-    # encoded rows by a third where snappy barely does, and decodes no slower.
-    small = [n for n in table.column_names if n not in ("key", "row")]
+    # encoded rows by a third where snappy barely does, and decodes no slower. Value
+    # columns are written plain too: a dictionary tried on distinct strings costs the
+    # writer more than it saves, and nothing reads their statistics.
+    small = [n for n in table.column_names
+             if n not in ("key", "row") and not n.startswith(VALUE_PREFIX)]
     pq.write_table(
         table, sink, row_group_size=max(1, row_group_rows), use_dictionary=small,
         write_statistics=small, compression="zstd",
@@ -115,6 +170,59 @@ def _store(blob: Blob, key: str, data: bytes, num: int, inline_threshold: int) -
     return BlobPart(key=key, encoded_size_bytes=len(data), num_updates=num)
 
 
+def _with_values(table: pa.Table, values: pa.Table | None) -> pa.Table:
+    """The updates with ``values`` appended as value columns (row ``i`` to row ``i``)."""
+    if values is None:
+        return table
+    if values.num_rows != table.num_rows:
+        raise InvalidUsage(
+            f"value columns hold {values.num_rows} rows for {table.num_rows} updates"
+        )
+    if len(set(values.column_names)) != values.num_columns:
+        raise InvalidUsage(f"value columns must have distinct names: {values.column_names}")
+    for name, column in zip(values.column_names, values.columns, strict=True):
+        table = table.append_column(pa.field(VALUE_PREFIX + name, column.type), column)
+    return table
+
+
+def _prepared(
+    data: pa.Table | pa.RecordBatch, values: pa.Table | None, presorted: bool
+) -> pa.Table:
+    table = _with_values(conform_updates(data), values)
+    return table if presorted else sort_updates(table)
+
+
+def is_consolidated(table: pa.Table) -> bool:
+    """Whether ``(key, row, ts)``-sorted ``table`` has no two rows sharing ``(key, row)``
+    and no zero ``diff``."""
+    n = table.num_rows
+    if n and not pc.all(pc.not_equal(table.column("diff"), 0)).as_py():
+        return False
+    if n <= 1:
+        return True
+    keys, rows = table.column("key"), table.column("row")
+    same = pc.and_(
+        pc.equal(keys.slice(1), keys.slice(0, n - 1)),
+        pc.equal(rows.slice(1), rows.slice(0, n - 1)),
+    )
+    return not pc.any(same).as_py()
+
+
+def _write_prepared(
+    blob: Blob, shard: str, table: pa.Table, bucket: tuple[int, int] | None,
+    inline_threshold: int, row_group_rows: int,
+) -> Part:
+    if bucket is not None:
+        if parse_bucket(format_bucket(bucket)) != bucket:
+            raise InvalidUsage(f"bucket label {bucket} must be (b, N) with 0 <= b < N")
+        table = table.replace_schema_metadata({
+            BUCKET_META: format_bucket(bucket).encode(),
+            CONSOLIDATED_META: b"1" if is_consolidated(table) else b"0",
+        })
+    encoded = encode_parquet(table, row_group_rows)
+    return _store(blob, part_key(shard), encoded, table.num_rows, inline_threshold)
+
+
 def write_part(
     blob: Blob,
     shard: str,
@@ -123,18 +231,19 @@ def write_part(
     inline_threshold: int = DEFAULT_INLINE_THRESHOLD,
     presorted: bool = False,
     row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
+    values: pa.Table | None = None,
+    bucket: tuple[int, int] | None = None,
 ) -> Part:
     """Write ``data`` as one batch part: inline when small, else a new blob.
 
     The updates are checked and sorted by ``(key, row, ts)`` (skip the sort with
     ``presorted=True`` when the caller guarantees the order). They are not
-    consolidated: that is the writer's business (see ``consolidate``).
+    consolidated: that is the writer's business (see ``consolidate``). ``values``
+    (aligned with ``data``'s rows) become value columns and ``bucket`` the part's
+    bucket label (see the module docstring); the caller vouches for both.
     """
-    table = conform_updates(data)
-    if not presorted:
-        table = sort_updates(table)
-    encoded = encode_parquet(table, row_group_rows)
-    return _store(blob, part_key(shard), encoded, table.num_rows, inline_threshold)
+    table = _prepared(data, values, presorted)
+    return _write_prepared(blob, shard, table, bucket, inline_threshold, row_group_rows)
 
 
 def write_parts(
@@ -146,19 +255,19 @@ def write_parts(
     part_rows: int = DEFAULT_PART_ROWS,
     row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
     presorted: bool = False,
+    values: pa.Table | None = None,
+    bucket: tuple[int, int] | None = None,
 ) -> tuple[Part, ...]:
     """Sort ``data`` and write it as parts of at most ``part_rows`` rows (none if empty).
 
     ``presorted=True`` skips the sort when the caller guarantees ``(key, row, ts)``
-    order (the columnar drain emits its updates that way)."""
-    table = conform_updates(data)
-    if not presorted:
-        table = sort_updates(table)
+    order (the columnar drain emits its updates that way). ``values`` and ``bucket``
+    as for :func:`write_part`."""
+    table = _prepared(data, values, presorted)
     step = max(1, part_rows)
     return tuple(
-        write_part(
-            blob, shard, table.slice(start, step), inline_threshold=inline_threshold,
-            row_group_rows=row_group_rows, presorted=True,
+        _write_prepared(
+            blob, shard, table.slice(start, step), bucket, inline_threshold, row_group_rows
         )
         for start in range(0, table.num_rows, step)
     )
@@ -259,6 +368,8 @@ class OpenPart:
         # pyarrow BufferReaders (in-memory bytes) or blob readers; both are file-likes.
         self._readers: list[BlobReader] = []
         self._idle: list[pq.ParquetFile] = []
+        self._columns: list[str] = list(schema.names)
+        self.layout = PartLayout()
         first = self._new_file(None)
         try:
             self.metadata = self._check(first, schema)
@@ -266,6 +377,11 @@ class OpenPart:
             self.close()
             raise
         self._idle.append(first)
+
+    @property
+    def update_columns(self) -> list[str]:
+        """The columns a reader of updates (or errors) reads: never the value columns."""
+        return self._columns
 
     @property
     def num_row_groups(self) -> int:
@@ -299,8 +415,15 @@ class OpenPart:
 
     def _check(self, parquet: pq.ParquetFile, schema: pa.Schema) -> pq.FileMetaData:
         actual = parquet.schema_arrow
-        if actual.names != schema.names or actual.types != schema.types:
+        width = len(schema)
+        head = actual.names[:width], actual.types[:width]
+        extra = actual.names[width:]
+        if head != (schema.names, schema.types) or (
+            extra and (schema != UPDATE_SCHEMA
+                       or not all(n.startswith(VALUE_PREFIX) for n in extra))
+        ):
             raise CorruptData(f"{self.where} has schema {actual}, expected {schema}")
+        self.layout = self._layout(actual)
         rows = parquet.metadata.num_rows
         if rows != self._part.num_updates:
             raise CorruptData(
@@ -308,8 +431,25 @@ class OpenPart:
             )
         return parquet.metadata
 
-    def read_row_group(self, index: int, *, use_threads: bool = False) -> pa.Table:
-        """Decode row group ``index``. Thread-safe: callers that decode several row
+    def _layout(self, actual: pa.Schema) -> PartLayout:
+        meta = actual.metadata or {}
+        values = tuple(
+            pa.field(f.name[len(VALUE_PREFIX):], f.type)
+            for f in actual if f.name.startswith(VALUE_PREFIX)
+        )
+        label = meta.get(BUCKET_META)
+        bucket = None
+        if label is not None:
+            bucket = parse_bucket(label.decode("ascii", errors="replace"))
+            if bucket is None:
+                raise CorruptData(f"{self.where} has an invalid bucket label {label!r}")
+        return PartLayout(values, bucket, meta.get(CONSOLIDATED_META) == b"1")
+
+    def read_row_group(
+        self, index: int, *, use_threads: bool = False, columns: list[str] | None = None
+    ) -> pa.Table:
+        """Decode row group ``index``: the update (or error) columns, or ``columns``
+        (stored names, e.g. value columns). Thread-safe: callers that decode several row
         groups at once (the read prefetcher) leave ``use_threads`` off, as extra
         per-column threads then only add overhead; a lone sequential reader turns it
         on to decode the columns in parallel."""
@@ -318,7 +458,11 @@ class OpenPart:
         if parquet is None:
             parquet = self._new_file(self.metadata)
         try:
-            return parquet.read_row_group(index, use_threads=use_threads)
+            table = parquet.read_row_group(
+                index, columns=self._columns if columns is None else columns,
+                use_threads=use_threads,
+            )
+            return table.replace_schema_metadata(None)
         except (pa.ArrowException, OSError, ValueError) as exc:
             raise _decode_error(exc, self.where) from exc
         finally:

@@ -1,0 +1,252 @@
+"""Typed snapshots of bucket-labelled parts, read bucket by bucket without the k-way merge.
+
+:func:`open_typed_snapshot` answers what ``read.snapshot`` answers (the consolidated
+contents as of ``as_of``) but returns the rows' typed values, read from the parts'
+value columns (see ``parts``), instead of ``(key, row, ts, diff)`` to be decoded.
+
+Invariants:
+
+- It applies only when every part the snapshot reads is labelled with a bucket of one
+  common N and carries value columns; otherwise it returns None (nothing left open)
+  and the caller reads through ``read.snapshot``. Both give the same rows as a multiset:
+  a row of positive multiplicity n appears n times, rows of multiplicity <= 0 never.
+- Differently labelled parts share no key, so each bucket is consolidated alone. A
+  bucket of ONE part whose footer says ``consolidated`` needs no consolidation: only its
+  value columns and ``diff`` (and ``ts`` when times must be cut) are read, never ``key``
+  or ``row``. A bucket of several parts is read whole, its diffs are summed per
+  ``(key, row)``, and each surviving row takes its values from one of its updates (all
+  updates of one row carry the same values: they are decoded from it).
+- Times follow ``read.snapshot``: updates with ``ts <= as_of`` count; a batch whose
+  updates all lie at or before ``as_of`` is read without its ``ts``.
+- A value column a part lacks (a column added after the part was written) reads as
+  null; a value column of another type than the caller's is :class:`CorruptData`.
+- Output: ``(bucket, tables)`` in increasing bucket order, ``tables`` holding ALL of
+  that bucket's rows (so a reader that stops between buckets can resume with the next
+  bucket and neither repeat nor lose a row); rows in no promised order within a bucket.
+  The tables have exactly the caller's fields.
+- Memory: a bucket is held whole while it is read (as the ingest holds a bucket's
+  state), :data:`BUCKETS_AHEAD` buckets at most at once.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from upsert_core.errors import CorruptData
+from upsert_core.persist.location import Blob
+from upsert_core.persist.parts import VALUE_PREFIX, OpenPart
+from upsert_core.persist.read import check_snapshot_readable
+from upsert_core.persist.state import HollowBatch, ShardState
+
+BUCKETS_AHEAD = 4
+"""Buckets read concurrently (decoding releases the GIL)."""
+
+OPEN_THREADS = 8
+"""Part footers fetched concurrently when a snapshot is opened (latency-bound on S3)."""
+
+
+@dataclass(frozen=True)
+class _Member:
+    """One part of a bucket, with the batch that holds it."""
+
+    batch: HollowBatch
+    part: OpenPart
+
+    def whole(self, as_of: int) -> bool:
+        """Whether every update of the batch lies at or before ``as_of``."""
+        return max(self.batch.upper - 1, self.batch.since) <= as_of
+
+
+def _open_all(blob: Blob, state: ShardState, as_of: int) -> list[_Member]:
+    """Every non-empty part the snapshot reads, opened (footers checked); on any failure
+    nothing stays open and the first error is raised."""
+    wanted = [
+        (batch, part)
+        for batch in state.batches
+        if batch.lower <= as_of
+        for part in batch.parts
+        if part.num_updates
+    ]
+    members: list[_Member] = []
+    error: BaseException | None = None
+    with ThreadPoolExecutor(max_workers=OPEN_THREADS, thread_name_prefix="part-open") as pool:
+        futures = [
+            (batch, pool.submit(OpenPart, blob, part, shard=state.shard_id))
+            for batch, part in wanted
+        ]
+        for batch, future in futures:
+            try:
+                members.append(_Member(batch, future.result()))
+            except BaseException as exc:  # noqa: BLE001 - re-raised below, after closing
+                error = error or exc
+    if error is not None:
+        for member in members:
+            member.part.close()
+        raise error
+    return members
+
+
+def open_typed_snapshot(
+    blob: Blob, state: ShardState, as_of: int, fields: Sequence[pa.Field]
+) -> TypedSnapshot | None:
+    """The typed snapshot as of ``as_of`` when every part it reads is typed and
+    labelled (see the module docstring), else None. Raises :class:`NotReadable` unless
+    ``since <= as_of < upper``, and :class:`CorruptData` for an unreadable part."""
+    check_snapshot_readable(state, as_of)
+    if not fields:
+        return None
+    members = _open_all(blob, state, as_of)
+    labels = {m.part.layout.bucket for m in members}
+    counts = {label[1] for label in labels if label is not None}
+    typed = all(m.part.layout.values for m in members)
+    if None in labels or len(counts) > 1 or not typed:
+        for member in members:
+            member.part.close()
+        return None
+    groups: dict[int, list[_Member]] = {}
+    for member in members:
+        label = member.part.layout.bucket
+        assert label is not None
+        groups.setdefault(label[0], []).append(member)
+    return TypedSnapshot(groups, counts.pop() if counts else 1, as_of, tuple(fields))
+
+
+class TypedSnapshot:
+    """An opened typed snapshot (see the module docstring). :meth:`close` it."""
+
+    def __init__(
+        self, groups: dict[int, list[_Member]], buckets: int, as_of: int,
+        fields: tuple[pa.Field, ...],
+    ) -> None:
+        self._groups = groups
+        self.buckets = buckets
+        """N: the number of buckets the parts are labelled with."""
+        self.as_of = as_of
+        self.fields = fields
+
+    @property
+    def bucket_ids(self) -> list[int]:
+        """The buckets that hold parts, in increasing order."""
+        return sorted(self._groups)
+
+    def read_bucket(self, bucket: int) -> list[pa.Table]:
+        """Every row of ``bucket`` (see the module docstring)."""
+        members = self._groups.get(bucket, [])
+        if len(members) == 1 and members[0].part.layout.consolidated:
+            return self._read_consolidated(members[0])
+        return [self._read_merged(members)] if members else []
+
+    def tables(self, skip: Iterable[int] = ()) -> Iterator[tuple[int, list[pa.Table]]]:
+        """``(bucket, its tables)`` for every bucket not in ``skip``, in bucket order,
+        up to :data:`BUCKETS_AHEAD` buckets read ahead on a thread pool."""
+        skipped = set(skip)
+        todo = [b for b in self.bucket_ids if b not in skipped]
+        pool = ThreadPoolExecutor(max_workers=BUCKETS_AHEAD, thread_name_prefix="typed-read")
+        pending: deque[tuple[int, Future[list[pa.Table]]]] = deque()
+        try:
+            for bucket in todo:
+                pending.append((bucket, pool.submit(self.read_bucket, bucket)))
+                if len(pending) >= BUCKETS_AHEAD:
+                    done, future = pending.popleft()
+                    yield done, future.result()
+            while pending:
+                done, future = pending.popleft()
+                yield done, future.result()
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def close(self) -> None:
+        """Close every part's readers (idempotent)."""
+        for members in self._groups.values():
+            for member in members:
+                member.part.close()
+
+    # --- reading one bucket -------------------------------------------------------------
+
+    def _stored_values(self, part: OpenPart) -> list[str]:
+        """The stored names of the caller's value columns this part has (types checked)."""
+        names = []
+        for field in self.fields:
+            stored = part.layout.value_type(field.name)
+            if stored is None:
+                continue
+            if stored != field.type:
+                raise CorruptData(
+                    f"{part.where}: value column {field.name!r} is {stored}, the shard's"
+                    f" schema says {field.type}"
+                )
+            names.append(VALUE_PREFIX + field.name)
+        return names
+
+    def _read(self, member: _Member, columns: list[str]) -> pa.Table:
+        """The part's ``columns`` (plus ``ts`` when times must be cut), cut at ``as_of``."""
+        whole = member.whole(self.as_of)
+        wanted = columns if whole else [*columns, "ts"]
+        part = member.part
+        tables = [
+            part.read_row_group(i, columns=wanted) for i in range(part.num_row_groups)
+        ]
+        table = pa.concat_tables(tables) if len(tables) != 1 else tables[0]
+        if not whole:
+            table = table.filter(pc.less_equal(table.column("ts"), self.as_of))
+        return table
+
+    def _typed(self, table: pa.Table, rows: np.ndarray | None) -> pa.Table:
+        """The caller's fields from ``table``'s value columns (null where absent), rows
+        ``rows`` (all when None)."""
+        count = table.num_rows if rows is None else len(rows)
+        indices = None if rows is None else pa.array(rows, type=pa.int64())
+        columns = []
+        for field in self.fields:
+            name = VALUE_PREFIX + field.name
+            if name in table.column_names:
+                column = table.column(name)
+                columns.append(column if indices is None else column.take(indices))
+            else:
+                columns.append(pa.nulls(count, field.type))
+        return pa.Table.from_arrays(columns, schema=pa.schema(self.fields))
+
+    def _read_consolidated(self, member: _Member) -> list[pa.Table]:
+        table = self._read(member, [*self._stored_values(member.part), "diff"])
+        return [self._typed(table, _repeat(table.column("diff")))]
+
+    def _read_merged(self, members: list[_Member]) -> pa.Table:
+        fields = [pa.field(VALUE_PREFIX + f.name, f.type) for f in self.fields]
+        pieces = []
+        for member in members:
+            table = self._read(member, ["key", "row", "diff", *self._stored_values(member.part)])
+            typed = self._typed(table, None)
+            pieces.append(pa.Table.from_arrays(
+                [table.column("key"), table.column("row"), table.column("diff"),
+                 *typed.columns],
+                schema=pa.schema([("key", pa.binary()), ("row", pa.binary()),
+                                  ("diff", pa.int64()), *fields]),
+            ))
+        table = pa.concat_tables(pieces)
+        index = pa.array(np.arange(table.num_rows, dtype=np.int64))
+        sums = pa.table({
+            "key": table.column("key"), "row": table.column("row"),
+            "diff": table.column("diff"), "index": index,
+        }).group_by(["key", "row"], use_threads=False).aggregate(
+            [("diff", "sum"), ("index", "min")]
+        )
+        first = sums.column("index_min").to_numpy()
+        repeat = _repeat(sums.column("diff_sum"))
+        rows = first if repeat is None else first[repeat]
+        return self._typed(table, rows)
+
+
+def _repeat(diffs: pa.ChunkedArray | pa.Array) -> np.ndarray | None:
+    """Row indices repeating row ``i`` ``diff[i]`` times (none when ``diff <= 0``), or
+    None when every diff is 1 (keep every row once)."""
+    values = np.asarray(diffs.to_numpy(zero_copy_only=False)) if len(diffs) else np.zeros(0)
+    if (values == 1).all():
+        return None
+    return np.repeat(np.arange(len(values), dtype=np.int64), np.maximum(values, 0).astype(np.int64))
