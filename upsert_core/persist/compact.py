@@ -13,7 +13,12 @@ Invariants:
   merged batches with ``ts`` advanced to the compaction frontier (the shard's since,
   lowered to any leased reader's since) and consolidated. Every read at a time at or
   after the frontier therefore sees exactly the same contents.
-- The merge streams (``read.merge_sorted``) and writes parts as it goes, so memory is
+- Bucket-preserving: when every part of the run is typed and labelled with a bucket of
+  one N (``parts``: the ingest writes them so), the run is merged bucket by bucket and
+  each bucket's result is written as typed parts with that bucket's label, so a
+  compacted shard keeps the layout ``typed_read`` reads without a merge. Each bucket
+  of the run is held in memory while it is merged (as the ingest holds a bucket's
+  state). Any other run streams (``read.merge_sorted``) into plain parts, memory
   bounded by about (number of input parts x batch size) plus one output part.
 - The new batch replaces exactly the merged batches in ONE transition, and only if
   they are all still present unchanged; otherwise the transition changes nothing.
@@ -43,7 +48,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from upsert_core.errors import InvalidUsage, UpsertPlatformError
-from upsert_core.persist.consolidate import UPDATE_SCHEMA, advance_ts
+from upsert_core.persist.consolidate import UPDATE_SCHEMA, advance_ts, consolidate
 from upsert_core.persist.keys import part_key, writing_as
 from upsert_core.persist.location import Blob
 from upsert_core.persist.machine import Machine
@@ -52,7 +57,10 @@ from upsert_core.persist.parts import (
     DEFAULT_INLINE_THRESHOLD,
     DEFAULT_PART_ROWS,
     DEFAULT_ROW_GROUP_ROWS,
+    VALUE_PREFIX,
+    OpenPart,
     delete_parts,
+    write_parts,
 )
 from upsert_core.persist.read import Transform, consolidated, part_sources
 from upsert_core.persist.state import BlobPart, HollowBatch, InlinePart, Part, ShardState
@@ -201,6 +209,16 @@ def merge_batches(
                 " are not adjacent"
             )
 
+    with writing_as(writer_id):
+        by_bucket = _merge_by_bucket(
+            blob, shard, batches, since, inline_threshold=inline_threshold,
+            part_rows=part_rows,
+        )
+    if by_bucket is not None:
+        return HollowBatch(
+            lower=batches[0].lower, upper=batches[-1].upper, since=since, parts=by_bucket
+        )
+
     def transform_for(_: HollowBatch) -> Transform:
         return lambda table: advance_ts(table, since)
 
@@ -215,6 +233,82 @@ def merge_batches(
         delete_parts(blob, writer.parts)  # referenced by nothing yet
         raise
     return HollowBatch(lower=batches[0].lower, upper=batches[-1].upper, since=since, parts=parts)
+
+
+def _value_fields(opened: Sequence[OpenPart]) -> list[pa.Field] | None:
+    """The value columns of the run: the longest part's, when every part's are a prefix
+    of them (columns are only ever appended); None when they disagree."""
+    longest = max((p.layout.values for p in opened), key=len)
+    for part in opened:
+        if part.layout.values != longest[: len(part.layout.values)]:
+            return None
+    return list(longest)
+
+
+def _read_typed(part: OpenPart, fields: list[pa.Field]) -> pa.Table:
+    """The whole part: updates plus every value column of ``fields`` (null if absent)."""
+    stored = [VALUE_PREFIX + v.name for v in part.layout.values]
+    groups = [
+        part.read_row_group(i, columns=[*part.update_columns, *stored])
+        for i in range(part.num_row_groups)
+    ]
+    table = pa.concat_tables(groups) if groups else None
+    rows = 0 if table is None else table.num_rows
+    columns = [] if table is None else [table.column(n) for n in part.update_columns]
+    for field in fields:
+        name = VALUE_PREFIX + field.name
+        if table is not None and name in table.column_names:
+            columns.append(table.column(name))
+        else:
+            columns.append(pa.chunked_array([pa.nulls(rows, field.type)]))
+    schema = pa.schema([*UPDATE_SCHEMA, *(pa.field(VALUE_PREFIX + f.name, f.type)
+                                          for f in fields)])
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _merge_by_bucket(
+    blob: Blob, shard: str, batches: Sequence[HollowBatch], since: int, *,
+    inline_threshold: int, part_rows: int,
+) -> tuple[Part, ...] | None:
+    """The bucket-preserving merge (see the module docstring), or None when the run's
+    parts are not all typed and labelled alike (the caller then streams)."""
+    opened: list[OpenPart] = []
+    written: list[Part] = []
+    try:
+        for batch in batches:
+            for stored in batch.parts:
+                if stored.num_updates:
+                    opened.append(OpenPart(blob, stored, shard=shard))
+        labels = [p.layout.bucket for p in opened]
+        counts = {label[1] for label in labels if label is not None}
+        if not opened or None in labels or len(counts) != 1:
+            return None
+        fields = _value_fields(opened) if all(p.layout.values for p in opened) else None
+        if fields is None:
+            return None
+        buckets = counts.pop()
+        groups: dict[int, list[OpenPart]] = {}
+        for reader in opened:
+            assert reader.layout.bucket is not None
+            groups.setdefault(reader.layout.bucket[0], []).append(reader)
+        width = len(UPDATE_SCHEMA)
+        for bucket in sorted(groups):
+            table = pa.concat_tables([_read_typed(p, fields) for p in groups[bucket]])
+            merged = consolidate(advance_ts(table, since))
+            values = merged.select(list(range(width, merged.num_columns)))
+            values = values.rename_columns([f.name for f in fields])
+            written.extend(write_parts(
+                blob, shard, merged.select(UPDATE_SCHEMA.names), values=values,
+                bucket=(bucket, buckets),
+                presorted=True, inline_threshold=inline_threshold, part_rows=part_rows,
+            ))
+        return tuple(written)
+    except BaseException:
+        delete_parts(blob, written)  # referenced by nothing yet
+        raise
+    finally:
+        for reader in opened:
+            reader.close()
 
 
 def commit_merge(

@@ -1,0 +1,211 @@
+"""The typed snapshot (``persist.typed_read`` behind ``ShardTable``) against the merged read.
+
+The ingest writes typed, bucket-labelled parts, and compaction keeps them so; the typed
+read must return, at every readable time, exactly the rows the merged read decodes
+(and the dict model holds): through updates, deletes, re-sends, a column added later,
+compaction, GC with ``--retain``, parts that are not typed (``Shard.append``), and a
+GC that deletes parts under a read that has started.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import upsert_core.shard_table as shard_table
+from tests.model import UpsertModel
+from upsert_core.errors import CorruptData
+from upsert_core.ingest import IngestRequest, ingest
+from upsert_core.persist.location.blob_local import LocalBlob
+from upsert_core.persist.location.consensus_sql import SqlConsensus
+from upsert_core.persist.parts import OpenPart
+from upsert_core.persist.shard import Shard
+from upsert_core.persist.typed_read import BUCKETS_AHEAD, open_typed_snapshot
+from upsert_core.shard_table import ShardTable
+
+from .helpers import write_jsonl
+
+BUCKETS = 3
+
+
+def _bag(table: pa.Table) -> Counter[tuple[tuple[str, Any], ...]]:
+    return Counter(
+        tuple(sorted((k, v) for k, v in row.items() if v is not None))
+        for row in table.to_pylist()
+    )
+
+
+@contextmanager
+def _merged_only() -> Iterator[None]:
+    with mock.patch.object(shard_table, "open_typed_snapshot", lambda *args: None):
+        yield
+
+
+def _typed_used(shard: Shard, as_of: int) -> bool:
+    reader = ShardTable(shard)
+    state = shard.state()
+    opened = open_typed_snapshot(shard.blob, state, as_of, list(reader.schema))
+    if opened is None:
+        return False
+    opened.close()
+    return True
+
+
+def _shard(root: Path, name: str = "t") -> Shard:
+    return Shard.open(SqlConsensus(f"sqlite:///{root}/c.db"), LocalBlob(root / "blob"), name)
+
+
+def _ingest_one(
+    shard: Shard, landing: Path, index: int, rows: list[dict[str, Any]],
+    buckets: int = BUCKETS,
+) -> None:
+    write_jsonl(landing, f"{index:03d}.jsonl", rows)
+    report = ingest(shard, str(landing), IngestRequest(buckets=buckets, inline_threshold=256))
+    assert report.upper == index + 1 and not report.pending, report
+
+
+def _assert_same_at_every_time(shard: Shard, model_at: dict[int, Counter[Any]] | None) -> None:
+    state = shard.state()
+    reader = ShardTable(shard)
+    for as_of in range(state.since, state.upper):
+        typed = reader.snapshot(as_of)
+        with _merged_only():
+            merged = reader.snapshot(as_of)
+        assert typed.schema == merged.schema == reader.schema
+        assert _bag(typed) == _bag(merged), f"as of {as_of}"
+        if model_at is not None and as_of in model_at:
+            assert _bag(typed) == model_at[as_of], f"as of {as_of}"
+
+
+rows_strategy = st.lists(
+    st.fixed_dictionaries(
+        {"key": st.integers(0, 7), "offset": st.integers(0, 3)},
+        optional={
+            "v": st.one_of(st.none(), st.text(max_size=3)),
+            "x": st.floats(allow_nan=False, allow_infinity=False),
+            "__deleted": st.booleans(),
+        },
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(
+    files=st.lists(rows_strategy, min_size=1, max_size=5),
+    actions=st.lists(st.sampled_from(["none", "compact", "compact_all", "gc1"]),
+                     min_size=5, max_size=5),
+    added_at=st.integers(0, 5),
+)
+def test_typed_snapshot_equals_merged_read_and_model(
+    tmp_path_factory: pytest.TempPathFactory, files: list[list[dict[str, Any]]],
+    actions: list[str], added_at: int,
+) -> None:
+    root = tmp_path_factory.mktemp("typed")
+    landing = root / "landing"
+    landing.mkdir()
+    shard = _shard(root)
+    model = UpsertModel("batch")
+    expected: dict[int, Counter[Any]] = {}
+    for index, rows in enumerate(files):
+        if index >= added_at:  # a column the shard gains partway
+            rows = [{**row, "extra": index} for row in rows]
+        _ingest_one(shard, landing, index, rows)
+        model.apply(rows)
+        expected[index] = Counter(
+            tuple(sorted((k, v) for k, v in row if v is not None))
+            for row in model.rows(index).elements()
+        )
+        action = actions[index]
+        if action == "compact":
+            shard.compact()
+        elif action == "compact_all":
+            shard.compact(merge_all=True)
+        elif action == "gc1":
+            shard.gc(retain=1)
+        assert _typed_used(shard, shard.state().upper - 1), "the typed read was not used"
+    _assert_same_at_every_time(shard, expected)
+
+
+def test_untyped_parts_fall_back_to_the_merged_read(tmp_path: Path) -> None:
+    """A part without value columns (a plain ``Shard.append``) or a run compacted with
+    one keeps every read correct, through the merged read."""
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    shard = _shard(tmp_path)
+    _ingest_one(shard, landing, 0, [{"key": k, "offset": 1, "v": f"a{k}"} for k in range(20)])
+    assert _typed_used(shard, 0)
+    typed = ShardTable(shard).snapshot()
+    # An empty append moves the upper with a part-less batch: still typed.
+    assert shard.append(pa.table({
+        "key": pa.array([], pa.binary()), "row": pa.array([], pa.binary()),
+        "ts": pa.array([], pa.int64()), "diff": pa.array([], pa.int64()),
+    }), 1).committed
+    assert _typed_used(shard, 1)
+    # A plain part re-sending one row with diff 0 effect: +1 and -1 of an existing row.
+    plain = shard.snapshot_table(1).slice(0, 1)
+    twice = pa.concat_tables([
+        plain.set_column(3, "diff", pa.array([1], pa.int64())).set_column(
+            2, "ts", pa.array([2], pa.int64())),
+        plain.set_column(3, "diff", pa.array([-1], pa.int64())).set_column(
+            2, "ts", pa.array([2], pa.int64())),
+    ])
+    assert shard.append(twice, 2).committed
+    assert not _typed_used(shard, 2)
+    assert _bag(ShardTable(shard).snapshot(2)) == _bag(typed)
+    shard.compact(merge_all=True)
+    assert not _typed_used(shard, shard.state().upper - 1)
+    _assert_same_at_every_time(shard, None)
+
+
+def test_a_gc_under_a_streaming_typed_read_neither_repeats_nor_loses_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    shard = _shard(tmp_path)
+    for i in range(3):
+        _ingest_one(shard, landing, i,
+                    [{"key": k, "offset": i, "v": f"{i}-{k}"} for k in range(0, 200, i + 1)],
+                    buckets=4 * BUCKETS_AHEAD)  # more buckets than are read ahead
+    want = _bag(ShardTable(shard).snapshot())
+    reader = ShardTable(shard).to_batches()
+    seen = [reader.read_next_batch()]  # the first bucket is out, a few are read ahead
+    # Compact and GC: the state the read started from loses its parts...
+    shard.compact(merge_all=True)
+    shard.gc()
+    real = OpenPart.read_row_group
+    calls = []
+
+    def vanished(self: OpenPart, *args: Any, **kwargs: Any) -> pa.Table:
+        calls.append(1)
+        if len(calls) == 1:  # ...which the next bucket's read meets
+            raise CorruptData(f"{self.where} went missing from the blob store")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(OpenPart, "read_row_group", vanished)
+    seen.extend(reader)
+    assert calls, "the read never met the missing part"
+    assert _bag(pa.Table.from_batches(seen)) == want
+
+
+def test_a_missing_part_of_the_current_state_is_reported(tmp_path: Path) -> None:
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    shard = _shard(tmp_path)
+    _ingest_one(shard, landing, 0, [{"key": k, "offset": 1, "v": "x" * 40} for k in range(200)])
+    part = shard.state().batches[0].parts[0]
+    shard.blob.delete(part.key)  # type: ignore[union-attr]
+    with pytest.raises(CorruptData, match="missing"):
+        ShardTable(shard).snapshot()
