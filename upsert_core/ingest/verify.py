@@ -18,7 +18,12 @@ back and compares them with the shard's own consolidated snapshot at ``upper - 1
   row (the row keeps the order column), decoded as one column with the shard's source
   schema exactly as rehydration reads it (``rehydrate.order_values``). A stored order
   the rows contradict would make the next ingest ignore newer data (or apply older
-  data). A tombstone's order has no row to be checked against and is taken as stored.
+  data). A tombstone's order has no row to be checked against and is taken as stored;
+- every typed part of the shard keeps what its footer promises, since the typed
+  snapshot (``persist.typed_read``) trusts it (``verify_typed``): its bucket label's N is
+  the shard's bucket count and its keys lie in its bucket, its value columns are columns
+  of the shard's schema with their types and equal the decoded rows, and a part that
+  says ``consolidated`` is. Read part by part, one row group at a time.
 
 :func:`compare_state` is the full check: used by ``upsertctl check`` and by the
 scheduled, non-blocking Dagster check ``full_state_matches_shard``. It holds the state
@@ -28,7 +33,9 @@ table and the shard's history.
 Batch-scoped checks (the blocking Dagster checks after every ingest run):
 :func:`check_new_batch` checks what one run committed, ``start_upper <= ts < upper``,
 and nothing else. On top of ``persist.check_batch`` (the run's parts exist, decode and
-consolidate; kinds ``storage`` and ``consolidation``), :func:`compare_touched_buckets`
+consolidate; kinds ``storage`` and ``consolidation``), the run's typed parts keep their
+footers' promises as in the full check (``verify_typed``; kind ``storage``; a part that
+does not even open is left to ``check_batch``), and :func:`compare_touched_buckets`
 verifies, for every *touched* bucket (one with changes in the batch, or whose
 checkpoint reference, or in the batch scope its base, changed during the run):
 
@@ -50,7 +57,8 @@ checkpoint reference, or in the batch scope its base, changed during the run):
 Untouched buckets are not read. Cost: O(touched buckets' states (in the global scope
 their live rows are decoded once, as whole columns, for the orders) + the changes since
 their checkpoint bases, which the ingest bounds by ``REPLAY_FRACTION`` of a base and
-``MAX_REPLAY_BATCHES`` batches + the batch's updates + the state diffs since
+``MAX_REPLAY_BATCHES`` batches + the batch's updates (read twice: once more for the typed
+parts' promises) + the state diffs since
 ``start_upper``): it follows the batch and the bucket sizes, never the shard's age.
 What cannot be verified without history (the run's first state diffs truncated by a
 concurrent GC, the state before the run not current because something else appended,
@@ -75,6 +83,7 @@ from upsert_core.ingest.rehydrate import order_values
 from upsert_core.ingest.replay import replay_bucket
 from upsert_core.ingest.shard_config import ShardIngestConfig, ShardOptions
 from upsert_core.ingest.tasks import Base
+from upsert_core.ingest.verify_typed import verify_typed_parts
 from upsert_core.landing import SourceSchema
 from upsert_core.persist.check import CONSOLIDATION, STORAGE, CheckReport
 from upsert_core.persist.check_batch import (
@@ -142,6 +151,8 @@ class StateComparison:
     """Buckets whose checkpoint base lies before the shard's since: their changes since
     the base are no longer readable, so the next ingest rebuilds them from the shard
     itself (equal by construction); they are not compared."""
+    typed_parts: int = 0
+    """Typed parts whose footers' promises were verified (``verify_typed``)."""
 
     @property
     def ok(self) -> bool:
@@ -243,6 +254,9 @@ def compare_state(shard: Shard) -> StateComparison:
             " it was not written by the ingest"
         )
         return result
+    typed = verify_typed_parts(shard.blob, shard.shard_id, state.batches, stored.options)
+    result.typed_parts = typed.typed_parts
+    result.problems.extend(typed.problems)
     if not stored.checkpoints_current(state.upper):
         result.problems.append(
             f"the upsert state checkpoints describe upper"
@@ -309,9 +323,30 @@ def check_new_batch(shard: Shard, start_upper: int, upper: int | None = None) ->
         return report
     updates = read_new_updates(shard, state, start_upper, upper, report)
     changes = check_batch_consolidated(updates, report)
+    _check_typed_parts(shard, state, start_upper, upper, report)
     compare_touched_buckets(shard, start_upper, upper, changes=changes, state=state,
                             report=report)
     return report
+
+
+def _check_typed_parts(
+    shard: Shard, state: ShardState, start_upper: int, upper: int, report: CheckReport
+) -> None:
+    """The typed parts of the batches in ``[start_upper, upper)`` (the ones
+    ``read_new_updates`` read) keep their footers' promises (kind ``storage``)."""
+    try:
+        options = ShardIngestConfig.read(state.config).options
+    except ConfigError as exc:
+        report.add(STORAGE, f"shard {shard.shard_id!r}: its typed parts cannot be verified:"
+                            f" {exc}")
+        return
+    batches = [b for b in state.batches if b.upper > start_upper and b.lower < upper]
+    typed = verify_typed_parts(
+        shard.blob, shard.shard_id, batches, options, skip_unopenable=True
+    )
+    report.counts["typed_parts"] = typed.typed_parts
+    for problem in typed.problems:
+        report.add(STORAGE, problem)
 
 
 def _live_only(state: ColumnarState) -> ColumnarState:
