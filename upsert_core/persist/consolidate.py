@@ -57,6 +57,12 @@ def as_table(data: TableLike) -> pa.Table:
     return pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
 
 
+def _flat(column: pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """``column`` as one array when it has several chunks: pyarrow's ``take`` from a
+    many-chunked binary column costs ~10x a copy into one array and a take from that."""
+    return column.combine_chunks() if column.num_chunks > 1 else column
+
+
 def _array_word_view(keys: pa.Array) -> np.ndarray | None:
     """The 16-byte keys of one array as an ``(n, 2)`` big-endian uint64 view (no copy)."""
     n = len(keys)
@@ -142,7 +148,7 @@ def _merge_order(
         {
             "run": run[positions],
             "lo": low()[rows],
-            "row": table.column("row").take(pa.array(rows)),
+            "row": _flat(table.column("row")).take(pa.array(rows)),
             "ts": table.column("ts").to_numpy()[rows],
         }
     )
@@ -169,9 +175,23 @@ def merge_consolidate(data: TableLike) -> pa.Table:
     can consolidate but zero diffs, so only the surviving rows are gathered.
     """
     table = as_table(data)
+    keep, sums = merge_consolidation(table)
+    result = table.take(pa.array(keep))
+    if sums is None:
+        return result
+    return result.set_column(
+        result.schema.get_field_index("diff"), "diff", pa.array(sums, pa.int64())
+    )
+
+
+def merge_consolidation(data: TableLike) -> tuple[np.ndarray, np.ndarray | None]:
+    """What :func:`merge_consolidate` keeps, without gathering anything: the indices of
+    the surviving rows, in ``(key, row, ts)`` order, and their summed diffs (None when
+    every diff is the row's own). For callers that gather other columns themselves."""
+    table = as_table(data)
     views = _word_views(table.column("key"))
     if views is None or table.num_rows <= 1:
-        return consolidate(table)
+        return consolidation(table, sort_indices(table) if table.num_rows > 1 else None)
     hi = _word(views, 0)
     lows: list[np.ndarray] = []
 
@@ -182,9 +202,9 @@ def merge_consolidate(data: TableLike) -> pa.Table:
 
     order, distinct = _merge_order(table, hi, low)
     if not distinct:
-        return consolidate_in_order(table, order, words=(hi, low()))
+        return consolidation(table, order, words=(hi, low()))
     nonzero = table.column("diff").to_numpy()[order] != 0
-    return table.take(pa.array(order if nonzero.all() else order[nonzero]))
+    return (order if nonzero.all() else order[nonzero]), None
 
 
 def sort_updates(data: TableLike) -> pa.Table:
@@ -244,7 +264,7 @@ def _run_starts(
     # Rows: compare only the candidates (same key and ts as the previous row).
     candidates = np.flatnonzero(~changed) + 1
     if len(candidates):
-        rows = table.column("row")
+        rows = _flat(table.column("row"))
         current = candidates if order is None else order[candidates]
         previous = candidates - 1 if order is None else order[candidates - 1]
         differs = pc.not_equal(rows.take(pa.array(current)), rows.take(pa.array(previous)))
@@ -263,27 +283,39 @@ def consolidate_in_order(
     ``words`` may pass ``key_words`` of the keys when the caller has them already.
     """
     table = as_table(data)
+    if table.num_rows == 0:
+        return table
+    keep, sums = consolidation(table, order, words=words)
+    if sums is None and order is None and len(keep) == table.num_rows:
+        return table
+    result = table.take(pa.array(keep))
+    if sums is None:
+        return result
+    return result.set_column(
+        result.schema.get_field_index("diff"), "diff", pa.array(sums, pa.int64())
+    )
+
+
+def consolidation(
+    data: TableLike, order: np.ndarray | None, *, words: KeyWords | None = None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """What :func:`consolidate_in_order` keeps: the surviving rows' indices (in sorted
+    order) and their summed diffs (None when every survivor keeps its own diff)."""
+    table = as_table(data)
     n = table.num_rows
     if n == 0:
-        return table
+        return np.zeros(0, dtype=np.int64), None
     diff = table.column("diff").to_numpy()
     diff = diff if order is None else diff[order]
     starts = _run_starts(table, order, words)
     if starts.all():
-        if order is None and diff.all():
-            return table
         keep_pos = np.flatnonzero(diff != 0)
-        sums = diff[keep_pos]
-    else:
-        start_idx = np.flatnonzero(starts)
-        all_sums = np.add.reduceat(diff, start_idx)
-        nonzero = all_sums != 0
-        keep_pos, sums = start_idx[nonzero], all_sums[nonzero]
-    keep = keep_pos if order is None else order[keep_pos]
-    result = table.take(pa.array(keep))
-    return result.set_column(
-        result.schema.get_field_index("diff"), "diff", pa.array(sums, pa.int64())
-    )
+        return (keep_pos if order is None else order[keep_pos]), None
+    start_idx = np.flatnonzero(starts)
+    all_sums = np.add.reduceat(diff, start_idx)
+    nonzero = all_sums != 0
+    keep_pos, sums = start_idx[nonzero], all_sums[nonzero]
+    return (keep_pos if order is None else order[keep_pos]), sums
 
 
 def consolidate_sorted(data: TableLike) -> pa.Table:

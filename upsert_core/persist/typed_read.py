@@ -13,9 +13,11 @@ Invariants:
 - Differently labelled parts share no key, so each bucket is consolidated alone. A
   bucket of ONE part whose footer says ``consolidated`` needs no consolidation: only its
   value columns and ``diff`` (and ``ts`` when times must be cut) are read, never ``key``
-  or ``row``. A bucket of several parts is read whole, its diffs are summed per
-  ``(key, row)``, and each surviving row takes its values from one of its updates (all
-  updates of one row carry the same values: they are decoded from it).
+  or ``row``. A bucket of several parts is read whole and merged as sorted runs
+  (``consolidate.merge_consolidation``: numeric key words, rows compared only where
+  keys tie), its diffs summed per ``(key, row)``; each surviving row keeps the values of one
+  of its updates (all updates of one row carry the same values: they are decoded from
+  it).
 - Times follow ``read.snapshot``: updates with ``ts <= as_of`` count; a batch whose
   updates all lie at or before ``as_of`` is read without its ``ts``.
 - A value column a part lacks (a column added after the part was written) reads as
@@ -40,6 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from upsert_core.errors import CorruptData
+from upsert_core.persist.consolidate import UPDATE_SCHEMA, merge_consolidation
 from upsert_core.persist.location import Blob
 from upsert_core.persist.parts import VALUE_PREFIX, OpenPart
 from upsert_core.persist.read import check_snapshot_readable
@@ -218,29 +221,27 @@ class TypedSnapshot:
         return [self._typed(table, _repeat(table.column("diff")))]
 
     def _read_merged(self, members: list[_Member]) -> pa.Table:
-        fields = [pa.field(VALUE_PREFIX + f.name, f.type) for f in self.fields]
-        pieces = []
+        updates, typed = [], []
         for member in members:
             table = self._read(member, ["key", "row", "diff", *self._stored_values(member.part)])
-            typed = self._typed(table, None)
-            pieces.append(pa.Table.from_arrays(
-                [table.column("key"), table.column("row"), table.column("diff"),
-                 *typed.columns],
-                schema=pa.schema([("key", pa.binary()), ("row", pa.binary()),
-                                  ("diff", pa.int64()), *fields]),
+            # Every part is sorted by (key, row, ts); with one time (as_of) for all, it is
+            # a sorted run by (key, row), as the merge below wants.
+            as_of = pa.array(np.full(table.num_rows, self.as_of, dtype=np.int64))
+            updates.append(pa.Table.from_arrays(
+                [table.column("key"), table.column("row"), as_of, table.column("diff")],
+                schema=UPDATE_SCHEMA,
             ))
-        table = pa.concat_tables(pieces)
-        index = pa.array(np.arange(table.num_rows, dtype=np.int64))
-        sums = pa.table({
-            "key": table.column("key"), "row": table.column("row"),
-            "diff": table.column("diff"), "index": index,
-        }).group_by(["key", "row"], use_threads=False).aggregate(
-            [("diff", "sum"), ("index", "min")]
-        )
-        first = sums.column("index_min").to_numpy()
-        repeat = _repeat(sums.column("diff_sum"))
-        rows = first if repeat is None else first[repeat]
-        return self._typed(table, rows)
+            typed.append(self._typed(table, None))
+        # The merge of sorted runs (numeric key words; rows compared only where keys tie)
+        # sums each (key, row); only the value columns of the survivors are gathered. All
+        # of a row's updates carry the same values (they are decoded from it).
+        merged = pa.concat_tables(updates)
+        keep, sums = merge_consolidation(merged)
+        diffs = merged.column("diff").to_numpy()[keep] if sums is None else sums
+        repeat = _repeat(pa.array(diffs))
+        rows = keep if repeat is None else keep[repeat]
+        values = pa.concat_tables(typed).combine_chunks()
+        return values.take(pa.array(rows, type=pa.int64()))
 
 
 def _repeat(diffs: pa.ChunkedArray | pa.Array) -> np.ndarray | None:
