@@ -28,13 +28,17 @@ Invariants:
   columns later ingests add. A changes task refuses (``NotReadable``) when GC moved the
   shard's since onto ``since`` after planning: its updates at ``since`` would then hold
   history folded from before it, which the plan (and the other tasks) did not.
-- Keys are 16-byte digests, uniformly spread: the key space is cut into ``partitions``
-  contiguous ranges by their first two bytes, and task ``i`` returns exactly the rows of
-  the keys in range ``i``. The union of the tasks is the read, each key in one task.
-- A task streams the consolidated read (sorted by key), skips batches before its range,
-  decodes only its own rows into the shard's typed columns, and stops after its range.
-  So decoding, the costly part, is split across tasks; the merge of the key columns up
-  to the end of a task's range is repeated per task.
+- Snapshots of a shard written by the ingest (it has N buckets): task ``i`` returns
+  exactly the rows of the keys whose bucket ``b`` has ``b % partitions == i``, so at
+  most N tasks have work. Through ``ShardTable.snapshot_of_buckets``: from typed,
+  bucket-labelled parts a task reads only its buckets' parts (``persist.typed_read``),
+  otherwise it filters the merged read by bucket. Either way the union of the tasks is
+  the read, each key in one task.
+- Changes, and snapshots of shards without buckets: keys are 16-byte digests,
+  uniformly spread, so the key space is cut into ``partitions`` contiguous ranges by
+  their first two bytes and task ``i`` returns exactly the rows of the keys in range
+  ``i``. A task streams the consolidated read (sorted by key), skips batches before its
+  range, decodes only its own rows, and stops after its range.
 - Tasks use the S3 settings (``AWS_*``) of the process that planned the read, shipped
   inside the task (``resources.task_env``), as the Spark engine's tasks do: cluster
   executors do not inherit the driver's environment.
@@ -63,6 +67,7 @@ from upsert_core.persist.read import check_changes_readable, check_snapshot_read
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.state import ShardState
 from upsert_core.shard_table import (
+    BucketSelection,
     changes_schema,
     decode_changes_batch,
     decode_snapshot_batch,
@@ -94,17 +99,21 @@ class ReadPlan:
     """The shard's source schema when the read was planned: the columns Spark was told."""
     planned_since: int = 0
     """The shard's since when the read was planned (see :func:`read_range`)."""
+    buckets: int | None = None
+    """The shard's bucket count (None: not written by the ingest): tasks split by bucket."""
     env: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     """The planning process's S3 settings (``resources.task_env``), applied by each task."""
 
 
 @dataclass(frozen=True)
 class KeyRange(InputPartition):  # type: ignore[misc]
-    """Keys ``lo <= key < hi`` (``hi`` None: to the end of the key space)."""
+    """Task ``index`` of ``count``: keys ``lo <= key < hi`` (``hi`` None: to the end of
+    the key space), or, for a shard with buckets, its share of the buckets."""
 
     index: int
     lo: bytes
     hi: bytes | None
+    count: int = 1
 
 
 def key_ranges(count: int) -> list[KeyRange]:
@@ -112,7 +121,7 @@ def key_ranges(count: int) -> list[KeyRange]:
     bounds = [KEY_SPACE * i // count for i in range(count + 1)]
     return [
         KeyRange(i, b"" if i == 0 else bounds[i].to_bytes(2, "big"),
-                 None if i == count - 1 else bounds[i + 1].to_bytes(2, "big"))
+                 None if i == count - 1 else bounds[i + 1].to_bytes(2, "big"), count)
         for i in range(count)
     ]
 
@@ -145,7 +154,7 @@ def plan_read(options: Mapping[str, str]) -> ReadPlan:
     plan = ReadPlan(consensus=config.consensus_url, blob=config.blob_url, shard=shard_name,
                     read=read, partitions=partitions,
                     schema_json=_schema_json(state), planned_since=state.since,
-                    env=tuple(sorted(driver_env().items())))
+                    buckets=_buckets(state), env=tuple(sorted(driver_env().items())))
     if read == SNAPSHOT:
         as_of = _int_option(lowered, "asof")
         as_of = state.upper - 1 if as_of is None else as_of
@@ -157,6 +166,11 @@ def plan_read(options: Mapping[str, str]) -> ReadPlan:
     until = state.upper if until is None else until
     check_changes_readable(state, since, until)
     return ReadPlan(**{**plan.__dict__, "since": since, "until": until})
+
+
+def _buckets(state: ShardState) -> int | None:
+    options = ShardIngestConfig.read(state.config).options
+    return None if options is None else options.buckets
 
 
 def _schema_json(state: ShardState) -> str | None:
@@ -218,6 +232,11 @@ def read_range(plan: ReadPlan, part: KeyRange) -> Iterator[pa.RecordBatch]:
     # SUBTLE: decode with the schema Spark was told at planning, not the current one: a
     # column added since would make every batch fail Spark's schema check.
     schema = source_schema_of(plan)
+    if plan.read == SNAPSHOT and plan.buckets is not None:
+        assert plan.as_of is not None
+        selection = BucketSelection(plan.buckets, part.index, part.count)
+        yield from table.snapshot_of_buckets(plan.as_of, schema, selection)
+        return
     if plan.read == SNAPSHOT:
         batches = table.shard.snapshot(plan.as_of)
         decode = decode_snapshot_batch

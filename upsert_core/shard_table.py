@@ -33,8 +33,9 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -92,16 +93,37 @@ class ShardTable:
         pinned = state.upper - 1 if as_of is None else as_of
         check_snapshot_readable(state, pinned)  # NotReadable now, at the call
         schema = ShardIngestConfig.read(state.config).schema
+        batches = self._snapshot(state, pinned, schema, None)
+        return pa.RecordBatchReader.from_batches(snapshot_schema(schema), batches)
+
+    def snapshot_of_buckets(
+        self, as_of: int, schema: SourceSchema | None, selection: BucketSelection
+    ) -> Iterator[pa.RecordBatch]:
+        """The snapshot's rows of the keys ``selection`` keeps, typed with ``schema``
+        (e.g. the schema a Spark read was planned with; it must cover the rows at
+        ``as_of``): one Spark task's share. Raises NotReadable now, at the call."""
+        state = self.shard.state()
+        check_snapshot_readable(state, as_of)
+        return self._snapshot(state, as_of, schema, selection)
+
+    def _snapshot(
+        self, state: ShardState, as_of: int, schema: SourceSchema | None,
+        selection: BucketSelection | None,
+    ) -> Iterator[pa.RecordBatch]:
         fields = list(snapshot_schema(schema))
         try:
-            typed = open_typed_snapshot(self.shard.blob, state, pinned, fields)
+            typed = open_typed_snapshot(self.shard.blob, state, as_of, fields)
         except CorruptData:
             typed = None  # the merged read resumes after GC, or reports the damage
+        if typed is not None and selection is not None and typed.buckets != selection.buckets:
+            typed.close()  # labelled with another bucket count: select by key instead
+            typed = None
         if typed is None:
-            batches = self._decoded(schema, self.shard.snapshot(pinned))
-        else:
-            batches = self._typed(typed, state, pinned, fields, schema)
-        return pa.RecordBatchReader.from_batches(snapshot_schema(schema), batches)
+            merged = self.shard.snapshot(as_of)
+            if selection is not None:
+                merged = _in_buckets(merged, selection.buckets, selection.mask)
+            return self._decoded(schema, merged)
+        return self._typed(typed, state, as_of, fields, schema, selection)
 
     def _decoded(
         self, schema: SourceSchema | None, batches: Iterator[pa.RecordBatch]
@@ -127,24 +149,30 @@ class ShardTable:
 
     def _typed(
         self, typed: TypedSnapshot, state: ShardState, as_of: int, fields: list[pa.Field],
-        schema: SourceSchema | None,
+        schema: SourceSchema | None, selection: BucketSelection | None,
     ) -> Iterator[pa.RecordBatch]:
         """The typed read, bucket by bucket, resumed after GC removed a part under it.
 
         SUBTLE: GC deletes the parts of states older than its truncation point, so a
         long read of a superseded state can meet a missing part (:class:`CorruptData`).
         Buckets are yielded whole and share no key, so the read goes on from a fresh
-        state with the buckets not yet yielded: typed if the fresh state still is, else
-        through the merged read with the yielded buckets' keys dropped. Compaction and
-        GC never change what a readable time shows, so the answer is the same.
+        state with the buckets not yet yielded: typed if the fresh state still is (with
+        the same bucket count), else through the merged read with the keys of the
+        yielded (and unselected) buckets dropped. Compaction and GC never change what a
+        readable time shows, so the answer is the same.
         """
         done: set[int] = set()
         restarts = 0
         current: TypedSnapshot | None = typed
+        buckets = typed.buckets
+
+        def unwanted(ids: list[int]) -> set[int]:
+            return {b for b in ids if b in done or (selection and not selection.keeps(b))}
+
         try:
             while current is not None:
                 try:
-                    for bucket, tables in current.tables(skip=done):
+                    for bucket, tables in current.tables(skip=unwanted(current.bucket_ids)):
                         for table in tables:
                             yield from table.to_batches()
                         done.add(bucket)
@@ -153,18 +181,21 @@ class ShardTable:
                     restarts += 1
                     if restarts >= READ_ATTEMPTS or self.shard.versions.head_seqno() == state.seqno:
                         raise
-                buckets = current.buckets
                 current.close()
                 current = None
                 state = self.shard.state()
                 check_snapshot_readable(state, as_of)  # NotReadable if since passed as_of
                 current = open_typed_snapshot(self.shard.blob, state, as_of, fields)
-                if current is not None and current.buckets != buckets and done:
+                if current is not None and current.buckets != buckets:
                     current.close()
                     current = None
                 if current is None:
-                    merged = self.shard.snapshot(as_of)
-                    yield from self._decoded(schema, _without_buckets(merged, done, buckets))
+                    def wanted(ids: np.ndarray) -> np.ndarray:
+                        keep = ~np.isin(ids, list(done))
+                        return keep if selection is None else keep & selection.mask(ids)
+
+                    merged = _in_buckets(self.shard.snapshot(as_of), buckets, wanted)
+                    yield from self._decoded(schema, merged)
                     return
         finally:
             if current is not None:
@@ -201,14 +232,31 @@ class ShardTable:
         return info
 
 
-def _without_buckets(
-    batches: Iterator[pa.RecordBatch], done: set[int], buckets: int
+@dataclass(frozen=True)
+class BucketSelection:
+    """The keys of the buckets ``b`` (of the shard's ``buckets``) with
+    ``b % count == index``: task ``index`` of ``count`` reading a snapshot in parallel."""
+
+    buckets: int
+    index: int
+    count: int
+
+    def keeps(self, bucket: int) -> bool:
+        return bucket % self.count == self.index
+
+    def mask(self, ids: np.ndarray) -> np.ndarray:
+        return np.asarray(ids % self.count == self.index)
+
+
+def _in_buckets(
+    batches: Iterator[pa.RecordBatch], buckets: int,
+    wanted: Callable[[np.ndarray], np.ndarray],
 ) -> Iterator[pa.RecordBatch]:
-    """``batches`` without the rows of keys in the buckets ``done`` (of ``buckets``)."""
+    """``batches`` with only the rows whose key's bucket (of ``buckets``) is wanted."""
     try:
         for batch in batches:
-            if done:
-                keep = ~np.isin(bucket_of_keys(batch.column("key"), buckets), list(done))
+            keep = wanted(bucket_of_keys(batch.column("key"), buckets))
+            if not keep.all():
                 batch = batch.filter(pa.array(keep))
             if batch.num_rows:
                 yield batch

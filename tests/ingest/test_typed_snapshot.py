@@ -209,3 +209,36 @@ def test_a_missing_part_of_the_current_state_is_reported(tmp_path: Path) -> None
     shard.blob.delete(part.key)  # type: ignore[union-attr]
     with pytest.raises(CorruptData, match="missing"):
         ShardTable(shard).snapshot()
+
+
+@pytest.mark.parametrize("typed", [True, False])
+@pytest.mark.parametrize("count", [1, 3, 8])
+def test_bucket_selections_split_the_snapshot_without_overlap(
+    tmp_path: Path, typed: bool, count: int
+) -> None:
+    """``snapshot_of_buckets`` (one Spark task's share): the shares of tasks 0..count-1
+    are disjoint and together the snapshot, by the typed read and the merged one."""
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    shard = _shard(tmp_path)
+    for i in range(2):
+        _ingest_one(shard, landing, i,
+                    [{"key": k, "offset": i, "v": f"{i}-{k}"} for k in range(0, 60, i + 1)],
+                    buckets=4)
+    reader = ShardTable(shard)
+    want = reader.snapshot()
+    schema = reader.source_schema()
+    shares = []
+    for index in range(count):
+        selection = shard_table.BucketSelection(4, index, count)
+        if typed:
+            batches = list(reader.snapshot_of_buckets(1, schema, selection))
+        else:
+            with _merged_only():
+                batches = list(reader.snapshot_of_buckets(1, schema, selection))
+        shares.append(pa.Table.from_batches(batches, schema=reader.schema))
+    keys = [set(t.column("key").to_pylist()) for t in shares]
+    assert sum(len(k) for k in keys) == len(set().union(*keys)) == want.num_rows
+    assert _bag(pa.concat_tables(shares)) == _bag(want)
+    if count == 8:
+        assert not any(keys[4:])  # only 4 buckets: tasks 4..7 have no work
