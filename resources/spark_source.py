@@ -31,7 +31,8 @@ Invariants:
 - Snapshots of a shard written by the ingest (it has N buckets): task ``i`` returns
   exactly the rows of the keys whose bucket ``b`` has ``b % partitions == i``, so at
   most N tasks have work. Through ``ShardTable.snapshot_of_buckets``: from typed,
-  bucket-labelled parts a task reads only its buckets' parts (``persist.typed_read``),
+  bucket-labelled parts a task reads only its buckets' parts (``persist.typed_read``;
+  it opens every part's footer to find them),
   otherwise it filters the merged read by bucket. Either way the union of the tasks is
   the read, each key in one task.
 - Changes, and snapshots of shards without buckets: keys are 16-byte digests,
