@@ -194,7 +194,8 @@ class TypedSnapshot:
         wanted = columns if whole else [*columns, "ts"]
         part = member.part
         tables = [
-            part.read_row_group(i, columns=wanted) for i in range(part.num_row_groups)
+            part.read_row_group(i, columns=wanted, use_threads=True)
+            for i in range(part.num_row_groups)
         ]
         table = pa.concat_tables(tables) if len(tables) != 1 else tables[0]
         if not whole:
