@@ -23,8 +23,9 @@ from hypothesis import strategies as st
 
 import upsert_core.shard_table as shard_table
 from tests.model import UpsertModel
-from upsert_core.errors import CorruptData
+from upsert_core.errors import ConfigError, CorruptData
 from upsert_core.ingest import IngestRequest, ingest
+from upsert_core.ingest.options import TYPED_PARTS_ENV, typed_parts_from_env
 from upsert_core.persist.location.blob_local import LocalBlob
 from upsert_core.persist.location.consensus_sql import SqlConsensus
 from upsert_core.persist.parts import OpenPart
@@ -242,3 +243,38 @@ def test_bucket_selections_split_the_snapshot_without_overlap(
     assert _bag(pa.concat_tables(shares)) == _bag(want)
     if count == 8:
         assert not any(keys[4:])  # only 4 buckets: tasks 4..7 have no work
+
+
+def test_typed_parts_can_be_turned_off_for_older_readers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``UPSERT_TYPED_PARTS=0``: parts carry exactly the four update columns (what
+    releases before typed parts accept); snapshots take the merged read, same rows."""
+    monkeypatch.setenv(TYPED_PARTS_ENV, "0")
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    shard = _shard(tmp_path)
+    rows = [{"key": k, "offset": 1, "v": "x" * 40} for k in range(100)]
+    _ingest_one(shard, landing, 0, rows)
+    for part in shard.state().batches[0].parts:
+        opened = OpenPart(shard.blob, part)
+        assert opened.layout.values == () and opened.metadata.schema.to_arrow_schema().names == [
+            "key", "row", "ts", "diff"]
+        opened.close()
+    assert not _typed_used(shard, 0)
+    assert ShardTable(shard).snapshot().num_rows == 100
+    monkeypatch.setenv(TYPED_PARTS_ENV, "1")
+    _ingest_one(shard, landing, 1, [{"key": 1, "offset": 2, "v": "y"}])
+    assert not _typed_used(shard, 1)  # the first batch's parts are still plain
+    assert ShardTable(shard).snapshot().num_rows == 100
+
+
+@pytest.mark.parametrize("text, want", [("", True), ("1", True), ("on", True), ("0", False),
+                                        ("False", False)])
+def test_typed_parts_setting(text: str, want: bool) -> None:
+    assert typed_parts_from_env({TYPED_PARTS_ENV: text}) is want
+
+
+def test_a_typo_in_the_typed_parts_setting_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=TYPED_PARTS_ENV):
+        typed_parts_from_env({TYPED_PARTS_ENV: "nope"})

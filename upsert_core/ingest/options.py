@@ -69,6 +69,27 @@ class IngestRequest:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     writer_lease_ms: int = field(default_factory=lambda: writer_lease_ms_from_env())
     value_checks: tuple[ValueCheck, ...] = ()
+    typed_parts: bool = field(default_factory=lambda: typed_parts_from_env())
+
+
+TYPED_PARTS_ENV = "UPSERT_TYPED_PARTS"
+"""``0`` writes parts without value columns (readable by releases before typed parts)."""
+
+
+def typed_parts_from_env(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ingests write typed parts (:data:`TYPED_PARTS_ENV`; default yes).
+
+    Typed parts carry the rows' decoded values beside the encoded rows, so snapshots read
+    them without decoding (``persist.typed_read``). Releases before them refuse a part
+    with extra columns, so a deployment whose readers are not all upgraded yet sets
+    ``UPSERT_TYPED_PARTS=0`` until they are; its snapshots then take the merged read.
+    """
+    text = (os.environ if env is None else env).get(TYPED_PARTS_ENV, "").strip().lower()
+    if text in ("", "1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{TYPED_PARTS_ENV}={text!r}: use 1 (the default) or 0")
 
 
 WRITER_LEASE_ENV = "UPSERT_WRITER_LEASE_S"

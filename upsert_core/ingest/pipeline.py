@@ -99,6 +99,7 @@ def plan_file(
         checkpoints={b: stored.checkpoint_refs.get(b, "") for b in range(options.buckets)},
         checkpoints_current=stored.checkpoints_current(state.upper),
         inline_threshold=request.inline_threshold,
+        typed_parts=request.typed_parts,
         shard_state=state,
         bases={
             b: stored.checkpoint_bases[b]

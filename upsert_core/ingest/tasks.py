@@ -148,6 +148,8 @@ class FileTask:
     checkpoints: dict[int, str] = field(default_factory=dict)
     checkpoints_current: bool = True
     inline_threshold: int = 4096
+    typed_parts: bool = True
+    """Write typed parts (value columns; ``options.TYPED_PARTS_ENV``)."""
     shard_state: ShardState | None = None
     shard_state_bytes: bytes | None = None
     bases: dict[int, str] = field(default_factory=dict)
@@ -359,11 +361,14 @@ def _run_bucket(
         if table.num_rows:
             # Typed, bucket-labelled parts: a snapshot reads their value columns bucket
             # by bucket, with neither a merge nor a decode (persist.typed_read).
+            values = (
+                decode_rows_to_table(row_schema, table.column("row"))
+                if task.typed_parts else None
+            )
             result.parts = list(write_parts(
                 blob, task.shard_id, table, inline_threshold=task.inline_threshold,
                 presorted=True,  # drain_to_upper emits (key, row) order
-                values=decode_rows_to_table(row_schema, table.column("row")),
-                bucket=(bucket, task.buckets),
+                values=values, bucket=(bucket, task.buckets),
             ))
         for part in result.parts:
             result.bytes_written += part.encoded_size_bytes
