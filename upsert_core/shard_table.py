@@ -170,8 +170,15 @@ class ShardTable:
             return {b for b in ids if b in done or (selection and not selection.keeps(b))}
 
         try:
-            while current is not None:
+            while True:
                 try:
+                    if current is None:  # a restart: reopen on the fresh state
+                        current = open_typed_snapshot(self.shard.blob, state, as_of, fields)
+                        if current is not None and current.buckets != buckets:
+                            current.close()
+                            current = None
+                        if current is None:
+                            break  # no longer typed alike: the merged read goes on
                     for bucket, tables in current.tables(skip=unwanted(current.bucket_ids)):
                         for table in tables:
                             yield from table.to_batches()
@@ -181,25 +188,21 @@ class ShardTable:
                     restarts += 1
                     if restarts >= READ_ATTEMPTS or self.shard.versions.head_seqno() == state.seqno:
                         raise
-                current.close()
-                current = None
-                state = self.shard.state()
-                check_snapshot_readable(state, as_of)  # NotReadable if since passed as_of
-                current = open_typed_snapshot(self.shard.blob, state, as_of, fields)
-                if current is not None and current.buckets != buckets:
-                    current.close()
-                    current = None
-                if current is None:
-                    def wanted(ids: np.ndarray) -> np.ndarray:
-                        keep = ~np.isin(ids, list(done))
-                        return keep if selection is None else keep & selection.mask(ids)
-
-                    merged = _in_buckets(self.shard.snapshot(as_of), buckets, wanted)
-                    yield from self._decoded(schema, merged)
-                    return
+                    if current is not None:
+                        current.close()
+                        current = None
+                    state = self.shard.state()
+                    check_snapshot_readable(state, as_of)  # NotReadable if since passed as_of
         finally:
             if current is not None:
                 current.close()
+
+        def wanted(ids: np.ndarray) -> np.ndarray:
+            keep = ~np.isin(ids, list(done))
+            return keep if selection is None else keep & selection.mask(ids)
+
+        merged = _in_buckets(self.shard.snapshot(as_of), buckets, wanted)
+        yield from self._decoded(schema, merged)
 
     def snapshot(self, as_of: int | None = None) -> pa.Table:
         """The snapshot as of ``as_of`` (default: the newest readable time)."""

@@ -278,3 +278,46 @@ def test_typed_parts_setting(text: str, want: bool) -> None:
 def test_a_typo_in_the_typed_parts_setting_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match=TYPED_PARTS_ENV):
         typed_parts_from_env({TYPED_PARTS_ENV: "nope"})
+
+
+def test_a_second_gc_while_the_read_reopens_is_retried_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reopen on the fresh state can meet a missing part as well (GC ran again):
+    it is retried like any other restart, not reported."""
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    shard = _shard(tmp_path)
+    for i in range(2):
+        _ingest_one(shard, landing, i,
+                    [{"key": k, "offset": i, "v": f"{i}-{k}"} for k in range(0, 200, i + 1)],
+                    buckets=4 * BUCKETS_AHEAD)
+    want = _bag(ShardTable(shard).snapshot())
+    reader = ShardTable(shard).to_batches()
+    seen = [reader.read_next_batch()]
+    shard.compact(merge_all=True)
+    shard.gc()
+    real_read, real_open = OpenPart.read_row_group, shard_table.open_typed_snapshot
+    calls: list[str] = []
+
+    def vanished(self: OpenPart, *args: Any, **kwargs: Any) -> pa.Table:
+        calls.append("read")
+        if calls.count("read") == 1:
+            raise CorruptData(f"{self.where} went missing from the blob store")
+        return real_read(self, *args, **kwargs)
+
+    def reopen(*args: Any) -> Any:
+        calls.append("open")
+        if calls.count("open") == 1:
+            # Another writer moves the head on: the state being reopened is stale again.
+            empty = pa.table({"key": pa.array([], pa.binary()), "row": pa.array([], pa.binary()),
+                              "ts": pa.array([], pa.int64()), "diff": pa.array([], pa.int64())})
+            assert shard.append(empty, shard.state().upper).committed
+            raise CorruptData("a part went missing while the read reopened")
+        return real_open(*args)
+
+    monkeypatch.setattr(OpenPart, "read_row_group", vanished)
+    monkeypatch.setattr(shard_table, "open_typed_snapshot", reopen)
+    seen.extend(reader)
+    assert calls.count("open") == 2
+    assert _bag(pa.Table.from_batches(seen)) == want

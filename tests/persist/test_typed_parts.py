@@ -21,6 +21,7 @@ from upsert_core.persist.parts import (
     is_consolidated,
     read_part_table,
     write_part,
+    write_parts,
 )
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.state import HollowBatch, InlinePart
@@ -206,3 +207,21 @@ def test_plain_or_unlabelled_parts_leave_the_merged_read_in_charge(tmp_path: Pat
     shard.compact(merge_all=True)
     assert _typed_bag(shard, 2) is None
     assert +_merged_bag(shard, 2) == Counter()
+
+
+def test_write_parts_leaves_nothing_behind_when_a_later_part_fails(tmp_path: Path) -> None:
+    class FailingSecondWrite(LocalBlob):
+        writes = 0
+
+        def set(self, key: str, value: bytes) -> None:
+            FailingSecondWrite.writes += 1
+            if FailingSecondWrite.writes == 2:
+                raise OSError("disk full")
+            super().set(key, value)
+
+    blob = FailingSecondWrite(tmp_path / "blob")
+    updates, values = _updates([(_key(i, 0), "x" * 50, 0, 1) for i in range(8)])
+    with pytest.raises(OSError, match="disk full"):
+        write_parts(blob, "s", updates, values=values, bucket=(0, N), part_rows=3,
+                    inline_threshold=0)
+    assert [p for p in (tmp_path / "blob").rglob("*") if p.is_file()] == []

@@ -258,19 +258,24 @@ def write_parts(
     values: pa.Table | None = None,
     bucket: tuple[int, int] | None = None,
 ) -> tuple[Part, ...]:
-    """Sort ``data`` and write it as parts of at most ``part_rows`` rows (none if empty).
+    """Sort ``data`` and write it as parts of at most ``part_rows`` rows (none if empty);
+    if a write fails, the parts already written are deleted before the error propagates.
 
     ``presorted=True`` skips the sort when the caller guarantees ``(key, row, ts)``
     order (the columnar drain emits its updates that way). ``values`` and ``bucket``
     as for :func:`write_part`."""
     table = _prepared(data, values, presorted)
     step = max(1, part_rows)
-    return tuple(
-        _write_prepared(
-            blob, shard, table.slice(start, step), bucket, inline_threshold, row_group_rows
-        )
-        for start in range(0, table.num_rows, step)
-    )
+    written: list[Part] = []
+    try:
+        for start in range(0, table.num_rows, step):
+            written.append(_write_prepared(
+                blob, shard, table.slice(start, step), bucket, inline_threshold, row_group_rows
+            ))
+    except BaseException:
+        delete_parts(blob, written)  # all or nothing: no state references them yet
+        raise
+    return tuple(written)
 
 
 def write_batch(
