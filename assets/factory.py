@@ -109,6 +109,7 @@ from upsert_core.errors import (
     UpsertPlatformError,
 )
 from upsert_core.ingest import ProgressEvent
+from upsert_core.ingest.part_typer import part_typer
 from upsert_core.landing import list_landing, pending
 from upsert_core.persist.keys import claim_writer_token
 from upsert_core.redact import redact_url
@@ -428,7 +429,7 @@ def build_source_assets(
                 "note": MetadataValue.text(f"shard {spec.shard!r} does not exist yet")
             })
         try:
-            report = shard.gc(retain=retain)
+            report = shard.gc(retain=retain, typer=part_typer(shard.state()))
         except UpsertPlatformError as exc:
             raise _failure(exc) from exc
         meta = gc_metadata(report, time.monotonic() - started)

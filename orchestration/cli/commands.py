@@ -170,11 +170,15 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
+    from upsert_core.ingest.part_typer import part_typer  # heavy: pyarrow, the ingest package
+
     shard = open_shard(args)
+    # The typer lets compaction rewrite plain parts as typed ones (fast snapshots).
+    typer = part_typer(shard.state())
     if args.leak_grace is None:
-        report = shard.gc(args.retain)
+        report = shard.gc(args.retain, typer=typer)
     else:
-        report = shard.gc(args.retain, leak_grace_ms=int(args.leak_grace * 1000))
+        report = shard.gc(args.retain, leak_grace_ms=int(args.leak_grace * 1000), typer=typer)
     print(dumps(report.as_dict()))
     return EXIT_OK
 

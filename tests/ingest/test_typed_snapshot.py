@@ -26,6 +26,8 @@ from tests.model import UpsertModel
 from upsert_core.errors import ConfigError, CorruptData
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.options import TYPED_PARTS_ENV, typed_parts_from_env
+from upsert_core.ingest.part_typer import part_typer
+from upsert_core.ingest.verify import compare_state
 from upsert_core.persist.location.blob_local import LocalBlob
 from upsert_core.persist.location.consensus_sql import SqlConsensus
 from upsert_core.persist.parts import OpenPart
@@ -101,11 +103,23 @@ rows_strategy = st.lists(
 )
 
 
+def _all_parts_typed(shard: Shard) -> bool:
+    for batch in shard.state().batches:
+        for part in batch.parts:
+            opened = OpenPart(shard.blob, part)
+            typed = bool(opened.layout.values) and opened.layout.bucket is not None
+            opened.close()
+            if not typed:
+                return False
+    return True
+
+
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(
     files=st.lists(rows_strategy, min_size=1, max_size=5),
-    actions=st.lists(st.sampled_from(["none", "compact", "compact_all", "gc1"]),
+    actions=st.lists(st.sampled_from(["none", "compact", "compact_all", "gc1", "plain_next",
+                                      "gc1_typer", "compact_all_typer"]),
                      min_size=5, max_size=5),
     added_at=st.integers(0, 5),
 )
@@ -113,30 +127,71 @@ def test_typed_snapshot_equals_merged_read_and_model(
     tmp_path_factory: pytest.TempPathFactory, files: list[list[dict[str, Any]]],
     actions: list[str], added_at: int,
 ) -> None:
+    """Also with plain parts in the mix (an ingest with ``UPSERT_TYPED_PARTS=0``) and
+    compactions that type them (``part_typer``)."""
     root = tmp_path_factory.mktemp("typed")
     landing = root / "landing"
     landing.mkdir()
     shard = _shard(root)
     model = UpsertModel("batch")
     expected: dict[int, Counter[Any]] = {}
+    plain = False
     for index, rows in enumerate(files):
         if index >= added_at:  # a column the shard gains partway
             rows = [{**row, "extra": index} for row in rows]
-        _ingest_one(shard, landing, index, rows)
+        with mock.patch.dict("os.environ", {TYPED_PARTS_ENV: "0" if plain else "1"}):
+            _ingest_one(shard, landing, index, rows)
+        plain = False
         model.apply(rows)
         expected[index] = Counter(
             tuple(sorted((k, v) for k, v in row if v is not None))
             for row in model.rows(index).elements()
         )
         action = actions[index]
+        typer = part_typer(shard.state())
         if action == "compact":
             shard.compact()
         elif action == "compact_all":
             shard.compact(merge_all=True)
+        elif action == "compact_all_typer":
+            shard.compact(merge_all=True, typer=typer)
         elif action == "gc1":
             shard.gc(retain=1)
-        assert _typed_used(shard, shard.state().upper - 1), "the typed read was not used"
+        elif action == "gc1_typer":
+            shard.gc(retain=1, typer=typer)
+        elif action == "plain_next":
+            plain = True
+        if _all_parts_typed(shard):
+            assert _typed_used(shard, shard.state().upper - 1), "the typed read was not used"
     _assert_same_at_every_time(shard, expected)
+
+
+def test_gc_with_the_ingests_typer_upgrades_a_plain_shard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shard written with plain parts (before typed parts, or with the setting off)
+    gains the typed layout when GC's compaction rewrites it with ``part_typer``."""
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    shard = _shard(tmp_path)
+    monkeypatch.setenv(TYPED_PARTS_ENV, "0")
+    for i in range(3):
+        rows = [{"key": k, "offset": i, "v": f"{i}-{k}"} for k in range(0, 90, i + 1)]
+        if i == 2:
+            rows = [{**row, "later": 1.5} for row in rows]
+        _ingest_one(shard, landing, i, rows)
+    want = _bag(ShardTable(shard).snapshot())
+    assert part_typer(shard.state()) is None  # the setting is off: nothing to type with
+    shard.gc(retain=1, typer=part_typer(shard.state()))
+    assert not _all_parts_typed(shard)
+    monkeypatch.setenv(TYPED_PARTS_ENV, "1")
+    _ingest_one(shard, landing, 3, [{"key": 5, "offset": 3, "v": "new"}])
+    want = _bag(ShardTable(shard).snapshot())
+    shard.gc(retain=1, typer=part_typer(shard.state()))
+    assert _all_parts_typed(shard) and _typed_used(shard, shard.state().upper - 1)
+    assert _bag(ShardTable(shard).snapshot()) == want
+    assert shard.check().problems == []
+    assert compare_state(shard).problems == []  # includes the typed parts' checks
 
 
 def test_untyped_parts_fall_back_to_the_merged_read(tmp_path: Path) -> None:

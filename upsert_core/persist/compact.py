@@ -14,9 +14,11 @@ Invariants:
   lowered to any leased reader's since) and consolidated. Every read at a time at or
   after the frontier therefore sees exactly the same contents.
 - Bucket-preserving: when every part of the run is typed and labelled with a bucket of
-  one N (``parts``: the ingest writes them so), the run is merged bucket by bucket and
-  each bucket's result is written as typed parts with that bucket's label, so a
-  compacted shard keeps the layout ``typed_read`` reads without a merge. Each bucket
+  one N (``parts``: the ingest writes them so), or the caller passes a
+  :class:`PartTyper` (which decodes plain parts' rows and buckets unlabelled keys), the
+  run is merged bucket by bucket and each bucket's result is written as typed parts with
+  that bucket's label, so a compacted shard keeps (or gains) the layout ``typed_read``
+  reads without a merge. A plain part whose rows do not decode leaves the run plain. Each bucket
   of the run is held in memory while it is merged (as the ingest holds a bucket's
   state). Any other run streams (``read.merge_sorted``) into plain parts, memory
   bounded by about (number of input parts x batch size) plus one output part.
@@ -43,11 +45,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from upsert_core.errors import InvalidUsage, UpsertPlatformError
+from upsert_core.persist.buckets import bucket_of_keys
 from upsert_core.persist.consolidate import UPDATE_SCHEMA, advance_ts, consolidate
 from upsert_core.persist.keys import part_key, writing_as
 from upsert_core.persist.location import Blob
@@ -67,6 +71,24 @@ from upsert_core.persist.state import BlobPart, HollowBatch, InlinePart, Part, S
 from upsert_core.persist.writers import require_new_references_registered, require_registered
 
 log = logging.getLogger(__name__)
+
+
+class PartTyper(Protocol):
+    """What compaction needs to write typed parts from plain ones: the shard's bucket
+    count and a decoder of encoded rows into its value columns (the ingest's schema; see
+    ``ingest.part_typer``). Persist itself knows neither."""
+
+    @property
+    def buckets(self) -> int: ...
+
+    @property
+    def fields(self) -> list[pa.Field]:
+        """The value columns, in order (the shard's current columns)."""
+        ...
+
+    def values(self, rows: pa.Array | pa.ChunkedArray) -> pa.Table:
+        """``rows`` decoded: one column per field, row ``i`` from ``rows[i]``."""
+        ...
 
 DEFAULT_MAX_BATCHES_PER_MERGE = 8
 MAX_FAILED_COMMITS = 3
@@ -193,9 +215,11 @@ def merge_batches(
     part_rows: int = DEFAULT_PART_ROWS,
     batch_rows: int = DEFAULT_BATCH_ROWS,
     writer_id: str | None = None,
+    typer: PartTyper | None = None,
 ) -> HollowBatch:
     """Write the consolidated union of adjacent ``batches``, ts advanced to ``since``,
-    as parts named after ``writer_id``.
+    as parts named after ``writer_id``. With a ``typer`` the output is typed and
+    bucket-labelled even where the input was not (see the module docstring).
 
     Streams: parts are merged record batch by record batch and written as they fill.
     The result is referenced by no state yet; commit it with :func:`commit_merge`.
@@ -212,7 +236,7 @@ def merge_batches(
     with writing_as(writer_id):
         by_bucket = _merge_by_bucket(
             blob, shard, batches, since, inline_threshold=inline_threshold,
-            part_rows=part_rows,
+            part_rows=part_rows, typer=typer,
         )
     if by_bucket is not None:
         return HollowBatch(
@@ -266,12 +290,66 @@ def _read_typed(part: OpenPart, fields: list[pa.Field]) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
+class _Untypeable(Exception):  # noqa: N818 - internal signal, never escapes this module
+    """A plain part's rows do not decode: the run is merged plain instead."""
+
+
+def _plan_buckets(
+    opened: Sequence[OpenPart], typer: PartTyper | None
+) -> tuple[int, list[pa.Field]] | None:
+    """``(N, value fields)`` of a bucket-preserving merge of ``opened``, or None when the
+    run cannot be written typed: labels of different N (or not the typer's), parts
+    without labels or values and no typer, value columns that disagree."""
+    counts = {p.layout.bucket[1] for p in opened if p.layout.bucket is not None}
+    if typer is None:
+        if any(p.layout.bucket is None or not p.layout.values for p in opened):
+            return None
+        fields = _value_fields(opened)
+        return None if fields is None or len(counts) != 1 else (counts.pop(), fields)
+    if counts - {typer.buckets}:
+        return None
+    fields = list(typer.fields)
+    for part in opened:
+        if list(part.layout.values) != fields[: len(part.layout.values)]:
+            return None
+    return typer.buckets, fields
+
+
+def _bucket_rows(
+    part: OpenPart, bucket: int, buckets: int, fields: list[pa.Field],
+    typer: PartTyper | None,
+) -> pa.Table | None:
+    """The part's updates of keys in ``bucket`` with every value column (decoded by the
+    typer where the part has none), or None when the part holds none of them."""
+    label = part.layout.bucket
+    if label is not None and label[0] != bucket:
+        return None
+    if part.layout.values or typer is None:
+        table = _read_typed(part, fields)
+    else:
+        groups = [part.read_row_group(i) for i in range(part.num_row_groups)]
+        updates = pa.concat_tables(groups) if groups else UPDATE_SCHEMA.empty_table()
+        try:
+            values = typer.values(updates.column("row"))
+        except UpsertPlatformError as exc:
+            raise _Untypeable(f"{part.where}: {exc}") from exc
+        table = pa.Table.from_arrays(
+            [*updates.columns, *values.columns],
+            schema=pa.schema([*UPDATE_SCHEMA, *(pa.field(VALUE_PREFIX + f.name, f.type)
+                                                for f in fields)]),
+        )
+    if label is None:  # unlabelled: keep this bucket's keys (the part is read per bucket)
+        mine = bucket_of_keys(table.column("key"), buckets) == bucket
+        table = table.filter(pa.array(mine))
+    return table if table.num_rows else None
+
+
 def _merge_by_bucket(
     blob: Blob, shard: str, batches: Sequence[HollowBatch], since: int, *,
-    inline_threshold: int, part_rows: int,
+    inline_threshold: int, part_rows: int, typer: PartTyper | None = None,
 ) -> tuple[Part, ...] | None:
     """The bucket-preserving merge (see the module docstring), or None when the run's
-    parts are not all typed and labelled alike (the caller then streams)."""
+    parts cannot be written typed (the caller then streams)."""
     opened: list[OpenPart] = []
     written: list[Part] = []
     try:
@@ -279,22 +357,22 @@ def _merge_by_bucket(
             for stored in batch.parts:
                 if stored.num_updates:
                     opened.append(OpenPart(blob, stored, shard=shard))
-        labels = [p.layout.bucket for p in opened]
-        counts = {label[1] for label in labels if label is not None}
-        if not opened or None in labels or len(counts) != 1:
+        planned = _plan_buckets(opened, typer) if opened else None
+        if planned is None:
             return None
-        fields = _value_fields(opened) if all(p.layout.values for p in opened) else None
-        if fields is None:
-            return None
-        buckets = counts.pop()
-        groups: dict[int, list[OpenPart]] = {}
-        for reader in opened:
-            assert reader.layout.bucket is not None
-            groups.setdefault(reader.layout.bucket[0], []).append(reader)
+        buckets, fields = planned
+        labelled = all(p.layout.bucket is not None for p in opened)
+        ids = sorted({p.layout.bucket[0] for p in opened if p.layout.bucket is not None}
+                     ) if labelled else range(buckets)
         width = len(UPDATE_SCHEMA)
-        for bucket in sorted(groups):
-            table = pa.concat_tables([_read_typed(p, fields) for p in groups[bucket]])
-            merged = consolidate(advance_ts(table, since))
+        for bucket in ids:
+            pieces = [
+                t for p in opened
+                if (t := _bucket_rows(p, bucket, buckets, fields, typer)) is not None
+            ]
+            if not pieces:
+                continue
+            merged = consolidate(advance_ts(pa.concat_tables(pieces), since))
             values = merged.select(list(range(width, merged.num_columns)))
             values = values.rename_columns([f.name for f in fields])
             written.extend(write_parts(
@@ -303,6 +381,10 @@ def _merge_by_bucket(
                 presorted=True, inline_threshold=inline_threshold, part_rows=part_rows,
             ))
         return tuple(written)
+    except _Untypeable as exc:
+        delete_parts(blob, written)
+        log.warning("shard %s: compacting without typing: %s", shard, exc)
+        return None
     except BaseException:
         delete_parts(blob, written)  # referenced by nothing yet
         raise
@@ -404,12 +486,14 @@ def compact(
     part_rows: int = DEFAULT_PART_ROWS,
     batch_rows: int = DEFAULT_BATCH_ROWS,
     writer_id: str | None = None,
+    typer: PartTyper | None = None,
 ) -> CompactionResult:
     """Merge batches until the size tiers hold (or ``max_merges`` merges were done).
 
     ``since``: advance updates to this time instead of the compaction frontier; it must
     not exceed it. ``merge_all``: merge every batch into one (e.g. after ``gc --retain``
-    advanced the since), in one streaming pass, then continue by the tiers.
+    advanced the since), in one streaming pass, then continue by the tiers. ``typer``:
+    write typed, labelled parts even from plain ones (see :class:`PartTyper`).
     """
     state = machine.state()
     before = len(state.batches)
@@ -433,7 +517,7 @@ def compact(
         run = state.batches[plan[0] : plan[1]]
         merged = merge_batches(
             blob, state.shard_id, run, target, inline_threshold=inline_threshold,
-            part_rows=part_rows, batch_rows=batch_rows, writer_id=writer_id,
+            part_rows=part_rows, batch_rows=batch_rows, writer_id=writer_id, typer=typer,
         )
         committed, state = commit_merge(machine, blob, run, merged, writer_id)
         if committed:

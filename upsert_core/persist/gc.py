@@ -87,7 +87,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from upsert_core.errors import CorruptData, InvalidUsage, WriterFenced
-from upsert_core.persist.compact import compact, has_work
+from upsert_core.persist.compact import PartTyper, compact, has_work
 from upsert_core.persist.keys import (
     CHECKPOINT_DIR,
     ERRORS_DIR,
@@ -437,8 +437,10 @@ def gc(
     leak_grace_ms: int = DEFAULT_LEAK_GRACE_MS,
     run_compaction: bool = True,
     clock_ms: Callable[[], int] = _wall_clock_ms,
+    typer: PartTyper | None = None,
 ) -> GcReport:
-    """Run every GC step on the machine's shard (see the module docstring)."""
+    """Run every GC step on the machine's shard (see the module docstring); its
+    compaction writes typed parts with ``typer`` (``compact.PartTyper``)."""
     started = time.monotonic()
     versions = machine.versions
     report = GcReport(shard_id=versions.shard_id)
@@ -462,7 +464,8 @@ def gc(
     if run_compaction and has_work(state, merge_all=moved):
         with WriterLease(versions, clock_ms=clock_ms) as lease:
             try:
-                result = compact(machine, blob, merge_all=moved, writer_id=lease.writer_id)
+                result = compact(machine, blob, merge_all=moved, writer_id=lease.writer_id,
+                                 typer=typer)
                 report.compaction_merges = result.merges
             except WriterFenced as exc:
                 # This GC stalled past its own lease; its merged parts name a writer

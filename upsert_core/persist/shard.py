@@ -42,7 +42,7 @@ from upsert_core.persist import leases
 from upsert_core.persist.append import AppendRequest, AppendResult, delete_uncommitted
 from upsert_core.persist.append import compare_and_append as _compare_and_append
 from upsert_core.persist.check import CheckReport, check_shard
-from upsert_core.persist.compact import CompactionResult
+from upsert_core.persist.compact import CompactionResult, PartTyper
 from upsert_core.persist.compact import compact as _compact
 from upsert_core.persist.gc import DEFAULT_LEAK_GRACE_MS, GcReport, check_retain
 from upsert_core.persist.gc import gc as _gc
@@ -410,13 +410,15 @@ class Shard:
         *,
         leak_grace_ms: int = DEFAULT_LEAK_GRACE_MS,
         run_compaction: bool = True,
+        typer: PartTyper | None = None,
     ) -> GcReport:
-        """Garbage-collect the shard (see ``gc.py``); ``retain`` must be None or >= 1."""
+        """Garbage-collect the shard (see ``gc.py``); ``retain`` must be None or >= 1.
+        With ``typer`` its compaction writes typed parts (``compact.PartTyper``)."""
         if retain is not None:
             check_retain(retain)  # InvalidUsage before anything changes
         return _gc(
             self.machine, self.blob, retain=retain, leak_grace_ms=leak_grace_ms,
-            run_compaction=run_compaction, clock_ms=self._clock_ms,
+            run_compaction=run_compaction, clock_ms=self._clock_ms, typer=typer,
         )
 
     def check(self) -> CheckReport:

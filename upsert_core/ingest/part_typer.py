@@ -1,0 +1,56 @@
+"""The ingest's :class:`~upsert_core.persist.compact.PartTyper`: lets compaction write
+typed, bucket-labelled parts from plain ones (parts written before typed parts, or with
+``UPSERT_TYPED_PARTS=0``), so GC upgrades an older shard to the layout snapshots read
+without a merge.
+
+Invariants:
+
+- The values it gives are exactly what the ingest writes into a typed part: the rows
+  decoded with the shard's CURRENT source schema (``landing.rows.decode_rows_to_table``;
+  schemas only append columns, so it covers every stored row, and a column a row
+  predates is null), and the bucket count is the shard's own.
+- No typer (None) for a shard the ingest did not write (no schema or options) or
+  whose config cannot be read, and none while ``UPSERT_TYPED_PARTS=0``: compaction then
+  keeps plain parts plain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from upsert_core.errors import ConfigError
+from upsert_core.ingest.options import typed_parts_from_env
+from upsert_core.ingest.shard_config import ShardIngestConfig
+from upsert_core.landing import ARROW_TYPES, SourceSchema
+from upsert_core.landing.rows import decode_rows_to_table
+from upsert_core.persist.state import ShardState
+
+
+@dataclass(frozen=True)
+class SchemaTyper:
+    """Decodes a shard's encoded rows with its source schema (a ``PartTyper``)."""
+
+    schema: SourceSchema
+    buckets: int
+
+    @property
+    def fields(self) -> list[pa.Field]:
+        return [pa.field(name, ARROW_TYPES[typ]) for name, typ in self.schema.columns]
+
+    def values(self, rows: pa.Array | pa.ChunkedArray) -> pa.Table:
+        return decode_rows_to_table(self.schema, rows)
+
+
+def part_typer(state: ShardState) -> SchemaTyper | None:
+    """The typer for the shard in ``state`` (see the module docstring)."""
+    if not typed_parts_from_env():
+        return None
+    try:
+        stored = ShardIngestConfig.read(state.config)
+    except ConfigError:
+        return None
+    if stored.schema is None or stored.options is None:
+        return None
+    return SchemaTyper(stored.schema, stored.options.buckets)
