@@ -225,3 +225,43 @@ def test_write_parts_leaves_nothing_behind_when_a_later_part_fails(tmp_path: Pat
         write_parts(blob, "s", updates, values=values, bucket=(0, N), part_rows=3,
                     inline_threshold=0)
     assert [p for p in (tmp_path / "blob").rglob("*") if p.is_file()] == []
+
+
+@pytest.mark.parametrize("budget, most", [(1, 1), (10_000, 3)])
+def test_read_ahead_is_bounded_by_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, budget: int, most: int
+) -> None:
+    """Buckets are read ahead only within the row budget (at least the next one): a
+    streaming reader holds about one bucket when buckets are big."""
+    import threading
+
+    import upsert_core.persist.typed_read as typed_read
+
+    monkeypatch.setattr(typed_read, "AHEAD_ROWS", budget)
+    monkeypatch.setitem(globals(), "N", 3)
+    shard = _shard(tmp_path)
+    _append_typed(shard, 0, [([(_key(i, b), f"v{b}{i}", 0, 1) for i in range(3)], b)
+                             for b in range(3)])
+    opened = open_typed_snapshot(shard.blob, shard.state(), 0, FIELDS)
+    assert opened is not None
+    lock, running, peak = threading.Lock(), [0], [0]
+    real = opened.read_bucket
+    gate = threading.Event()
+
+    def counted(bucket: int) -> list[pa.Table]:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        gate.wait(0.2)  # let the others start if they were submitted
+        try:
+            return real(bucket)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(opened, "read_bucket", counted)
+    try:
+        got = [b for b, _ in opened.tables()]
+    finally:
+        opened.close()
+    assert got == [0, 1, 2] and peak[0] == most

@@ -27,7 +27,9 @@ Invariants:
   bucket and neither repeat nor lose a row); rows in no promised order within a bucket.
   The tables have exactly the caller's fields.
 - Memory: a bucket is held whole while it is read (as the ingest holds a bucket's
-  state), :data:`BUCKETS_AHEAD` buckets at most at once.
+  state); buckets are read ahead only while they hold :data:`AHEAD_ROWS` updates in
+  all, :data:`BUCKETS_AHEAD` buckets at most, so a shard larger than memory streams as
+  long as one bucket (and the consumer's batch) fits.
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ from upsert_core.persist.state import HollowBatch, ShardState
 
 BUCKETS_AHEAD = 4
 """Buckets read concurrently (decoding releases the GIL)."""
+
+AHEAD_ROWS = 4 * 1024 * 1024
+"""Updates the buckets read ahead may hold in all (beyond the next bucket, always read)."""
 
 OPEN_THREADS = 8
 """Part footers fetched concurrently when a snapshot is opened (latency-bound on S3)."""
@@ -146,21 +151,30 @@ class TypedSnapshot:
             return self._read_consolidated(members[0])
         return [self._read_merged(members)] if members else []
 
+    def bucket_rows(self, bucket: int) -> int:
+        """The number of updates stored for ``bucket`` (what reading it holds, at most)."""
+        return sum(m.part.metadata.num_rows for m in self._groups.get(bucket, []))
+
     def tables(self, skip: Iterable[int] = ()) -> Iterator[tuple[int, list[pa.Table]]]:
         """``(bucket, its tables)`` for every bucket not in ``skip``, in bucket order,
-        up to :data:`BUCKETS_AHEAD` buckets read ahead on a thread pool."""
+        read ahead on a thread pool: up to :data:`BUCKETS_AHEAD` buckets holding up to
+        :data:`AHEAD_ROWS` updates in all (always at least the next bucket)."""
         skipped = set(skip)
         todo = [b for b in self.bucket_ids if b not in skipped]
         pool = ThreadPoolExecutor(max_workers=BUCKETS_AHEAD, thread_name_prefix="typed-read")
-        pending: deque[tuple[int, Future[list[pa.Table]]]] = deque()
+        pending: deque[tuple[int, int, Future[list[pa.Table]]]] = deque()
+        ahead = 0
         try:
             for bucket in todo:
-                pending.append((bucket, pool.submit(self.read_bucket, bucket)))
-                if len(pending) >= BUCKETS_AHEAD:
-                    done, future = pending.popleft()
+                rows = self.bucket_rows(bucket)
+                while pending and (len(pending) >= BUCKETS_AHEAD or ahead + rows > AHEAD_ROWS):
+                    done, held, future = pending.popleft()
+                    ahead -= held
                     yield done, future.result()
+                pending.append((bucket, rows, pool.submit(self.read_bucket, bucket)))
+                ahead += rows
             while pending:
-                done, future = pending.popleft()
+                done, _, future = pending.popleft()
                 yield done, future.result()
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
