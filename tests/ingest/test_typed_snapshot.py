@@ -76,6 +76,19 @@ def _ingest_one(
     assert report.upper == index + 1 and not report.pending, report
 
 
+def _history_shard(root: Path, files: int, keys: int, buckets: int) -> Shard:
+    """A shard of ``files`` ingests over keys ``0..keys`` (file ``i`` writes every
+    ``i + 1``-th key), so buckets hold several parts."""
+    landing = root / "landing"
+    landing.mkdir()
+    shard = _shard(root)
+    for i in range(files):
+        _ingest_one(shard, landing, i,
+                    [{"key": k, "offset": i, "v": f"{i}-{k}"} for k in range(0, keys, i + 1)],
+                    buckets=buckets)
+    return shard
+
+
 def _assert_same_at_every_time(shard: Shard, model_at: dict[int, Counter[Any]] | None) -> None:
     state = shard.state()
     reader = ShardTable(shard)
@@ -228,13 +241,7 @@ def test_untyped_parts_fall_back_to_the_merged_read(tmp_path: Path) -> None:
 def test_a_gc_under_a_streaming_typed_read_neither_repeats_nor_loses_rows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    landing = tmp_path / "landing"
-    landing.mkdir()
-    shard = _shard(tmp_path)
-    for i in range(3):
-        _ingest_one(shard, landing, i,
-                    [{"key": k, "offset": i, "v": f"{i}-{k}"} for k in range(0, 200, i + 1)],
-                    buckets=4 * BUCKETS_AHEAD)  # more buckets than are read ahead
+    shard = _history_shard(tmp_path, 3, 200, 4 * BUCKETS_AHEAD)  # more than read ahead
     want = _bag(ShardTable(shard).snapshot())
     reader = ShardTable(shard).to_batches()
     seen = [reader.read_next_batch()]  # the first bucket is out, a few are read ahead
@@ -274,13 +281,7 @@ def test_bucket_selections_split_the_snapshot_without_overlap(
 ) -> None:
     """``snapshot_of_buckets`` (one Spark task's share): the shares of tasks 0..count-1
     are disjoint and together the snapshot, by the typed read and the merged one."""
-    landing = tmp_path / "landing"
-    landing.mkdir()
-    shard = _shard(tmp_path)
-    for i in range(2):
-        _ingest_one(shard, landing, i,
-                    [{"key": k, "offset": i, "v": f"{i}-{k}"} for k in range(0, 60, i + 1)],
-                    buckets=4)
+    shard = _history_shard(tmp_path, 2, 60, 4)
     reader = ShardTable(shard)
     want = reader.snapshot()
     schema = reader.source_schema()
@@ -340,13 +341,7 @@ def test_a_second_gc_while_the_read_reopens_is_retried_too(
 ) -> None:
     """The reopen on the fresh state can meet a missing part as well (GC ran again):
     it is retried like any other restart, not reported."""
-    landing = tmp_path / "landing"
-    landing.mkdir()
-    shard = _shard(tmp_path)
-    for i in range(2):
-        _ingest_one(shard, landing, i,
-                    [{"key": k, "offset": i, "v": f"{i}-{k}"} for k in range(0, 200, i + 1)],
-                    buckets=4 * BUCKETS_AHEAD)
+    shard = _history_shard(tmp_path, 2, 200, 4 * BUCKETS_AHEAD)
     want = _bag(ShardTable(shard).snapshot())
     reader = ShardTable(shard).to_batches()
     seen = [reader.read_next_batch()]
