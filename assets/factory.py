@@ -429,7 +429,7 @@ def build_source_assets(
                 "note": MetadataValue.text(f"shard {spec.shard!r} does not exist yet")
             })
         try:
-            report = shard.gc(retain=retain, typer=part_typer(shard.state()))
+            report = shard.gc(retain=retain, typer=part_typer(shard))
         except UpsertPlatformError as exc:
             raise _failure(exc) from exc
         meta = gc_metadata(report, time.monotonic() - started)

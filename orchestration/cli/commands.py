@@ -174,7 +174,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
     shard = open_shard(args)
     # The typer lets compaction rewrite plain parts as typed ones (fast snapshots).
-    typer = part_typer(shard.state())
+    typer = part_typer(shard)
     if args.leak_grace is None:
         report = shard.gc(args.retain, typer=typer)
     else:

@@ -26,7 +26,7 @@ from tests.model import UpsertModel
 from upsert_core.errors import ConfigError, CorruptData
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.options import TYPED_PARTS_ENV, typed_parts_from_env
-from upsert_core.ingest.part_typer import part_typer
+from upsert_core.ingest.part_typer import SchemaTyper, part_typer
 from upsert_core.ingest.verify import compare_state
 from upsert_core.persist.location.blob_local import LocalBlob
 from upsert_core.persist.location.consensus_sql import SqlConsensus
@@ -161,7 +161,7 @@ def test_typed_snapshot_equals_merged_read_and_model(
             for row in model.rows(index).elements()
         )
         action = actions[index]
-        typer = part_typer(shard.state())
+        typer = part_typer(shard)
         if action == "compact":
             shard.compact()
         elif action == "compact_all":
@@ -194,13 +194,13 @@ def test_gc_with_the_ingests_typer_upgrades_a_plain_shard(
             rows = [{**row, "later": 1.5} for row in rows]
         _ingest_one(shard, landing, i, rows)
     want = _bag(ShardTable(shard).snapshot())
-    assert part_typer(shard.state()) is None  # the setting is off: nothing to type with
-    shard.gc(retain=1, typer=part_typer(shard.state()))
+    assert part_typer(shard) is None  # the setting is off: nothing to type with
+    shard.gc(retain=1, typer=part_typer(shard))
     assert not _all_parts_typed(shard)
     monkeypatch.setenv(TYPED_PARTS_ENV, "1")
     _ingest_one(shard, landing, 3, [{"key": 5, "offset": 3, "v": "new"}])
     want = _bag(ShardTable(shard).snapshot())
-    shard.gc(retain=1, typer=part_typer(shard.state()))
+    shard.gc(retain=1, typer=part_typer(shard))
     assert _all_parts_typed(shard) and _typed_used(shard, shard.state().upper - 1)
     assert _bag(ShardTable(shard).snapshot()) == want
     assert shard.check().problems == []
@@ -371,3 +371,77 @@ def test_a_second_gc_while_the_read_reopens_is_retried_too(
     seen.extend(reader)
     assert calls.count("open") == 2
     assert _bag(pa.Table.from_batches(seen)) == want
+
+
+def test_gc_keeps_a_shard_plain_while_its_ingests_write_plain_parts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GC run without ``UPSERT_TYPED_PARTS=0`` (another host, a cron job) must not type
+    a shard whose ingests still write plain parts for older readers."""
+    monkeypatch.setenv(TYPED_PARTS_ENV, "0")
+    shard = _history_shard(tmp_path, 3, 50, 4)
+    monkeypatch.delenv(TYPED_PARTS_ENV)
+    assert part_typer(shard) is None
+    shard.gc(retain=1, typer=part_typer(shard))
+    for batch in shard.state().batches:
+        for part in batch.parts:
+            opened = OpenPart(shard.blob, part)
+            assert opened.layout.values == ()
+            opened.close()
+
+
+def _at(updates: pa.Table, ts: int) -> pa.Table:
+    return updates.set_column(2, "ts", pa.array([ts] * updates.num_rows, pa.int64()))
+
+
+def test_a_typer_merge_reads_each_unlabelled_part_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plain, unlabelled parts (older shards, ``Shard.append``) are decoded once each and
+    split by bucket, not once per bucket; past the row cap the run stays plain."""
+    import upsert_core.persist.compact as compact
+
+    shard = _history_shard(tmp_path, 1, 40, 8)
+    rows = shard.snapshot_table(0)
+    more = rows.set_column(2, "ts", pa.array([1] * rows.num_rows, pa.int64()))
+    assert shard.append(more, 1).committed  # an unlabelled part: every row twice now
+    assert shard.append(_at(more.slice(0, 3), 2), 2).committed
+    assert part_typer(shard) is None  # the newest part is plain: GC would leave it so
+    schema = ShardTable(shard).source_schema()
+    assert schema is not None
+    typer = SchemaTyper(schema, 8)
+    decoded: list[int] = []
+
+    class Counting:
+        buckets, fields = typer.buckets, typer.fields
+
+        def values(self, column: Any) -> pa.Table:
+            decoded.append(len(column))
+            return typer.values(column)
+
+    want = _bag(ShardTable(shard).snapshot())
+    monkeypatch.setattr(compact, "UNLABELLED_TYPED_MAX_ROWS", 10_000)
+    shard.compact(merge_all=True, typer=Counting())
+    assert sorted(decoded) == [3, rows.num_rows]
+    assert _all_parts_typed(shard) and _bag(ShardTable(shard).snapshot()) == want
+    upper = shard.state().upper
+    assert shard.append(_at(more.slice(0, 5), upper), upper).committed
+    monkeypatch.setattr(compact, "UNLABELLED_TYPED_MAX_ROWS", 4)
+    shard.compact(merge_all=True, typer=Counting())
+    assert not _all_parts_typed(shard) and _bag(ShardTable(shard).snapshot()) != Counter()
+
+
+def test_a_typer_older_than_the_newest_column_still_types(tmp_path: Path) -> None:
+    """A typer made before an ingest added a column (GC racing an ingest) merges with
+    the parts' longer column list instead of leaving the run plain."""
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    shard = _shard(tmp_path)
+    _ingest_one(shard, landing, 0, [{"key": k, "offset": 0, "v": "a"} for k in range(30)])
+    typer = part_typer(shard)
+    _ingest_one(shard, landing, 1, [{"key": k, "offset": 1, "v": "b", "new": k}
+                                    for k in range(0, 30, 2)])
+    want = _bag(ShardTable(shard).snapshot())
+    shard.compact(merge_all=True, typer=typer)
+    assert _all_parts_typed(shard) and _typed_used(shard, shard.state().upper - 1)
+    assert _bag(ShardTable(shard).snapshot()) == want

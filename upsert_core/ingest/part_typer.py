@@ -10,8 +10,10 @@ Invariants:
   schemas only append columns, so it covers every stored row, and a column a row
   predates is null), and the bucket count is the shard's own.
 - No typer (None) for a shard the ingest did not write (no schema or options) or
-  whose config cannot be read, and none while ``UPSERT_TYPED_PARTS=0``: compaction then
-  keeps plain parts plain.
+  whose config cannot be read, none while ``UPSERT_TYPED_PARTS=0`` here, and none while
+  the shard's newest part is plain: a deployment whose ingests write plain parts (for
+  readers of older releases) keeps its shard plain even when GC runs elsewhere, without
+  the setting. Compaction then keeps plain parts plain.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from upsert_core.ingest.options import typed_parts_from_env
 from upsert_core.ingest.shard_config import ShardIngestConfig
 from upsert_core.landing import ARROW_TYPES, SourceSchema
 from upsert_core.landing.rows import decode_rows_to_table
+from upsert_core.persist.parts import OpenPart
+from upsert_core.persist.shard import Shard
 from upsert_core.persist.state import ShardState
 
 
@@ -43,14 +47,28 @@ class SchemaTyper:
         return decode_rows_to_table(self.schema, rows)
 
 
-def part_typer(state: ShardState) -> SchemaTyper | None:
-    """The typer for the shard in ``state`` (see the module docstring)."""
+def part_typer(shard: Shard) -> SchemaTyper | None:
+    """The typer for ``shard`` as it is now (see the module docstring)."""
     if not typed_parts_from_env():
         return None
+    state = shard.state()
     try:
         stored = ShardIngestConfig.read(state.config)
     except ConfigError:
         return None
-    if stored.schema is None or stored.options is None:
+    if stored.schema is None or stored.options is None or _newest_part_plain(shard, state):
         return None
     return SchemaTyper(stored.schema, stored.options.buckets)
+
+
+def _newest_part_plain(shard: Shard, state: ShardState) -> bool:
+    """Whether the newest non-empty part of ``state`` has no value columns."""
+    for batch in reversed(state.batches):
+        for part in batch.parts:
+            if part.num_updates:
+                opened = OpenPart(shard.blob, part, shard=shard.shard_id)
+                try:
+                    return not opened.layout.values
+                finally:
+                    opened.close()
+    return False

@@ -18,9 +18,11 @@ Invariants:
   :class:`PartTyper` (which decodes plain parts' rows and buckets unlabelled keys), the
   run is merged bucket by bucket and each bucket's result is written as typed parts with
   that bucket's label, so a compacted shard keeps (or gains) the layout ``typed_read``
-  reads without a merge. A plain part whose rows do not decode leaves the run plain. Each bucket
-  of the run is held in memory while it is merged (as the ingest holds a bucket's
-  state). Any other run streams (``read.merge_sorted``) into plain parts, memory
+  reads without a merge. A plain part whose rows do not decode leaves the run plain.
+  Each bucket of the run is held in memory while it is merged (as the ingest holds a
+  bucket's state); unlabelled parts (older shards) are read once and held split by
+  bucket, up to :data:`UNLABELLED_TYPED_MAX_ROWS` updates (beyond that the run is
+  merged plain). Any other run streams (``read.merge_sorted``) into plain parts, memory
   bounded by about (number of input parts x batch size) plus one output part.
 - The new batch replaces exactly the merged batches in ONE transition, and only if
   they are all still present unchanged; otherwise the transition changes nothing.
@@ -47,6 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -294,12 +297,18 @@ class _Untypeable(Exception):  # noqa: N818 - internal signal, never escapes thi
     """A plain part's rows do not decode: the run is merged plain instead."""
 
 
+UNLABELLED_TYPED_MAX_ROWS = 8 * 1024 * 1024
+"""A typer merge holds a run's unlabelled parts whole (each is read once and split by
+bucket); a run with more unlabelled updates than this is merged plain instead."""
+
+
 def _plan_buckets(
     opened: Sequence[OpenPart], typer: PartTyper | None
 ) -> tuple[int, list[pa.Field]] | None:
     """``(N, value fields)`` of a bucket-preserving merge of ``opened``, or None when the
     run cannot be written typed: labels of different N (or not the typer's), parts
-    without labels or values and no typer, value columns that disagree."""
+    without labels or values and no typer, value columns that disagree, or more
+    unlabelled updates than :data:`UNLABELLED_TYPED_MAX_ROWS`."""
     counts = {p.layout.bucket[1] for p in opened if p.layout.bucket is not None}
     if typer is None:
         if any(p.layout.bucket is None or not p.layout.values for p in opened):
@@ -308,40 +317,60 @@ def _plan_buckets(
         return None if fields is None or len(counts) != 1 else (counts.pop(), fields)
     if counts - {typer.buckets}:
         return None
-    fields = list(typer.fields)
-    for part in opened:
-        if list(part.layout.values) != fields[: len(part.layout.values)]:
-            return None
-    return typer.buckets, fields
-
-
-def _bucket_rows(
-    part: OpenPart, bucket: int, buckets: int, fields: list[pa.Field],
-    typer: PartTyper | None,
-) -> pa.Table | None:
-    """The part's updates of keys in ``bucket`` with every value column (decoded by the
-    typer where the part has none), or None when the part holds none of them."""
-    label = part.layout.bucket
-    if label is not None and label[0] != bucket:
+    unlabelled = sum(p.metadata.num_rows for p in opened if p.layout.bucket is None)
+    if unlabelled > UNLABELLED_TYPED_MAX_ROWS:
         return None
+    # The typer's columns, or a part's if an ingest added columns after the typer was
+    # made (columns are only appended, so one list must extend all the others).
+    candidates = [tuple(typer.fields), *(p.layout.values for p in opened)]
+    longest = max(candidates, key=len)
+    if any(columns != longest[: len(columns)] for columns in candidates):
+        return None
+    return typer.buckets, list(longest)
+
+
+def _with_fields(updates: pa.Table, values: pa.Table, fields: list[pa.Field]) -> pa.Table:
+    """``updates`` plus value columns for every field (``values``' column, else null)."""
+    columns = [*updates.columns]
+    for field in fields:
+        if field.name in values.column_names:
+            columns.append(values.column(field.name))
+        else:
+            columns.append(pa.chunked_array([pa.nulls(updates.num_rows, field.type)]))
+    return pa.Table.from_arrays(
+        columns,
+        schema=pa.schema([*UPDATE_SCHEMA, *(pa.field(VALUE_PREFIX + f.name, f.type)
+                                            for f in fields)]),
+    )
+
+
+def _typed_rows(part: OpenPart, fields: list[pa.Field], typer: PartTyper | None) -> pa.Table:
+    """The whole part with every value column (decoded by the typer where it has none)."""
     if part.layout.values or typer is None:
-        table = _read_typed(part, fields)
-    else:
-        groups = [part.read_row_group(i) for i in range(part.num_row_groups)]
-        updates = pa.concat_tables(groups) if groups else UPDATE_SCHEMA.empty_table()
-        try:
-            values = typer.values(updates.column("row"))
-        except UpsertPlatformError as exc:
-            raise _Untypeable(f"{part.where}: {exc}") from exc
-        table = pa.Table.from_arrays(
-            [*updates.columns, *values.columns],
-            schema=pa.schema([*UPDATE_SCHEMA, *(pa.field(VALUE_PREFIX + f.name, f.type)
-                                                for f in fields)]),
-        )
-    if label is None:  # unlabelled: keep this bucket's keys (the part is read per bucket)
-        mine = bucket_of_keys(table.column("key"), buckets) == bucket
-        table = table.filter(pa.array(mine))
-    return table if table.num_rows else None
+        return _read_typed(part, fields)
+    groups = [part.read_row_group(i) for i in range(part.num_row_groups)]
+    updates = pa.concat_tables(groups) if groups else UPDATE_SCHEMA.empty_table()
+    try:
+        values = typer.values(updates.column("row"))
+    except UpsertPlatformError as exc:
+        raise _Untypeable(f"{part.where}: {exc}") from exc
+    return _with_fields(updates, values, fields)
+
+
+def _split_unlabelled(
+    opened: Sequence[OpenPart], buckets: int, fields: list[pa.Field],
+    typer: PartTyper | None,
+) -> dict[int, list[pa.Table]]:
+    """The unlabelled parts' updates by bucket, each part read and decoded once."""
+    pieces: dict[int, list[pa.Table]] = {}
+    for part in opened:
+        if part.layout.bucket is not None:
+            continue
+        table = _typed_rows(part, fields, typer)
+        ids = bucket_of_keys(table.column("key"), buckets)
+        for bucket in np.unique(ids).tolist():
+            pieces.setdefault(int(bucket), []).append(table.filter(pa.array(ids == bucket)))
+    return pieces
 
 
 def _merge_by_bucket(
@@ -361,18 +390,18 @@ def _merge_by_bucket(
         if planned is None:
             return None
         buckets, fields = planned
-        labelled = all(p.layout.bucket is not None for p in opened)
-        ids = sorted({p.layout.bucket[0] for p in opened if p.layout.bucket is not None}
-                     ) if labelled else range(buckets)
+        unlabelled = _split_unlabelled(opened, buckets, fields, typer)
+        labelled: dict[int, list[OpenPart]] = {}
+        for reader in opened:
+            if reader.layout.bucket is not None:
+                labelled.setdefault(reader.layout.bucket[0], []).append(reader)
         width = len(UPDATE_SCHEMA)
-        for bucket in ids:
-            pieces = [
-                t for p in opened
-                if (t := _bucket_rows(p, bucket, buckets, fields, typer)) is not None
-            ]
-            if not pieces:
-                continue
+        for bucket in sorted(labelled.keys() | unlabelled.keys()):
+            pieces = [_typed_rows(p, fields, typer) for p in labelled.get(bucket, [])]
+            pieces.extend(unlabelled.pop(bucket, []))
             merged = consolidate(advance_ts(pa.concat_tables(pieces), since))
+            if not merged.num_rows:
+                continue
             values = merged.select(list(range(width, merged.num_columns)))
             values = values.rename_columns([f.name for f in fields])
             written.extend(write_parts(
