@@ -24,11 +24,12 @@ Invariants:
   from the merged read (``persist.read``), decoded one batch ahead on a helper thread.
   Both give the same rows; their order is not part of the answer (bucket by bucket in
   the first case, key-digest order in the second).
-- Streaming: :meth:`ShardTable.to_batches` holds about one bucket (typed) or one
-  record batch (merged) at a time, so a shard larger than memory can be read; the other
-  reads collect it into one table. A decoding error surfaces at the batch it belongs
-  to. A read that GC overtakes (a part of its superseded state deleted) resumes on the
-  fresh state without repeating or losing a row, as ``Shard``'s reads do.
+- Streaming: :meth:`ShardTable.to_batches` holds about two buckets (typed: the one being
+  consumed and the next) or a few record batches (merged) at a time, so a shard larger
+  than memory can be read; the other reads collect it into one table. A decoding error
+  surfaces at the batch it belongs to. A read that GC overtakes (a part of its
+  superseded state deleted) resumes on the fresh state without repeating or losing a
+  row, as ``Shard``'s reads do.
 """
 
 from __future__ import annotations

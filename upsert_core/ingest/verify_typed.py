@@ -21,10 +21,11 @@ of the shard, the batch check ``verify.check_new_batch`` on the parts a run comm
   boundaries, together with the ``(key, row)`` order it assumes: ``(key, row)``
   strictly increases from row to row, so an unsorted part cannot hide a duplicate.
 
-A part with none of these (a plain part, e.g. from compaction) is not read. A typed
-part of a shard without ingest options cannot be verified and is a problem. Each
-problem names the shard, the part (blob key, or the batch of an inline part) and what
-is wrong, with at most :data:`MAX_EXAMPLES` example keys (hex).
+A part with none of these (a plain part: from ``Shard.append``, an older release, or a
+compaction run merged plain) is not read. A typed part of a shard without ingest options
+cannot be verified and is a problem. Each problem names the shard, the part (blob key,
+or the batch of an inline part) and what is wrong, with at most :data:`MAX_EXAMPLES`
+example keys (hex).
 
 Cost: one pass per typed part, one row group at a time (memory bounded by a row group,
 never a part), reading only the columns the part's claims need; ``row`` is decoded once.

@@ -15,7 +15,9 @@ Invariants:
   after the frontier therefore sees exactly the same contents.
 - Bucket-preserving: when every part of the run is typed and labelled with a bucket of
   one N (``parts``: the ingest writes them so), or the caller passes a
-  :class:`PartTyper` (which decodes plain parts' rows and buckets unlabelled keys), the
+  :class:`PartTyper` (which decodes plain parts' rows and buckets unlabelled keys;
+  labels of another N, value columns that disagree or rows that do not decode still
+  leave the run plain), the
   run is merged bucket by bucket and each bucket's result is written as typed parts with
   that bucket's label, so a compacted shard keeps (or gains) the layout ``typed_read``
   reads without a merge. A plain part whose rows do not decode leaves the run plain.

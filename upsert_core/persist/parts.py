@@ -19,7 +19,9 @@ Invariants:
   naming the shard and the blob key (or "inline part"); a referenced blob that is
   missing, or that vanishes while it is read, raises it too (saying "missing").
 - Reading is lazy and ranged: a part is opened at the first ``next`` through a blob
-  reader and decoded one row group at a time, so a reader never holds a whole part.
+  reader and decoded one row group at a time, so ``read_part`` and the merged read never
+  hold a whole part (the typed snapshot and bucket-preserving compaction read whole
+  parts of one bucket).
 
 Typed parts (the layout :mod:`~upsert_core.persist.typed_read` reads without merging):
 

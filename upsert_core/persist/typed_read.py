@@ -13,7 +13,8 @@ Invariants:
 - Differently labelled parts share no key, so each bucket is consolidated alone. A
   bucket of ONE part whose footer says ``consolidated`` needs no consolidation: only its
   value columns and ``diff`` (and ``ts`` when times must be cut) are read, never ``key``
-  or ``row``. A bucket of several parts is read whole and merged as sorted runs
+  or ``row``. A bucket of several parts (or of one part not marked consolidated) is
+  read whole and merged as sorted runs
   (``consolidate.merge_consolidation``: numeric key words, rows compared only where
   keys tie), its diffs summed per ``(key, row)``; each surviving row keeps the values of one
   of its updates (all updates of one row carry the same values: they are decoded from
@@ -27,9 +28,10 @@ Invariants:
   bucket and neither repeat nor lose a row); rows in no promised order within a bucket.
   The tables have exactly the caller's fields.
 - Memory: a bucket is held whole while it is read (as the ingest holds a bucket's
-  state); buckets are read ahead only while they hold :data:`AHEAD_ROWS` updates in
-  all, :data:`BUCKETS_AHEAD` buckets at most, so a shard larger than memory streams as
-  long as one bucket (and the consumer's batch) fits.
+  state; a merged bucket holds its parts' keys, rows and values); buckets are read ahead
+  only while they hold :data:`AHEAD_ROWS` updates in all, :data:`BUCKETS_AHEAD` buckets
+  at most, so with big buckets about two are held (the consumer's and the next), and a
+  shard larger than memory streams as long as two buckets fit.
 """
 
 from __future__ import annotations
