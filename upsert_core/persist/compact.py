@@ -69,6 +69,7 @@ from upsert_core.persist.parts import (
     VALUE_PREFIX,
     OpenPart,
     delete_parts,
+    value_table,
     write_parts,
 )
 from upsert_core.persist.read import Transform, consolidated, part_sources
@@ -264,35 +265,22 @@ def merge_batches(
     return HollowBatch(lower=batches[0].lower, upper=batches[-1].upper, since=since, parts=parts)
 
 
-def _value_fields(opened: Sequence[OpenPart]) -> list[pa.Field] | None:
-    """The value columns of the run: the longest part's, when every part's are a prefix
-    of them (columns are only ever appended); None when they disagree."""
-    longest = max((p.layout.values for p in opened), key=len)
-    for part in opened:
-        if part.layout.values != longest[: len(part.layout.values)]:
-            return None
+def _extending(candidates: Sequence[Sequence[pa.Field]]) -> list[pa.Field] | None:
+    """The longest of ``candidates`` when it extends every other one (columns are only
+    ever appended), else None."""
+    longest = max(candidates, key=len)
+    if any(tuple(c) != tuple(longest[: len(c)]) for c in candidates):
+        return None
     return list(longest)
 
 
-def _read_typed(part: OpenPart, fields: list[pa.Field]) -> pa.Table:
-    """The whole part: updates plus every value column of ``fields`` (null if absent)."""
-    stored = [VALUE_PREFIX + v.name for v in part.layout.values]
-    groups = [
-        part.read_row_group(i, columns=[*part.update_columns, *stored])
-        for i in range(part.num_row_groups)
-    ]
-    table = pa.concat_tables(groups) if groups else None
-    rows = 0 if table is None else table.num_rows
-    columns = [] if table is None else [table.column(n) for n in part.update_columns]
-    for field in fields:
-        name = VALUE_PREFIX + field.name
-        if table is not None and name in table.column_names:
-            columns.append(table.column(name))
-        else:
-            columns.append(pa.chunked_array([pa.nulls(rows, field.type)]))
-    schema = pa.schema([*UPDATE_SCHEMA, *(pa.field(VALUE_PREFIX + f.name, f.type)
-                                          for f in fields)])
-    return pa.Table.from_arrays(columns, schema=schema)
+def _with_values(updates: pa.Table, values: pa.Table) -> pa.Table:
+    """``updates`` with ``values`` appended as value columns."""
+    return pa.Table.from_arrays(
+        [*updates.columns, *values.columns],
+        schema=pa.schema([*UPDATE_SCHEMA, *(pa.field(VALUE_PREFIX + f.name, f.type)
+                                            for f in values.schema)]),
+    )
 
 
 class _Untypeable(Exception):  # noqa: N818 - internal signal, never escapes this module
@@ -315,7 +303,7 @@ def _plan_buckets(
     if typer is None:
         if any(p.layout.bucket is None or not p.layout.values for p in opened):
             return None
-        fields = _value_fields(opened)
+        fields = _extending([p.layout.values for p in opened])
         return None if fields is None or len(counts) != 1 else (counts.pop(), fields)
     if counts - {typer.buckets}:
         return None
@@ -324,39 +312,22 @@ def _plan_buckets(
         return None
     # The typer's columns, or a part's if an ingest added columns after the typer was
     # made (columns are only appended, so one list must extend all the others).
-    candidates = [tuple(typer.fields), *(p.layout.values for p in opened)]
-    longest = max(candidates, key=len)
-    if any(columns != longest[: len(columns)] for columns in candidates):
-        return None
-    return typer.buckets, list(longest)
-
-
-def _with_fields(updates: pa.Table, values: pa.Table, fields: list[pa.Field]) -> pa.Table:
-    """``updates`` plus value columns for every field (``values``' column, else null)."""
-    columns = [*updates.columns]
-    for field in fields:
-        if field.name in values.column_names:
-            columns.append(values.column(field.name))
-        else:
-            columns.append(pa.chunked_array([pa.nulls(updates.num_rows, field.type)]))
-    return pa.Table.from_arrays(
-        columns,
-        schema=pa.schema([*UPDATE_SCHEMA, *(pa.field(VALUE_PREFIX + f.name, f.type)
-                                            for f in fields)]),
-    )
+    fields = _extending([typer.fields, *(p.layout.values for p in opened)])
+    return None if fields is None else (typer.buckets, fields)
 
 
 def _typed_rows(part: OpenPart, fields: list[pa.Field], typer: PartTyper | None) -> pa.Table:
     """The whole part with every value column (decoded by the typer where it has none)."""
     if part.layout.values or typer is None:
-        return _read_typed(part, fields)
-    groups = [part.read_row_group(i) for i in range(part.num_row_groups)]
-    updates = pa.concat_tables(groups) if groups else UPDATE_SCHEMA.empty_table()
+        stored = [VALUE_PREFIX + v.name for v in part.layout.values]
+        table = part.read_whole([*part.update_columns, *stored])
+        return _with_values(table.select(part.update_columns), value_table(table, fields))
+    updates = part.read_whole()
     try:
         values = typer.values(updates.column("row"))
     except UpsertPlatformError as exc:
         raise _Untypeable(f"{part.where}: {exc}") from exc
-    return _with_fields(updates, values, fields)
+    return _with_values(updates, value_table(values, fields, prefix=""))
 
 
 def _split_unlabelled(

@@ -40,7 +40,7 @@ Typed parts (the layout :mod:`~upsert_core.persist.typed_read` reads without mer
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -91,6 +91,19 @@ class PartLayout:
             if value.name == name:
                 return value.type
         return None
+
+
+def value_table(
+    table: pa.Table, fields: Sequence[pa.Field], prefix: str = VALUE_PREFIX
+) -> pa.Table:
+    """``fields`` taken from ``table``'s columns named ``prefix + name``; a field it lacks
+    (a column added after the part was written) is null in every row."""
+    columns = [
+        table.column(prefix + f.name) if prefix + f.name in table.column_names
+        else pa.nulls(table.num_rows, f.type)
+        for f in fields
+    ]
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields))
 
 
 def format_bucket(bucket: tuple[int, int]) -> str:
@@ -431,6 +444,7 @@ class OpenPart:
         ):
             raise CorruptData(f"{self.where} has schema {actual}, expected {schema}")
         self.layout = self._layout(actual)
+        self._schema = actual
         rows = parquet.metadata.num_rows
         if rows != self._part.num_updates:
             raise CorruptData(
@@ -475,6 +489,20 @@ class OpenPart:
         finally:
             with self._lock:
                 self._idle.append(parquet)
+
+    def read_whole(
+        self, columns: list[str] | None = None, *, use_threads: bool = False
+    ) -> pa.Table:
+        """Every row group of the part, as :meth:`read_row_group` decodes them, in one
+        table (for readers that hold a whole part: the typed snapshot, compaction)."""
+        wanted = self._columns if columns is None else columns
+        groups = [
+            self.read_row_group(i, columns=wanted, use_threads=use_threads)
+            for i in range(self.num_row_groups)
+        ]
+        if not groups:
+            return pa.schema([self._schema.field(n) for n in wanted]).empty_table()
+        return groups[0] if len(groups) == 1 else pa.concat_tables(groups)
 
     def close(self) -> None:
         """Close every reader (idempotent)."""

@@ -48,7 +48,7 @@ import pyarrow.compute as pc
 from upsert_core.errors import CorruptData
 from upsert_core.persist.consolidate import UPDATE_SCHEMA, merge_consolidation
 from upsert_core.persist.location import Blob
-from upsert_core.persist.parts import VALUE_PREFIX, OpenPart
+from upsert_core.persist.parts import VALUE_PREFIX, OpenPart, value_table
 from upsert_core.persist.read import check_snapshot_readable
 from upsert_core.persist.state import HollowBatch, ShardState
 
@@ -208,12 +208,7 @@ class TypedSnapshot:
         """The part's ``columns`` (plus ``ts`` when times must be cut), cut at ``as_of``."""
         whole = member.whole(self.as_of)
         wanted = columns if whole else [*columns, "ts"]
-        part = member.part
-        tables = [
-            part.read_row_group(i, columns=wanted, use_threads=True)
-            for i in range(part.num_row_groups)
-        ]
-        table = pa.concat_tables(tables) if len(tables) != 1 else tables[0]
+        table = member.part.read_whole(wanted, use_threads=True)
         if not whole:
             table = table.filter(pc.less_equal(table.column("ts"), self.as_of))
         return table
@@ -221,17 +216,8 @@ class TypedSnapshot:
     def _typed(self, table: pa.Table, rows: np.ndarray | None) -> pa.Table:
         """The caller's fields from ``table``'s value columns (null where absent), rows
         ``rows`` (all when None)."""
-        count = table.num_rows if rows is None else len(rows)
-        indices = None if rows is None else pa.array(rows, type=pa.int64())
-        columns = []
-        for field in self.fields:
-            name = VALUE_PREFIX + field.name
-            if name in table.column_names:
-                column = table.column(name)
-                columns.append(column if indices is None else column.take(indices))
-            else:
-                columns.append(pa.nulls(count, field.type))
-        return pa.Table.from_arrays(columns, schema=pa.schema(self.fields))
+        values = value_table(table, self.fields)
+        return values if rows is None else values.take(pa.array(rows, type=pa.int64()))
 
     def _read_consolidated(self, member: _Member) -> list[pa.Table]:
         table = self._read(member, [*self._stored_values(member.part), "diff"])
