@@ -13,6 +13,7 @@ from resources.spark import SparkResource
 from tests.dagster.helpers import Platform, shard_contents
 from upsert_core.ingest import InProcessEngine, ingest
 from upsert_core.persist.keys import host_id, writer_of
+from upsert_core.persist.testing import typed_parts
 from upsert_core.shard_table import ShardTable
 
 
@@ -179,6 +180,30 @@ def test_rollup_gc_materializes_and_reports_what_it_removed(plat: Platform) -> N
     # overhead of four parts outweighs what the folded history saved.)
     assert before["blob_bytes"] != meta["shard_blob_bytes"]
     assert meta["shard_blob_bytes"] == plat.shard().inspect()["blob_bytes"]
+
+
+def test_rollup_gc_types_a_plain_shard_once_its_ingests_write_typed_parts(
+    plat: Platform, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``rollup_gc`` gives compaction the ingest's part typer: plain parts (written with
+    ``UPSERT_TYPED_PARTS=0``) become typed once the newest ingest wrote typed ones."""
+    names = plat.write_batches()
+    spec = plat.spec(gc_retain=1)
+    built, defs = plat.build(spec)
+    plat.add_partitions(spec, names)
+    job = defs.resolve_job_def("feed_ingest")
+    monkeypatch.setenv("UPSERT_TYPED_PARTS", "0")
+    assert job.execute_in_process(partition_key=names[-2], instance=plat.instance).success
+    monkeypatch.delenv("UPSERT_TYPED_PARTS")
+    assert job.execute_in_process(partition_key=names[-1], instance=plat.instance).success
+    want = sorted(map(str, ShardTable(plat.shard()).snapshot().to_pylist()))
+    assert not all(typed_parts(plat.shard()))
+    assert materialize(
+        [*built.assets], selection=[built.key("rollup_gc")], instance=plat.instance,
+        resources=plat.resources(),
+    ).success
+    assert all(typed_parts(plat.shard()))
+    assert sorted(map(str, ShardTable(plat.shard()).snapshot().to_pylist())) == want
 
 
 def _error_chain(result) -> str:  # type: ignore[no-untyped-def]

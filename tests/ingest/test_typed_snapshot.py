@@ -32,6 +32,7 @@ from upsert_core.persist.location.blob_local import LocalBlob
 from upsert_core.persist.location.consensus_sql import SqlConsensus
 from upsert_core.persist.parts import OpenPart
 from upsert_core.persist.shard import Shard
+from upsert_core.persist.testing import typed_parts
 from upsert_core.persist.typed_read import BUCKETS_AHEAD, open_typed_snapshot
 from upsert_core.shard_table import ShardTable
 
@@ -117,14 +118,7 @@ rows_strategy = st.lists(
 
 
 def _all_parts_typed(shard: Shard) -> bool:
-    for batch in shard.state().batches:
-        for part in batch.parts:
-            opened = OpenPart(shard.blob, part)
-            typed = bool(opened.layout.values) and opened.layout.bucket is not None
-            opened.close()
-            if not typed:
-                return False
-    return True
+    return all(typed_parts(shard))
 
 
 @settings(max_examples=25, deadline=None,

@@ -13,6 +13,9 @@ durability test asks, "did anything leak?".
   concurrently is never reported (it is either not listed yet or already referenced);
   on a quiescent shard the answer is exact. Rollups are state, not data, and are not
   counted (GC keeps the ones live states need).
+- :func:`typed_parts`: for every non-empty part of the current state, in state order,
+  whether it is typed (value columns and a bucket label, ``parts``): what a test of the
+  typed snapshot layout asserts.
 
 Nothing here is used by the platform's own code paths.
 """
@@ -24,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from upsert_core.persist.keys import shard_prefix
 from upsert_core.persist.location import Blob, BlobMetadata
+from upsert_core.persist.parts import OpenPart
 
 if TYPE_CHECKING:
     from upsert_core.persist.shard import Shard
@@ -63,3 +67,18 @@ def unreferenced_blobs(shard: Shard, kinds: Iterable[str] = DATA_KINDS) -> set[s
     for state in shard.versions.fetch_all_live_states():
         referenced.update(state.referenced_blob_keys())
     return listed - referenced
+
+
+def typed_parts(shard: Shard) -> list[bool]:
+    """For every non-empty part of ``shard``'s current state: whether it is typed."""
+    typed = []
+    for batch in shard.state().batches:
+        for part in batch.parts:
+            if not part.num_updates:
+                continue
+            opened = OpenPart(shard.blob, part, shard=shard.shard_id)
+            try:
+                typed.append(bool(opened.layout.values) and opened.layout.bucket is not None)
+            finally:
+                opened.close()
+    return typed
