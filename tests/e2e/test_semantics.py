@@ -7,6 +7,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 from tests.e2e.helpers import (
@@ -222,3 +223,45 @@ def test_file_errors_stop_at_the_file_and_a_rerun_after_fixing_continues(
     assert sorted(r["n"] for r in cli.snapshot()) == [1, 2, 3, 5]
     assert cli.errors() == []
     assert cli.check().json()["ok"] is True
+
+
+def test_a_boolean_never_becomes_a_number_in_json_or_csv(cli: Cli, landing: Path) -> None:
+    # Issue 21's reproduction: `true` after a float was folded into key 1.0 (0 error rows).
+    write_jsonl(landing, "a.jsonl", [{"key": 1.5, "offset": 1, "v": "a"},
+                                     {"key": True, "offset": 1, "v": "from-true"},
+                                     {"key": 1.0, "offset": 2, "v": "from-1.0"},
+                                     {"key": 2.5, "offset": 1, "f": 0.5},
+                                     {"key": 3.5, "offset": 1, "f": False}])
+    first = cli.ingest(landing)
+    assert "2 error row(s)" in first.err, first.err
+    assert [(e["file"], e["row"]) for e in cli.errors()] == [("a.jsonl", 2), ("a.jsonl", 5)]
+    write_csv(landing, "b.csv", "key,offset,f\ntrue,1,1\n4.5,1,TRUE\n6.5,1,2.5\n")
+    cli.ingest(landing)
+    assert [(e["file"], e["row"]) for e in cli.errors()][2:] == [("b.csv", 1), ("b.csv", 2)]
+    assert by_key(cli.snapshot()) == {
+        1.5: {"key": 1.5, "offset": 1, "v": "a", "f": None},
+        1.0: {"key": 1.0, "offset": 2, "v": "from-1.0", "f": None},
+        2.5: {"key": 2.5, "offset": 1, "v": None, "f": 0.5},
+        6.5: {"key": 6.5, "offset": 1, "v": None, "f": 2.5},
+    }
+
+
+def test_floats_compare_as_numbers(cli: Cli, landing: Path) -> None:
+    # CONTRACT.md: -0.0 is 0.0 and every NaN is one NaN; a row changing only so is no change.
+    nan_a = np.array([0x7FF8000000000001], dtype=np.uint64).view(np.float64)[0]
+    nan_b = np.array([0xFFF8000000000000], dtype=np.uint64).view(np.float64)[0]
+    write_parquet(landing, "1.parquet", pa.table({"key": [0.0, 1.0], "offset": [1, 1],
+                                                  "f": [float("nan"), -0.0]}))
+    write_parquet(landing, "2.parquet", pa.table({"key": [-0.0, 1.0], "offset": [1, 1],
+                                                  "f": [nan_a, 0.0]}))
+    write_csv(landing, "3.csv", "key,offset,f\n-0.0,1,NaN\n1,1,-0\n")
+    cli.ingest(landing, "--order-scope", "batch")
+    assert cli.inspect()["upper"] == 3
+    assert [c["ts"] for c in cli.changes()] == [0, 0], "later files changed nothing"
+    rows = cli.snapshot()
+    assert len(rows) == 2 and sorted(r["key"] for r in rows) == [0.0, 1.0]
+    by = {r["key"]: r["f"] for r in rows}
+    assert by[1.0] == 0.0 and (by[0.0] is None or by[0.0] != by[0.0] or by[0.0] == "NaN")
+    write_parquet(landing, "4.parquet", pa.table({"key": [0.0], "offset": [1], "f": [nan_b]}))
+    cli.ingest(landing)
+    assert [c["ts"] for c in cli.changes(since=3)] == []

@@ -18,6 +18,7 @@ import pytest
 
 from tests.landing.helpers import error_rows, jsonl, validate_csv, validate_jsonl, validate_parquet
 from upsert_core.codec import encode_columns
+from upsert_core.errors import IngestError
 from upsert_core.landing import (
     LogicalType,
     RawBatch,
@@ -225,3 +226,63 @@ def test_csv_text_only_python_reads_as_a_number_is_not_silently_a_float(
     b = validate_csv(f"key,offset,v\n1,1,2.5\n2,2,{text}\n".encode(), floats, name="f.csv")
     assert [(e.file, e.row) for e in b.errors] == [("f.csv", 2)]
     assert _decoded(b) == [{"key": 1, "offset": 1, "v": 2.5}]
+
+
+# --- a boolean is never a number (CONTRACT.md: "how floats and booleans compare") -------
+
+
+@pytest.mark.parametrize("typ", [T.FLOAT64, T.INT64, T.TIMESTAMP, T.DATE, T.STRING])
+@pytest.mark.parametrize("column", ["key", "v"])
+@pytest.mark.parametrize("flag", [True, False])
+def test_a_json_boolean_is_an_error_row_in_every_non_bool_column(
+    typ: LogicalType, column: str, flag: bool
+) -> None:
+    # The review's reproduction: with a float before it, Arrow inferred float64 for the
+    # whole column and `true` became 1.0 (as a key, merged into key 1.0).
+    good = {T.FLOAT64: [1.5, 1.0], T.INT64: [7, 1], T.TIMESTAMP: ["2024-01-01T00:00:00",
+            "2024-01-02T00:00:00"], T.DATE: ["2024-01-01", "2024-01-02"],
+            T.STRING: ["a", "b"]}[typ]
+    schema = SourceSchema(columns=((column, typ),))
+    other = "v" if column == "key" else "key"
+    rows = [{column: good[0], other: 1}, {column: flag, other: 2}, {column: good[1], other: 3}]
+    for r, offset in zip(rows, (1, 1, 2), strict=True):
+        r["offset"] = offset
+    for known in (schema, None):  # a shard that typed the column, or a first file
+        if known is None and typ in (T.TIMESTAMP, T.DATE):
+            continue  # a first file infers strings for these: nothing to convert to
+        b = validate_jsonl(jsonl(*rows), known, name="a.jsonl")
+        assert [(e.file, e.row) for e in b.errors] == [("a.jsonl", 2)], (known, b.errors)
+        assert str(flag) in b.errors[0].reason
+        assert [r[column] for r in _decoded(b)] == [_decoded_value(typ, v) for v in good]
+
+
+def _decoded_value(typ: LogicalType, value: object) -> object:
+    if typ is T.TIMESTAMP:
+        return dt.datetime.fromisoformat(str(value)).replace(tzinfo=dt.UTC)
+    if typ is T.DATE:
+        return dt.date.fromisoformat(str(value))
+    return value
+
+
+@pytest.mark.parametrize("order", [[1.5, True, None, 2.0], [None, False, 0.5], [True, 2.5]])
+def test_no_mix_of_floats_and_booleans_reaches_a_float_column(order: list[object]) -> None:
+    schema = SourceSchema(columns=(("f", T.FLOAT64),))
+    rows = [{"key": i, "offset": 1, "f": f} for i, f in enumerate(order, 1)]
+    b = validate_jsonl(jsonl(*rows), schema)
+    assert error_rows(b) == [i for i, f in enumerate(order, 1) if isinstance(f, bool)]
+    assert all(type(r.get("f")) in (float, type(None)) for r in _decoded(b))
+
+
+@pytest.mark.parametrize("typ", [T.FLOAT64, T.INT64])
+def test_csv_true_and_false_are_error_rows_in_a_numeric_column(typ: LogicalType) -> None:
+    schema = SourceSchema(columns=(("n", typ),))
+    b = validate_csv(b"key,offset,n\n1,1,2\n2,2,true\n3,3,FALSE\n", schema, name="c.csv")
+    assert [(e.file, e.row) for e in b.errors] == [("c.csv", 2), ("c.csv", 3)]
+    assert [r["n"] for r in _decoded(b)] == [2]
+
+
+def test_a_parquet_bool_column_for_a_float_column_is_a_file_error() -> None:
+    schema = SourceSchema(columns=(("f", T.FLOAT64),))
+    table = pa.table({"key": [1], "offset": [1], "f": pa.array([True])})
+    with pytest.raises(IngestError, match="'f'"):
+        validate_parquet(table, schema, name="p.parquet")

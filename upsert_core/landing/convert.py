@@ -8,8 +8,9 @@ Invariants:
   never bad. Nothing is dropped or reordered.
 - Fast paths are vectorised (Arrow casts); whenever a whole-array cast fails, a
   per-value path decides each value, so the result never depends on which path ran.
-- JSON values convert by their JSON type: an integer (not a boolean) fits ``int64`` if
-  it is in range and fits ``float64``; a number fits ``float64``; strings fit
+- JSON values convert by their JSON type: an integer fits ``int64`` if it is in range
+  and ``float64`` if a float equals it; a number fits ``float64``; a boolean is never a
+  number (nor a string, timestamp or date), whatever the fast path Arrow offers; strings fit
   ``string``, and ``timestamp``/``date`` when they are ISO-8601; booleans fit ``bool``.
 - Text (CSV) values are parsed: decimal integers, floats, ``true``/``false`` in any
   case, ISO dates and timestamps; any text fits ``string`` and ``binary`` (UTF-8).
@@ -524,7 +525,9 @@ _JSON_PARSERS: dict[LogicalType, Callable[[object], object]] = {
 
 # Arrow's own inference of a Python list, and what it proves: if Arrow infers one of
 # these types for the whole list, every non-null value is of the JSON kind the target
-# accepts (Arrow refuses to infer int64 from a list holding bools or floats).
+# accepts (Arrow refuses to infer int64 from a list holding bools or floats), except
+# float64, which Arrow also infers for a list of floats and booleans: that case is
+# checked value by value (``_all_json_floats_exact``).
 _JSON_EXACT: dict[LogicalType, tuple[pa.DataType, ...]] = {
     LogicalType.INT64: (pa.int64(),),
     LogicalType.FLOAT64: (pa.float64(), pa.int64()),
@@ -545,12 +548,21 @@ def _convert_json(values: list[object], target: LogicalType) -> tuple[pa.Array, 
                 return pc.cast(inferred, ARROW_TYPES[target]), np.zeros(len(values), np.bool_)
             if pa.types.is_integer(inferred.type):
                 return _int_to_float(inferred)
-            # Arrow's float64 inference rounds integers beyond 2**53 and keeps the
-            # infinities of overflowed numbers: then the exact per-value way decides.
-            ints_exact = all(type(v) is not int or _json_float(v) is not None for v in values)
-            if ints_exact and not pc.any(pc.is_inf(inferred)).as_py():
+            # Arrow's float64 inference turns booleans into 1.0/0.0, rounds integers
+            # beyond 2**53 and keeps the infinities of overflowed numbers: then the
+            # exact per-value way decides (a boolean is never a number).
+            if _all_json_floats_exact(values) and not pc.any(pc.is_inf(inferred)).as_py():
                 return inferred, np.zeros(len(values), dtype=np.bool_)
     return _per_value(values, _JSON_PARSERS[target], ARROW_TYPES[target])
+
+
+def _all_json_floats_exact(values: list[object]) -> bool:
+    """Whether every value is null, a float, or an integer a float64 equals exactly (so
+    no boolean: ``type(True)`` is ``bool``, not ``int``)."""
+    return all(
+        v is None or type(v) is float or (type(v) is int and _json_float(v) is not None)
+        for v in values
+    )
 
 
 # --- shared -------------------------------------------------------------------------
