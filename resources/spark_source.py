@@ -67,6 +67,7 @@ from upsert_core.landing import SourceSchema
 from upsert_core.persist.read import check_changes_readable, check_snapshot_readable
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.state import ShardState
+from upsert_core.read_times import parse_ts_text, require_ts
 from upsert_core.shard_table import (
     BucketSelection,
     changes_schema,
@@ -131,10 +132,10 @@ def _int_option(options: Mapping[str, str], name: str) -> int | None:
     text = options.get(name)
     if text is None or str(text).strip() == "":
         return None
-    try:
-        return int(text)
-    except ValueError:
-        raise ConfigError(f"option {name!r} must be an integer, got {text!r}") from None
+    value = parse_ts_text(str(text))  # "2.5", "True", "1_0": refused, never rounded
+    if value is None:
+        raise ConfigError(f"option {name!r} must be an integer, got {text!r}")
+    return value
 
 
 def plan_read(options: Mapping[str, str]) -> ReadPlan:
@@ -301,6 +302,9 @@ def read_shard(
 ) -> DataFrame:
     """The shard as a DataFrame, its stores resolved in THIS process as ``upsertctl``
     would (so the read needs no environment on the Spark side)."""
+    for name, value in (("as_of", as_of), ("since", since), ("until", until)):
+        if value is not None:
+            require_ts(value, name)  # 2.5 or True is refused here, not rounded by a task
     config = resolve(consensus, blob)
     register(spark)
     options: dict[str, Any] = {"shard": shard, "consensus": config.consensus_url,

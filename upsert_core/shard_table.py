@@ -15,7 +15,10 @@ Invariants:
   ``[since, upper)`` is :class:`~upsert_core.errors.NotReadable` at the call.
 - A snapshot holds one row per live key (a row with multiplicity ``n`` appears ``n``
   times, as ``upsertctl snapshot`` writes it); ``changes`` holds the consolidated updates
-  with their time and multiplicity in ``__ts`` and ``__diff``.
+  with their time and multiplicity in ``__ts`` and ``__diff``, names that never collide
+  with a row column (:func:`change_columns` adds leading ``_`` while one does).
+- Times are integers: a float or bool ``as_of``/``since``/``until`` is
+  :class:`~upsert_core.errors.InvalidUsage`, never rounded.
 - Rows are typed with the schema of the state the read started from: schemas only
   append columns, so it covers every row the read returns; a column a row predates is
   null.
@@ -209,9 +212,16 @@ class ShardTable:
         """The snapshot as of ``as_of`` (default: the newest readable time)."""
         return self.to_batches(as_of).read_all()
 
+    def change_columns(self) -> tuple[str, str]:
+        """The names :meth:`changes` gives the change's time and diff: ``("__ts",
+        "__diff")``, or with more leading ``_`` when the shard has a column of either name
+        (:func:`change_columns`)."""
+        return change_columns(self.source_schema())
+
     def changes(self, since: int | None = None, until: int | None = None) -> pa.Table:
         """Consolidated updates with ``since <= ts < until`` (defaults: the shard's since
-        and upper): the row's columns plus ``__ts`` and ``__diff`` (int64)."""
+        and upper): the row's columns plus the change's time and diff (int64), named
+        ``__ts`` and ``__diff`` unless the shard has such a column (:meth:`change_columns`)."""
         lower = self.shard.state().since if since is None else since
         batches = self.shard.changes(lower, until)
         schema = self.source_schema()
@@ -277,10 +287,26 @@ def snapshot_schema(schema: SourceSchema | None) -> pa.Schema:
     return pa.schema([(name, ARROW_TYPES[typ]) for name, typ in schema.columns])
 
 
+def change_columns(schema: SourceSchema | None) -> tuple[str, str]:
+    """The names of a changes read's time and diff columns for a shard with ``schema``.
+
+    ``(TS_COLUMN, DIFF_COLUMN)`` (``__ts``, ``__diff``) unless the shard has a column of
+    either name (every column of a file is a value column, so it may): then both names
+    take one more leading ``_`` until neither is a column of the shard. They never
+    collide with a row column, so every value of a row stays readable by name."""
+    taken = set() if schema is None else {name for name, _ in schema.columns}
+    ts, diff = TS_COLUMN, DIFF_COLUMN
+    while ts in taken or diff in taken:
+        ts, diff = "_" + ts, "_" + diff
+    return ts, diff
+
+
 def changes_schema(schema: SourceSchema | None) -> pa.Schema:
-    """The Arrow schema of a shard's changes: the snapshot's columns, ``__ts``, ``__diff``."""
-    return snapshot_schema(schema).append(pa.field(TS_COLUMN, pa.int64())).append(
-        pa.field(DIFF_COLUMN, pa.int64())
+    """The Arrow schema of a shard's changes: the snapshot's columns, then the change's
+    time and diff (int64) named by :func:`change_columns`."""
+    ts, diff = change_columns(schema)
+    return snapshot_schema(schema).append(pa.field(ts, pa.int64())).append(
+        pa.field(diff, pa.int64())
     )
 
 
@@ -291,10 +317,12 @@ def decode_snapshot_batch(schema: SourceSchema | None, batch: pa.RecordBatch) ->
 
 
 def decode_changes_batch(schema: SourceSchema | None, batch: pa.RecordBatch) -> pa.Table:
-    """One batch of a consolidated changes read as typed rows plus ``__ts`` and ``__diff``."""
+    """One batch of a consolidated changes read as typed rows plus the change's time and
+    diff (:func:`change_columns`)."""
+    ts, diff = change_columns(schema)
     table = _decode(schema, batch, repeat=False)
-    table = table.append_column(TS_COLUMN, batch.column("ts").cast(pa.int64()))
-    table = table.append_column(DIFF_COLUMN, batch.column("diff").cast(pa.int64()))
+    table = table.append_column(ts, batch.column("ts").cast(pa.int64()))
+    table = table.append_column(diff, batch.column("diff").cast(pa.int64()))
     return table.cast(changes_schema(schema))
 
 

@@ -28,6 +28,7 @@ from typing import NoReturn
 from orchestration.cli.commands import run
 from orchestration.cli.config import debug_enabled
 from upsert_core.errors import UpsertPlatformError
+from upsert_core.read_times import parse_ts_text
 from upsert_core.redact import redact_url
 
 PROG = "upsertctl"
@@ -59,10 +60,9 @@ def one_line(message: str) -> str:
 
 def _int_at_least(minimum: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        value = parse_ts_text(text)  # ASCII digits only: "1_0" and "١" are not integers here
+        if value is None:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}")
         if value < minimum:
             if minimum == 0:
                 raise argparse.ArgumentTypeError(f"must not be negative: {value}")

@@ -48,3 +48,17 @@ def test_a_missing_shard_says_what_to_do(cli: Cli, command: str) -> None:
     # the next step: ingest into it, or point at the stores that hold it
     assert "upsertctl ingest" in line and "--consensus" in line
     assert r.out == ""
+
+
+@pytest.mark.parametrize(
+    ("command", "option", "text"),
+    [("snapshot", "--as-of", "1.5"), ("snapshot", "--as-of", "1_0"),
+     ("changes", "--since", "\u0661"), ("changes", "--until", "True"),
+     ("gc", "--retain", "1e1")],
+)
+def test_a_time_that_is_not_an_ascii_integer_is_refused(
+    cli: Cli, command: str, option: str, text: str
+) -> None:
+    # Python's int() reads "1_0" as 10 and "\u0661" as 1: never a time here.
+    r = cli.run(command, "--shard", "s", option, text, rc=2)
+    assert f"not an integer: {text!r}" in r.err, r.err

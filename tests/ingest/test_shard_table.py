@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -243,3 +244,47 @@ def test_streamed_batches_keep_read_order_and_errors_surface_at_their_batch(
     early = table.to_batches()
     assert early.read_next_batch().to_pylist() == want[0]
     early.close()
+
+
+def test_changes_keep_user_columns_named_like_the_change_columns(home: Path) -> None:
+    # Issue 21: a source with columns __ts/__diff gave changes() two columns of each name;
+    # to_pylist() kept the change's ts and dropped the user's value.
+    landing = home / "landing"
+    landing.mkdir()
+    _ingest(landing, [[{"key": 1, "offset": 1, "__ts": 50, "__diff": "user"}],
+                      [{"key": 1, "offset": 2, "__ts": 51, "___ts": 9.5}]])
+    table = upsert_core.open_shard("t")
+    ts_name, diff_name = table.change_columns()
+    assert (ts_name, diff_name) == ("____ts", "____diff")  # ___ts is a column too
+    changes = table.changes()
+    assert len(set(changes.schema.names)) == len(changes.schema.names)
+    rows = sorted(changes.to_pylist(), key=lambda r: (r[ts_name], r[diff_name]))
+    assert rows == [
+        {"key": 1, "offset": 1, "__ts": 50, "__diff": "user", "___ts": None,
+         ts_name: 0, diff_name: 1},
+        {"key": 1, "offset": 1, "__ts": 50, "__diff": "user", "___ts": None,
+         ts_name: 1, diff_name: -1},
+        {"key": 1, "offset": 2, "__ts": 51, "__diff": None, "___ts": 9.5,
+         ts_name: 1, diff_name: 1},
+    ]
+    assert sorted(changes.column("__ts").to_pylist()) == [50, 50, 51]  # one column of the name
+    # A shard without such columns keeps the documented names.
+    assert upsert_core.shard_table.change_columns(None) == (TS_COLUMN, DIFF_COLUMN)
+
+
+@pytest.mark.parametrize("bad", [2.5, 1.0, True, False, "1", None])
+def test_times_that_are_not_integers_are_refused_not_rounded(home: Path, bad: object) -> None:
+    # Issue 21: snapshot(as_of=2.5) returned ts 2, as_of=True ts 1, since=1.5 started at 2.
+    landing = home / "landing"
+    landing.mkdir()
+    _ingest(landing, BATCHES)
+    table = upsert_core.open_shard("t")
+    calls = [lambda: table.changes(since=bad), lambda: table.changes(since=0, until=bad)]
+    if bad is not None:  # None is "the default" for as_of
+        calls += [lambda: table.snapshot(as_of=bad), lambda: table.to_batches(as_of=bad)]
+    else:
+        calls = [lambda: table.shard.changes(bad)]  # type: ignore[arg-type]
+    for call in calls:
+        with pytest.raises(UpsertPlatformError, match="must be an integer ts"):
+            call()
+    assert table.snapshot(as_of=np.int64(1)).num_rows == table.snapshot(as_of=1).num_rows

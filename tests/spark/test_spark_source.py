@@ -106,6 +106,16 @@ def test_format_option_path_and_bad_options(
     with pytest.raises(Exception, match="option 'read' must be"):
         (spark.read.format("upsert").option("shard", "t").option("consensus", consensus)
          .option("blob", blob).option("read", "everything").load())
+    # Issue 21: a time is an integer, never rounded ("2.5" -> 2, True -> 1).
+    for option, text in (("asOf", "1.5"), ("asOf", "True"), ("since", "1_0"), ("until", "1e1"),
+                         ("asOf", "\u0661")):
+        with pytest.raises(Exception, match="must be an integer"):
+            (spark.read.format("upsert").option("shard", "t").option("consensus", consensus)
+             .option("blob", blob).option("read", "changes" if option != "asOf" else "snapshot")
+             .option(option, text).load())
+    for kwargs in ({"as_of": 1.5}, {"as_of": True}, {"changes": True, "since": 1.0}):
+        with pytest.raises(Exception, match="must be an integer"):
+            read_shard(spark, "t", consensus=consensus, blob=blob, **kwargs)
 
 
 CONNECT_READ = """

@@ -17,7 +17,8 @@ Invariants:
   ``since <= lower <= upper <= shard upper``; ``changes_after(lower, upper)`` (catching
   up a collection known at upper ``lower``) needs ``since < lower`` (or ``since == 0``).
   Otherwise :class:`NotReadable` is raised
-  at the call (not at the first ``next``) saying what is readable.
+  at the call (not at the first ``next``) saying what is readable. A time that is not
+  an integer (a float, a bool) is :class:`InvalidUsage`, never rounded.
 - ``snapshot(as_of)``: every update with ``ts <= as_of``, times advanced to ``as_of``,
   consolidated; by default only rows with a positive multiplicity (``diff`` is kept so
   callers can check it is 1).
@@ -54,6 +55,7 @@ from upsert_core.persist.consolidate import (
 from upsert_core.persist.location import Blob
 from upsert_core.persist.parts import DEFAULT_BATCH_ROWS, OpenPart
 from upsert_core.persist.state import HollowBatch, Part, ShardState
+from upsert_core.read_times import require_ts
 
 Transform = Callable[[pa.Table], pa.Table]
 """Maps a sorted chunk of one part to a sorted chunk (filter rows, advance times)."""
@@ -443,7 +445,9 @@ def _readable(state: ShardState) -> str:
 
 
 def check_snapshot_readable(state: ShardState, as_of: int) -> None:
-    """Raise :class:`NotReadable` unless ``since <= as_of < upper``."""
+    """Raise :class:`NotReadable` unless ``since <= as_of < upper`` (and
+    :class:`InvalidUsage` unless ``as_of`` is an integer: a time is never rounded)."""
+    require_ts(as_of, "as_of")
     if not state.since <= as_of < state.upper:
         raise NotReadable(
             f"shard {state.shard_id}: cannot read a snapshot as of {as_of}: {_readable(state)}"
@@ -451,7 +455,10 @@ def check_snapshot_readable(state: ShardState, as_of: int) -> None:
 
 
 def check_changes_readable(state: ShardState, lower: int, upper: int) -> None:
-    """Raise :class:`NotReadable` unless ``since <= lower <= upper <= shard upper``."""
+    """Raise :class:`NotReadable` unless ``since <= lower <= upper <= shard upper`` (and
+    :class:`InvalidUsage` unless both are integers: a time is never rounded)."""
+    require_ts(lower, "since")
+    require_ts(upper, "until")
     if not state.since <= lower <= upper <= state.upper:
         raise NotReadable(
             f"shard {state.shard_id}: cannot read changes in [{lower}, {upper}): changes"
