@@ -1,0 +1,55 @@
+"""The model-based random driver (``random_histories``) on the in-process engine.
+
+Every history runs on fresh in-memory stores, and a few on SQLite and a local blob
+directory (the embedded defaults); the PostgreSQL + S3 variant is marked. The Spark
+engine runs the same driver in ``tests/spark/test_random_histories_spark.py``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from upsert_core.persist.location.urls import open_blob, open_consensus
+from upsert_core.persist.shard import Shard
+
+from .helpers import memory_shard
+from .random_histories import History, histories, run_history
+
+
+@settings(max_examples=40)
+@given(history=histories())
+def test_random_histories_match_the_model(history: History) -> None:
+    run_history(history, memory_shard)
+
+
+@settings(max_examples=8)
+@given(history=histories(max_steps=4))
+def test_random_histories_on_the_embedded_stores(history: History) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        run_history(history, _file_shard(Path(tmp)), check_every_step=False)
+
+
+@pytest.mark.postgres
+@pytest.mark.s3
+@pytest.mark.slow
+@settings(max_examples=4, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(history=histories(max_steps=3, buckets=(1, 4)))
+def test_random_histories_on_postgres_and_s3(
+    history: History, fresh_postgres_url: str, s3_bucket: str, s3_env: str
+) -> None:
+    # The stores are shared by the examples: each history gets a shard of its own.
+    name = f"h-{uuid.uuid4().hex[:12]}"
+    run_history(history, lambda: Shard.open(open_consensus(fresh_postgres_url),
+                                            open_blob(f"s3://{s3_bucket}/{name}"), name),
+                check_every_step=False)
+
+
+def _file_shard(root: Path) -> Callable[[], Shard]:
+    return lambda: Shard.open(open_consensus(f"sqlite:///{root}/c.db"),
+                              open_blob(f"file://{root}/blob"), "h")
