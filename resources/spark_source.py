@@ -8,7 +8,7 @@ source), on a classic session or Spark Connect alike.
     df = spark.read.format("upsert").option("shard", "demo").load()        # newest snapshot
     df = spark.read.format("upsert").option("shard", "demo").option("asOf", 5).load()
     changes = (spark.read.format("upsert").option("shard", "demo")
-               .option("read", "changes").option("since", 3).load())       # + __ts, __diff
+               .option("read", "changes").option("since", 3).load())       # + __ts, __diff (see change_columns)
     df = read_shard(spark, "demo")   # stores resolved in THIS process (see below)
 
 Options: ``shard`` (required); ``consensus`` / ``blob`` (store URLs; default: as
@@ -44,7 +44,8 @@ Invariants:
   inside the task (``resources.task_env``), as the Spark engine's tasks do: cluster
   executors do not inherit the driver's environment.
 - Columns and types are the shard's (``inspect``'s ``columns``), mapped to Spark types;
-  changes add ``__ts`` and ``__diff`` (bigint).
+  changes add the change's time and diff (bigint), ``__ts`` and ``__diff`` unless the
+  shard has a column of either name (``shard_table.change_columns``).
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ def key_ranges(count: int) -> list[KeyRange]:
 
 def _int_option(options: Mapping[str, str], name: str) -> int | None:
     text = options.get(name)
-    if text is None or str(text).strip() == "":
+    if text is None:
         return None
     value = parse_ts_text(str(text))  # "2.5", "True", "1_0": refused, never rounded
     if value is None:
@@ -147,7 +148,8 @@ def plan_read(options: Mapping[str, str]) -> ReadPlan:
     read = (lowered.get("read") or SNAPSHOT).lower()
     if read not in (SNAPSHOT, CHANGES):
         raise ConfigError(f"option 'read' must be {SNAPSHOT!r} or {CHANGES!r}, got {read!r}")
-    partitions = _int_option(lowered, "partitions") or DEFAULT_PARTITIONS
+    given = _int_option(lowered, "partitions")  # "" or "0" is refused, not the default
+    partitions = DEFAULT_PARTITIONS if given is None else given
     if not 1 <= partitions <= MAX_PARTITIONS:
         raise ConfigError(f"option 'partitions' must be 1..{MAX_PARTITIONS}, got {partitions}")
     config = resolve(lowered.get("consensus"), lowered.get("blob"))

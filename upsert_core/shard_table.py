@@ -291,12 +291,14 @@ def change_columns(schema: SourceSchema | None) -> tuple[str, str]:
     """The names of a changes read's time and diff columns for a shard with ``schema``.
 
     ``(TS_COLUMN, DIFF_COLUMN)`` (``__ts``, ``__diff``) unless the shard has a column of
-    either name (every column of a file is a value column, so it may): then both names
-    take one more leading ``_`` until neither is a column of the shard. They never
-    collide with a row column, so every value of a row stays readable by name."""
-    taken = set() if schema is None else {name for name, _ in schema.columns}
+    either name, in any case (every column of a file is a value column, so it may): then
+    both names take one more leading ``_`` until neither is a column of the shard, case
+    ignored. They never collide with a row column, even where names are resolved without
+    case (Spark, DuckDB), so every value of a row stays readable by name."""
+    # Compared case-insensitively: Spark and DuckDB resolve names without case.
+    taken = set() if schema is None else {name.casefold() for name, _ in schema.columns}
     ts, diff = TS_COLUMN, DIFF_COLUMN
-    while ts in taken or diff in taken:
+    while ts.casefold() in taken or diff.casefold() in taken:
         ts, diff = "_" + ts, "_" + diff
     return ts, diff
 

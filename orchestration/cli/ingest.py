@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from orchestration.cli.config import open_shard
 from orchestration.cli.progress import ProgressPrinter, summary_line
 from upsert_core.errors import ConfigError, ShardNotFound
+from upsert_core.read_times import parse_ts_text
 
 if TYPE_CHECKING:
     from upsert_core.ingest import IngestReport, IngestRequest
@@ -73,10 +74,10 @@ def _buckets(args: argparse.Namespace) -> int | None:
     text = os.environ.get("UPSERT_BUCKETS", "").strip()
     if not text:
         return None
-    try:
-        return int(text)
-    except ValueError:
-        raise ConfigError(f"UPSERT_BUCKETS must be an integer, got {text!r}") from None
+    value = parse_ts_text(text)  # ASCII digits only, as --buckets
+    if value is None:
+        raise ConfigError(f"UPSERT_BUCKETS must be an integer, got {text!r}")
+    return value
 
 
 def ingest_landing(

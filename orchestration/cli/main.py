@@ -72,6 +72,14 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def _integer(text: str) -> int:
+    """Any integer in ASCII digits (the range is checked where the value is used)."""
+    value = parse_ts_text(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}")
+    return value
+
+
 _non_negative = _int_at_least(0)
 _positive = _int_at_least(1)
 
@@ -165,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the run's report as one JSON object on stdout (files, counts, uppers)",
     )
     p.add_argument(
-        "--buckets", type=int, metavar="N",
+        "--buckets", type=_integer, metavar="N",
         help="upsert state buckets of a new shard (default 4; fixed once set): about one "
         "bucket's state is in memory at a time, see the README [UPSERT_BUCKETS]",
     )

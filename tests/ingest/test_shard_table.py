@@ -288,3 +288,34 @@ def test_times_that_are_not_integers_are_refused_not_rounded(home: Path, bad: ob
         with pytest.raises(UpsertPlatformError, match="must be an integer ts"):
             call()
     assert table.snapshot(as_of=np.int64(1)).num_rows == table.snapshot(as_of=1).num_rows
+
+
+def test_shard_level_times_are_integers_or_refused(home: Path) -> None:
+    # The review: downgrade_since(1.5) and append(..., 4.0) committed a float, and every
+    # later read of the shard failed ("corrupt state diff ... got float").
+    landing = home / "landing"
+    landing.mkdir()
+    _ingest(landing, BATCHES)
+    shard = upsert_core.open_shard("t").shard
+    empty = pa.table({"key": pa.array([], pa.binary()), "row": pa.array([], pa.binary()),
+                      "ts": pa.array([], pa.int64()), "diff": pa.array([], pa.int64())})
+    with shard.register_reader() as reader:
+        for bad in (1.5, True, 1.0):
+            with pytest.raises(UpsertPlatformError, match="must be an integer"):
+                reader.downgrade_since(bad)  # type: ignore[arg-type]
+        reader.downgrade_since(np.int64(1))  # numpy's integers are integers
+    for args in ((3.0,), (3, 4.5), (True,)):
+        with pytest.raises(UpsertPlatformError, match="must be an integer"):
+            shard.append(empty, *args)  # type: ignore[arg-type]
+    assert upsert_core.open_shard("t").snapshot().num_rows == 3  # still readable
+    assert shard.append(empty, np.int64(3)).committed  # type: ignore[union-attr]
+
+
+def test_change_columns_avoid_names_that_differ_only_in_case(home: Path) -> None:
+    landing = home / "landing"
+    landing.mkdir()
+    _ingest(landing, [[{"key": 1, "offset": 1, "__TS": "user", "__Diff": 2}]])
+    table = upsert_core.open_shard("t")
+    assert table.change_columns() == ("___ts", "___diff")
+    names = [n.casefold() for n in table.changes().schema.names]
+    assert len(set(names)) == len(names)

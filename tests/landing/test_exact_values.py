@@ -286,3 +286,40 @@ def test_a_parquet_bool_column_for_a_float_column_is_a_file_error() -> None:
     table = pa.table({"key": [1], "offset": [1], "f": pa.array([True])})
     with pytest.raises(IngestError, match="'f'"):
         validate_parquet(table, schema, name="p.parquet")
+
+
+@pytest.mark.parametrize(
+    ("typ", "text"),
+    [(T.INT64, "0x10"), (T.INT64, "0xFFFFFFFFFFFFFFFF"), (T.FLOAT64, "nan(5)"),
+     (T.FLOAT64, "0x1p3")],
+)
+def test_csv_numbers_arrow_reads_but_python_does_not_are_error_rows_everywhere(
+    typ: LogicalType, text: str
+) -> None:
+    # Arrow's text cast reads "0x10" as 16 and "0xFFFFFFFFFFFFFFFF" as -1: the review
+    # merged key 0x10 into key 16. The answer must not depend on the file's other rows.
+    schema = SourceSchema(columns=(("n", typ),))
+    for rows in ("1,1,5\n2,2,{t}\n", "1,1,5\n2,2,{t}\n3,3,x\n"):
+        data = ("key,offset,n\n" + rows.format(t=text)).encode()
+        b = validate_csv(data, schema, name="h.csv")
+        assert 2 in error_rows(b), (rows, b.errors)
+        assert [r["key"] for r in _decoded(b)] == [1]
+    assert validate_csv(f"key,offset,n\n1,1,{text}\n".encode()).schema.type_of("n") is T.STRING
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_a_value_column_of_only_booleans_is_error_rows_not_a_type_change(fmt: str) -> None:
+    # The review: a later file whose every value of a float column was `true` stopped the
+    # ingest ("changed type from float64 to bool") and blocked every later file.
+    schema = SourceSchema(columns=(("f", T.FLOAT64), ("n", T.INT64)))
+    if fmt == "jsonl":
+        b = validate_jsonl(jsonl({"key": 1, "offset": 1, "f": True, "n": "7"},
+                                 {"key": 2, "offset": 1}), schema, name="x.jsonl")
+    else:
+        b = validate_csv(b"key,offset,f,n\n1,1,true,seven\n2,1,,\n", schema, name="x.csv")
+    assert error_rows(b) == [1] and b.schema.type_of("f") is T.FLOAT64
+    assert [r["key"] for r in _decoded(b)] == [2]
+    # A key column whose every value is of another type is still a wrong file.
+    keyed = SourceSchema(columns=(("key", T.INT64),))
+    with pytest.raises(IngestError, match="'key'"):
+        validate_jsonl(jsonl({"key": True, "offset": 1}), keyed, name="k.jsonl")

@@ -113,6 +113,10 @@ def test_format_option_path_and_bad_options(
             (spark.read.format("upsert").option("shard", "t").option("consensus", consensus)
              .option("blob", blob).option("read", "changes" if option != "asOf" else "snapshot")
              .option(option, text).load())
+    for option, text in (("asOf", ""), ("asOf", "  "), ("partitions", "0"), ("partitions", "")):
+        with pytest.raises(Exception, match="must be an integer|must be 1"):
+            (spark.read.format("upsert").option("shard", "t").option("consensus", consensus)
+             .option("blob", blob).option(option, text).load())  # never the default
     for kwargs in ({"as_of": 1.5}, {"as_of": True}, {"changes": True, "since": 1.0}):
         with pytest.raises(Exception, match="must be an integer"):
             read_shard(spark, "t", consensus=consensus, blob=blob, **kwargs)

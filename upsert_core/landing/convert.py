@@ -66,10 +66,13 @@ def file_type(
 ) -> tuple[LogicalType | None, Conversion | None]:
     """The type this file gives the column (None: all null, no type information).
 
-    For JSON and text, a column the schema already types keeps that type as long as at
-    least one of its values converts (the others are row errors); the conversion is then
-    returned too, so it is not done twice. When no value converts, the file's own
-    inferred type is returned so schema evolution reports the change.
+    For JSON and text, a value column the schema already types keeps that type: values
+    that do not convert are row errors (a boolean in a float column, a string in an
+    integer column), even when none converts. A key or order column keeps its type as
+    long as at least one of its values converts; when none does, the file's own inferred
+    type is returned so schema evolution reports the change (a file whose keys are all of
+    another type is a wrong file, not a few bad rows). The conversion is returned too, so
+    it is not done twice.
     """
     if kind is SourceKind.TYPED:
         try:
@@ -82,7 +85,7 @@ def file_type(
         return current, None
     if current is not None:
         converted = convert(column, kind, current)
-        if (non_null & ~converted[1]).any():
+        if role == "value" or (non_null & ~converted[1]).any():
             return current, converted
         # No value converts: name the type the file has instead. If that type happens to
         # be compatible, the values are merely out of range and become row errors.
@@ -351,7 +354,7 @@ def _convert_text(column: pa.Array, target: LogicalType) -> tuple[pa.Array, Bool
     try:
         if target is LogicalType.TIMESTAMP:
             fast = _timestamp_text_fast(column)
-        else:
+        elif _plain_number_text(column, target):
             fast = pc.cast(column, arrow_type)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         fast = None
@@ -395,11 +398,35 @@ def _all_text_converts(column: pa.Array, present: list[object], target: LogicalT
     try:
         if target is LogicalType.TIMESTAMP:
             fast = _timestamp_text_fast(column)
-        else:
+        elif _plain_number_text(column, target):
             fast = pc.cast(column, ARROW_TYPES[target])
+        else:
+            return all(parse(v) is not None for v in present)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return all(parse(v) is not None for v in present)
     return not _within_calendar(fast, np.zeros(len(fast), dtype=np.bool_), target)[1].any()
+
+
+# What the per-value parsers accept, as RE2 patterns: Arrow's own text casts also read
+# "0x10" (16, and "0xFFFFFFFFFFFFFFFF" as -1) and "nan(5)", which the parsers refuse, so
+# a cast is trusted only for a column whose every value has the plain form.
+_PLAIN_TEXT = {
+    LogicalType.INT64: r"^\s*[+-]?[0-9]+\s*$",
+    LogicalType.FLOAT64: (
+        r"^\s*[+-]?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?"
+        r"|(?i:inf|infinity|nan))\s*$"
+    ),
+}
+
+
+def _plain_number_text(column: pa.Array, target: LogicalType) -> bool:
+    """Whether Arrow's cast of ``column`` to ``target`` may be trusted: always for other
+    targets, for numbers only when every non-null value is a plain decimal number."""
+    pattern = _PLAIN_TEXT.get(target)
+    if pattern is None:
+        return True
+    plain = pc.match_substring_regex(column, pattern)
+    return bool(pc.all(plain.fill_null(True)).as_py())
 
 
 def _timestamp_text_fast(column: pa.Array) -> pa.Array:

@@ -40,6 +40,7 @@ from upsert_core.persist.machine import Machine
 from upsert_core.persist.parts import delete_parts
 from upsert_core.persist.state import ErrorBatch, HollowBatch, ShardState
 from upsert_core.persist.writers import refresh_in, require_new_references_registered
+from upsert_core.read_times import require_ts
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +89,9 @@ class _Verdict:
 
 def _check_request(request: AppendRequest) -> None:
     batch, expected_upper = request.batch, request.expected_upper
+    for name, value in (("expected_upper", expected_upper), ("batch lower", batch.lower),
+                        ("batch upper", batch.upper), ("batch since", batch.since)):
+        require_ts(value, name)  # a float or bool would be committed, then unreadable
     if batch.lower != expected_upper or batch.upper <= batch.lower:
         raise InvalidUsage(
             f"cannot append batch [{batch.lower}, {batch.upper}) at expected upper"

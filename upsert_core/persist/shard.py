@@ -62,6 +62,7 @@ from upsert_core.persist.read import snapshot as _snapshot
 from upsert_core.persist.state import ErrorBatch, HollowBatch, ShardState
 from upsert_core.persist.state_versions import StateVersions
 from upsert_core.persist.writers import WriterLease
+from upsert_core.read_times import require_ts
 
 READ_ATTEMPTS = 5
 """How often an unleased read starts again after GC removed parts under it."""
@@ -194,6 +195,7 @@ class Shard:
 
     def write_batch(self, data: pa.Table | pa.RecordBatch, lower: int, upper: int) -> HollowBatch:
         """Write updates with ``lower <= ts < upper`` as a batch (not yet appended)."""
+        lower, upper = require_ts(lower, "lower"), require_ts(upper, "upper")
         with writing_as(self.writer_id()):
             return write_batch(
                 self.blob, self.shard_id, data, lower, upper,
@@ -246,7 +248,8 @@ class Shard:
         written parts are deleted before returning. A handle whose registration expired
         (:class:`WriterFenced`) writes the batch again as a new writer, once.
         """
-        upper = expected_upper + 1 if new_upper is None else new_upper
+        expected_upper = require_ts(expected_upper, "expected_upper")
+        upper = expected_upper + 1 if new_upper is None else require_ts(new_upper, "new_upper")
         for attempt in (1, 2):
             batch = self.write_batch(data, expected_upper, upper)
             error_batches = (
@@ -503,6 +506,7 @@ class LeasedReader:
 
     def downgrade_since(self, since: int) -> None:
         """Promise never to read before ``since`` again (lets compaction advance)."""
+        since = require_ts(since, "since")  # 1.5 or True would be stored, then unreadable
         if since < self.held_since():
             raise InvalidUsage(
                 f"reader {self.reader_id!r}: since {since} is before its since"
