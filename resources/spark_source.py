@@ -8,7 +8,7 @@ source), on a classic session or Spark Connect alike.
     df = spark.read.format("upsert").option("shard", "demo").load()        # newest snapshot
     df = spark.read.format("upsert").option("shard", "demo").option("asOf", 5).load()
     changes = (spark.read.format("upsert").option("shard", "demo")
-               .option("read", "changes").option("since", 3).load())       # + __ts, __diff (see change_columns)
+               .option("read", "changes").option("since", 3).load())  # + __ts, __diff
     df = read_shard(spark, "demo")   # stores resolved in THIS process (see below)
 
 Options: ``shard`` (required); ``consensus`` / ``blob`` (store URLs; default: as
