@@ -407,7 +407,7 @@ def test_a_typer_merge_reads_each_unlabelled_part_once(
     decoded: list[int] = []
 
     class Counting:
-        buckets, fields = typer.buckets, typer.fields
+        buckets, fields, values_only = typer.buckets, typer.fields, typer.values_only
 
         def values(self, column: Any) -> pa.Table:
             decoded.append(len(column))

@@ -21,7 +21,6 @@ from upsert_core.persist.check import STORAGE, CheckReport
 from upsert_core.persist.consolidate import UPDATE_SCHEMA
 from upsert_core.persist.location.blob_memory import MemoryBlob
 from upsert_core.persist.parts import (
-    BUCKET_META,
     CONSOLIDATED_META,
     VALUE_PREFIX,
     OpenPart,
@@ -206,7 +205,7 @@ def test_a_lying_consolidated_flag_is_reported(tmp_path: Path, lie: str) -> None
         rows[3] = {**rows[3], "diff": 0}
         words = ("says consolidated", "1 row(s) have diff 0", rows[3]["key"].hex())
     lying = pa.Table.from_pylist(rows, schema=table.schema).replace_schema_metadata({
-        BUCKET_META: table.schema.metadata[BUCKET_META], CONSOLIDATED_META: b"1",
+        **table.schema.metadata, CONSOLIDATED_META: b"1",  # the part format kept too
     })
     sink = pa.BufferOutputStream()
     pq.write_table(lying, sink, row_group_size=2)

@@ -70,21 +70,59 @@ class IngestRequest:
     writer_lease_ms: int = field(default_factory=lambda: writer_lease_ms_from_env())
     value_checks: tuple[ValueCheck, ...] = ()
     typed_parts: bool = field(default_factory=lambda: typed_parts_from_env())
+    values_only: bool = field(default_factory=lambda: part_format_from_env() >= 3)
+    """With ``typed_parts``: write format-3 parts, each row stored once as its values
+    (``persist.parts``); False keeps the encoded row beside them (format 2)."""
 
 
 TYPED_PARTS_ENV = "UPSERT_TYPED_PARTS"
-"""``0`` writes parts without value columns (readable by releases before typed parts)."""
+"""``0`` writes parts without value columns (readable by releases before typed parts);
+the same as ``UPSERT_PART_FORMAT=1``."""
+
+PART_FORMAT_ENV = "UPSERT_PART_FORMAT"
+"""The part format ingests and compaction write: 3 (default, each row once as typed
+values), 2 (typed values beside the encoded row: readable by the release before format
+3), 1 (the encoded row only: readable by releases before typed parts)."""
+
+DEFAULT_PART_FORMAT = 3
+
+
+def part_format_from_env(env: Mapping[str, str] | None = None) -> int:
+    """The part format to write (:data:`PART_FORMAT_ENV`, else ``UPSERT_TYPED_PARTS=0``
+    meaning 1, else :data:`DEFAULT_PART_FORMAT`).
+
+    Each format is readable by this release and every later one; a release refuses a
+    part in a format newer than it knows (naming it), so a deployment whose readers are
+    not all upgraded writes the newest format all of them read until they are.
+    """
+    source = os.environ if env is None else env
+    typed = _typed_setting(source)
+    text = source.get(PART_FORMAT_ENV, "").strip()
+    if not text:
+        return DEFAULT_PART_FORMAT if typed else 1
+    if text not in ("1", "2", "3"):
+        raise ConfigError(f"{PART_FORMAT_ENV}={text!r}: use 3 (the default), 2 or 1")
+    if not typed and text != "1":
+        raise ConfigError(
+            f"{TYPED_PARTS_ENV}=0 asks for plain parts (format 1) but {PART_FORMAT_ENV}="
+            f"{text}: set one of them"
+        )
+    return int(text)
 
 
 def typed_parts_from_env(env: Mapping[str, str] | None = None) -> bool:
-    """Whether ingests write typed parts (:data:`TYPED_PARTS_ENV`; default yes).
+    """Whether ingests write typed parts (value columns: part format 2 or 3).
 
-    Typed parts carry the rows' decoded values beside the encoded rows, so snapshots read
-    them without decoding (``persist.typed_read``). Releases before them refuse a part
-    with extra columns, so a deployment whose readers are not all upgraded yet sets
-    ``UPSERT_TYPED_PARTS=0`` until they are; its snapshots then take the merged read.
+    Typed parts carry the rows' decoded values, so snapshots read them without decoding
+    (``persist.typed_read``). Releases before them refuse a part with extra columns, so
+    a deployment whose readers are not all upgraded yet sets ``UPSERT_TYPED_PARTS=0``
+    (or ``UPSERT_PART_FORMAT=1``) until they are; its snapshots then take the merged read.
     """
-    text = (os.environ if env is None else env).get(TYPED_PARTS_ENV, "").strip().lower()
+    return part_format_from_env(env) >= 2
+
+
+def _typed_setting(env: Mapping[str, str]) -> bool:
+    text = env.get(TYPED_PARTS_ENV, "").strip().lower()
     if text in ("", "1", "true", "yes", "on"):
         return True
     if text in ("0", "false", "no", "off"):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from upsert_core.errors import ConfigError
-from upsert_core.ingest.options import typed_parts_from_env
+from upsert_core.ingest.options import part_format_from_env, typed_parts_from_env
 from upsert_core.ingest.shard_config import ShardIngestConfig
 from upsert_core.landing import ARROW_TYPES, SourceSchema
 from upsert_core.landing.rows import decode_rows_to_table
@@ -38,6 +38,8 @@ class SchemaTyper:
 
     schema: SourceSchema
     buckets: int
+    values_only: bool = True
+    """Compaction writes format 3 (each row once, as its values), as the ingest does."""
 
     @property
     def fields(self) -> list[pa.Field]:
@@ -58,7 +60,7 @@ def part_typer(shard: Shard) -> SchemaTyper | None:
         return None
     if stored.schema is None or stored.options is None or _newest_part_plain(shard, state):
         return None
-    return SchemaTyper(stored.schema, stored.options.buckets)
+    return SchemaTyper(stored.schema, stored.options.buckets, part_format_from_env() >= 3)
 
 
 def _newest_part_plain(shard: Shard, state: ShardState) -> bool:

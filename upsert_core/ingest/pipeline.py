@@ -100,6 +100,7 @@ def plan_file(
         checkpoints_current=stored.checkpoints_current(state.upper),
         inline_threshold=request.inline_threshold,
         typed_parts=request.typed_parts,
+        values_only=request.values_only,
         shard_state=state,
         bases={
             b: stored.checkpoint_bases[b]

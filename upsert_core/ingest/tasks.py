@@ -150,6 +150,8 @@ class FileTask:
     inline_threshold: int = 4096
     typed_parts: bool = True
     """Write typed parts (value columns; ``options.TYPED_PARTS_ENV``)."""
+    values_only: bool = True
+    """With ``typed_parts``: store each row once, as its values (part format 3)."""
     shard_state: ShardState | None = None
     shard_state_bytes: bytes | None = None
     bases: dict[int, str] = field(default_factory=dict)
@@ -369,6 +371,7 @@ def _run_bucket(
                 blob, task.shard_id, table, inline_threshold=task.inline_threshold,
                 presorted=True,  # drain_to_upper emits (key, row) order
                 values=values, bucket=(bucket, task.buckets),
+                values_only=task.typed_parts and task.values_only,
             ))
         for part in result.parts:
             result.bytes_written += part.encoded_size_bytes

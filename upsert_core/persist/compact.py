@@ -96,6 +96,11 @@ class PartTyper(Protocol):
         """``rows`` decoded: one column per field, row ``i`` from ``rows[i]``."""
         ...
 
+    @property
+    def values_only(self) -> bool:
+        """Whether typed parts are written in format 3 (rows stored once, as values)."""
+        ...
+
 DEFAULT_MAX_BATCHES_PER_MERGE = 8
 MAX_FAILED_COMMITS = 3
 
@@ -363,6 +368,11 @@ def _merge_by_bucket(
         if planned is None:
             return None
         buckets, fields = planned
+        # Format 3 when the ingest writes it, or (no typer) when the run already holds it:
+        # the shard's readers read it then, and the rows are stored once.
+        values_only = typer.values_only if typer is not None else any(
+            p.layout.derived_rows for p in opened
+        )
         unlabelled = _split_unlabelled(opened, buckets, fields, typer)
         labelled: dict[int, list[OpenPart]] = {}
         for reader in opened:
@@ -379,7 +389,7 @@ def _merge_by_bucket(
             values = values.rename_columns([f.name for f in fields])
             written.extend(write_parts(
                 blob, shard, merged.select(UPDATE_SCHEMA.names), values=values,
-                bucket=(bucket, buckets),
+                bucket=(bucket, buckets), values_only=values_only,
                 presorted=True, inline_threshold=inline_threshold, part_rows=part_rows,
             ))
         return tuple(written)

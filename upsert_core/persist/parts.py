@@ -35,6 +35,22 @@ Typed parts (the layout :mod:`~upsert_core.persist.typed_read` reads without mer
   two parts labelled differently (same ``N``) share no key. The label is opaque here.
 - ``consolidated`` in its footer is computed by :func:`write_part` from the sorted data
   (no two rows share ``(key, row)``, no ``diff`` is 0), never taken from the caller.
+
+Part formats (``upsert.format`` in the footer; a reader refuses a format it does not
+know, naming it, instead of misreading it):
+
+- 1 (no label, no value columns) and 2 (no label, value columns beside ``row``): the
+  encoded row is stored.
+- 3 (:data:`VALUES_ONLY_FORMAT`): the row is stored ONCE, as its value columns:
+  ``key, ts, diff, v:<column>...`` with every row column, in the order the row was
+  encoded with. ``row`` is not stored: it is the canonical encoding of the values
+  (:func:`rows_of_values`, trailing nulls dropped, as the ingest encodes rows), which
+  :class:`OpenPart` computes whenever a reader asks for ``row``, so every reader of
+  updates sees the same ``(key, row, ts, diff)`` whichever format holds them, and the
+  sort order, consolidation and ``consolidated`` label keep meaning what they meant.
+  The writer decodes the values from the rows, and the codec's encoding of decoded
+  values gives back the same bytes (``tests/core/test_codec_columns.py``), so dropping
+  ``row`` loses nothing.
 """
 
 from __future__ import annotations
@@ -47,7 +63,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from upsert_core.errors import CorruptData, InvalidUsage
+from upsert_core.codec import encode_columns, encode_datums
+from upsert_core.errors import CodecError, CorruptData, InvalidUsage
 from upsert_core.persist.consolidate import UPDATE_SCHEMA, as_table, sort_updates
 from upsert_core.persist.keys import error_part_key, part_key
 from upsert_core.persist.location import Blob, BlobReader, RangedBlob, open_blob_reader
@@ -73,6 +90,12 @@ VALUE_PREFIX = "v:"
 
 BUCKET_META = b"upsert.bucket"
 CONSOLIDATED_META = b"upsert.consolidated"
+FORMAT_META = b"upsert.format"
+
+VALUES_ONLY_FORMAT = 3
+"""The part format that stores each row once, as value columns (see the module docstring)."""
+
+KNOWN_FORMATS = (1, 2, VALUES_ONLY_FORMAT)
 
 
 @dataclass(frozen=True)
@@ -85,6 +108,8 @@ class PartLayout:
     """``(b, N)``: every key lies in bucket ``b`` of ``N`` (see the module docstring)."""
     consolidated: bool = False
     """No two rows share ``(key, row)`` and no ``diff`` is 0."""
+    derived_rows: bool = False
+    """Format 3: ``row`` is not stored but computed from the value columns."""
 
     def value_type(self, name: str) -> pa.DataType | None:
         for value in self.values:
@@ -225,15 +250,21 @@ def is_consolidated(table: pa.Table) -> bool:
 
 def _write_prepared(
     blob: Blob, shard: str, table: pa.Table, bucket: tuple[int, int] | None,
-    inline_threshold: int, row_group_rows: int,
+    inline_threshold: int, row_group_rows: int, values_only: bool = False,
 ) -> Part:
+    meta: dict[bytes, bytes] = {}
     if bucket is not None:
         if parse_bucket(format_bucket(bucket)) != bucket:
             raise InvalidUsage(f"bucket label {bucket} must be (b, N) with 0 <= b < N")
-        table = table.replace_schema_metadata({
-            BUCKET_META: format_bucket(bucket).encode(),
-            CONSOLIDATED_META: b"1" if is_consolidated(table) else b"0",
-        })
+        meta[BUCKET_META] = format_bucket(bucket).encode()
+        meta[CONSOLIDATED_META] = b"1" if is_consolidated(table) else b"0"
+    if values_only:
+        # The label above was computed from the rows; from here on they live only as
+        # their values (the module docstring says why nothing is lost).
+        meta[FORMAT_META] = str(VALUES_ONLY_FORMAT).encode()
+        table = table.drop_columns(["row"])
+    if meta:
+        table = table.replace_schema_metadata(meta)
     encoded = encode_parquet(table, row_group_rows)
     return _store(blob, part_key(shard), encoded, table.num_rows, inline_threshold)
 
@@ -248,6 +279,7 @@ def write_part(
     row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
     values: pa.Table | None = None,
     bucket: tuple[int, int] | None = None,
+    values_only: bool = False,
 ) -> Part:
     """Write ``data`` as one batch part: inline when small, else a new blob.
 
@@ -256,9 +288,19 @@ def write_part(
     consolidated: that is the writer's business (see ``consolidate``). ``values``
     (aligned with ``data``'s rows) become value columns and ``bucket`` the part's
     bucket label (see the module docstring); the caller vouches for both.
+    ``values_only`` writes format 3: ``values`` must then be every row column, decoded
+    from ``row`` (the caller vouches for it), and ``row`` is not stored.
     """
+    _check_values_only(values, values_only)
     table = _prepared(data, values, presorted)
-    return _write_prepared(blob, shard, table, bucket, inline_threshold, row_group_rows)
+    return _write_prepared(
+        blob, shard, table, bucket, inline_threshold, row_group_rows, values_only
+    )
+
+
+def _check_values_only(values: pa.Table | None, values_only: bool) -> None:
+    if values_only and (values is None or values.num_columns == 0):
+        raise InvalidUsage("a values-only part (format 3) needs the rows' value columns")
 
 
 def write_parts(
@@ -272,20 +314,23 @@ def write_parts(
     presorted: bool = False,
     values: pa.Table | None = None,
     bucket: tuple[int, int] | None = None,
+    values_only: bool = False,
 ) -> tuple[Part, ...]:
     """Sort ``data`` and write it as parts of at most ``part_rows`` rows (none if empty);
     if a write fails, the parts already written are deleted before the error propagates.
 
     ``presorted=True`` skips the sort when the caller guarantees ``(key, row, ts)``
-    order (the columnar drain emits its updates that way). ``values`` and ``bucket``
-    as for :func:`write_part`."""
+    order (the columnar drain emits its updates that way). ``values``, ``bucket`` and
+    ``values_only`` as for :func:`write_part`."""
+    _check_values_only(values, values_only)
     table = _prepared(data, values, presorted)
     step = max(1, part_rows)
     written: list[Part] = []
     try:
         for start in range(0, table.num_rows, step):
             written.append(_write_prepared(
-                blob, shard, table.slice(start, step), bucket, inline_threshold, row_group_rows
+                blob, shard, table.slice(start, step), bucket, inline_threshold,
+                row_group_rows, values_only,
             ))
     except BaseException:
         delete_parts(blob, written)  # all or nothing: no state references them yet
@@ -435,16 +480,22 @@ class OpenPart:
 
     def _check(self, parquet: pq.ParquetFile, schema: pa.Schema) -> pq.FileMetaData:
         actual = parquet.schema_arrow
-        width = len(schema)
+        fmt = _format_of(actual, self.where)
+        stored = schema
+        if fmt == VALUES_ONLY_FORMAT and schema == UPDATE_SCHEMA:
+            stored = STORED_VALUES_ONLY_SCHEMA
+        width = len(stored)
         head = actual.names[:width], actual.types[:width]
         extra = actual.names[width:]
-        if head != (schema.names, schema.types) or (
+        if head != (stored.names, stored.types) or (
             extra and (schema != UPDATE_SCHEMA
                        or not all(n.startswith(VALUE_PREFIX) for n in extra))
-        ):
+        ) or (stored is STORED_VALUES_ONLY_SCHEMA and not extra):
             raise CorruptData(f"{self.where} has schema {actual}, expected {schema}")
-        self.layout = self._layout(actual)
+        self.layout = self._layout(actual, derived_rows=stored is STORED_VALUES_ONLY_SCHEMA)
         self._schema = actual
+        if self.layout.derived_rows:
+            self._value_names = [n for n in actual.names if n.startswith(VALUE_PREFIX)]
         rows = parquet.metadata.num_rows
         if rows != self._part.num_updates:
             raise CorruptData(
@@ -452,7 +503,7 @@ class OpenPart:
             )
         return parquet.metadata
 
-    def _layout(self, actual: pa.Schema) -> PartLayout:
+    def _layout(self, actual: pa.Schema, *, derived_rows: bool) -> PartLayout:
         meta = actual.metadata or {}
         values = tuple(
             pa.field(f.name[len(VALUE_PREFIX):], f.type)
@@ -464,7 +515,7 @@ class OpenPart:
             bucket = parse_bucket(label.decode("ascii", errors="replace"))
             if bucket is None:
                 raise CorruptData(f"{self.where} has an invalid bucket label {label!r}")
-        return PartLayout(values, bucket, meta.get(CONSOLIDATED_META) == b"1")
+        return PartLayout(values, bucket, meta.get(CONSOLIDATED_META) == b"1", derived_rows)
 
     def read_row_group(
         self, index: int, *, use_threads: bool = False, columns: list[str] | None = None
@@ -478,17 +529,32 @@ class OpenPart:
             parquet = self._idle.pop() if self._idle else None
         if parquet is None:
             parquet = self._new_file(self.metadata)
+        wanted = self._columns if columns is None else columns
         try:
-            table = parquet.read_row_group(
-                index, columns=self._columns if columns is None else columns,
-                use_threads=use_threads,
-            )
+            if self.layout.derived_rows and "row" in wanted:
+                return self._with_rows(parquet, index, wanted, use_threads)
+            table = parquet.read_row_group(index, columns=wanted, use_threads=use_threads)
             return table.replace_schema_metadata(None)
         except (pa.ArrowException, OSError, ValueError) as exc:
             raise _decode_error(exc, self.where) from exc
         finally:
             with self._lock:
                 self._idle.append(parquet)
+
+    def _with_rows(
+        self, parquet: pq.ParquetFile, index: int, wanted: list[str], use_threads: bool
+    ) -> pa.Table:
+        """Format 3: the ``wanted`` columns with ``row`` computed from the value columns
+        (all of them, in stored order: the order the row was encoded with)."""
+        stored = [n for n in wanted if n != "row"]
+        read = stored + [n for n in self._value_names if n not in stored]
+        table = parquet.read_row_group(index, columns=read, use_threads=use_threads)
+        try:
+            rows = rows_of_values([table.column(n) for n in self._value_names])
+        except CodecError as exc:
+            raise CorruptData(f"{self.where}: its values do not encode as rows: {exc}") from exc
+        columns = [rows if n == "row" else table.column(n) for n in wanted]
+        return pa.Table.from_arrays(columns, names=wanted)
 
     def read_whole(
         self, columns: list[str] | None = None, *, use_threads: bool = False
@@ -501,7 +567,10 @@ class OpenPart:
             for i in range(self.num_row_groups)
         ]
         if not groups:
-            return pa.schema([self._schema.field(n) for n in wanted]).empty_table()
+            return pa.schema([
+                UPDATE_SCHEMA.field(n) if n == "row" and self.layout.derived_rows
+                else self._schema.field(n) for n in wanted
+            ]).empty_table()
         return groups[0] if len(groups) == 1 else pa.concat_tables(groups)
 
     def close(self) -> None:
@@ -510,6 +579,50 @@ class OpenPart:
             readers, self._readers, self._idle = self._readers, [], []
         for reader in readers:
             reader.close()
+
+
+STORED_VALUES_ONLY_SCHEMA = pa.schema(
+    [f for f in UPDATE_SCHEMA if f.name != "row"]
+)
+"""The update columns a format-3 part stores (before its value columns)."""
+
+
+def _format_of(schema: pa.Schema, where: str) -> int | None:
+    """The part format its footer names (None: unlabelled, format 1 or 2); a format this
+    release does not know is :class:`CorruptData` naming it."""
+    label = (schema.metadata or {}).get(FORMAT_META)
+    if label is None:
+        return None
+    text = label.decode("ascii", errors="replace")
+    if not text.isdigit() or int(text) not in KNOWN_FORMATS:
+        raise CorruptData(
+            f"{where} is in part format {text!r}, which this release cannot read (it reads"
+            f" formats {', '.join(map(str, KNOWN_FORMATS))}): upgrade every reader of the"
+            " shard to the release that wrote it"
+        )
+    return int(text)
+
+
+def rows_of_values(columns: Sequence[pa.Array | pa.ChunkedArray]) -> pa.Array:
+    """The canonical encoded rows of value columns given in row-column order: row ``i``
+    is ``encode_datums`` of its values with trailing nulls dropped (as
+    ``landing.rows.encode_row``), byte for byte; vectorised where the codec can be, row
+    by row otherwise (e.g. over 2 GiB of output at once)."""
+    bulk = encode_columns(columns, drop_trailing_nulls=True)
+    if bulk is not None:
+        return bulk
+    n = len(columns[0]) if columns else 0
+    if n > 1:  # smaller pieces may each fit the vectorised encoder
+        half = n // 2
+        return pa.concat_arrays([
+            rows_of_values([c.slice(0, half) for c in columns]),
+            rows_of_values([c.slice(half) for c in columns]),
+        ])
+    values = [c[i].as_py() for c in columns for i in range(n)]
+    end = len(values)
+    while end and values[end - 1] is None:
+        end -= 1
+    return pa.array([encode_datums(values[:end])] if n else [], pa.binary())
 
 
 def _iter(

@@ -15,7 +15,8 @@ durability test asks, "did anything leak?".
   counted (GC keeps the ones live states need).
 - :func:`typed_parts`: for every non-empty part of the current state, in state order,
   whether it is typed (value columns and a bucket label, ``parts``): what a test of the
-  typed snapshot layout asserts.
+  typed snapshot layout asserts; :func:`part_formats`: each such part's format (1, 2
+  or 3, ``parts``), what a test of the format upgrade asserts.
 
 Nothing here is used by the platform's own code paths.
 """
@@ -67,6 +68,23 @@ def unreferenced_blobs(shard: Shard, kinds: Iterable[str] = DATA_KINDS) -> set[s
     for state in shard.versions.fetch_all_live_states():
         referenced.update(state.referenced_blob_keys())
     return listed - referenced
+
+
+def part_formats(shard: Shard) -> list[int]:
+    """For every non-empty part of ``shard``'s current state, in state order, its format:
+    1 (encoded rows), 2 (values beside the encoded rows) or 3 (values only)."""
+    formats = []
+    for batch in shard.state().batches:
+        for part in batch.parts:
+            if not part.num_updates:
+                continue
+            opened = OpenPart(shard.blob, part, shard=shard.shard_id)
+            try:
+                layout = opened.layout
+                formats.append(3 if layout.derived_rows else 2 if layout.values else 1)
+            finally:
+                opened.close()
+    return formats
 
 
 def typed_parts(shard: Shard) -> list[bool]:
