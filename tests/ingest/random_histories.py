@@ -5,7 +5,8 @@ A *history* is a key type, an order scope, a bucket count and a list of steps:
 
 - ``("files", [LandingFile, ...])``: write those files (JSON Lines, CSV or Parquet) and
   run one ingest, on ingesting process 0 or 1 (each with its own state cache), writing
-  typed or plain parts (a shard may hold both);
+  parts of format 1 (encoded rows), 2 (rows and values) or 3 (values only; a shard may
+  hold all three);
 - ``("gc", None)``: ``gc`` (rollup, compaction, blob deletion; all history kept);
 - ``("gc", N)``: ``gc --retain N``.
 
@@ -247,7 +248,7 @@ def histories(draw: st.DrawFn, *, max_steps: int = 7, formats: Sequence[str] = F
               "s": Cell("a", "a"), "__deleted": Cell(False, False)}]
     first += draw(st.lists(_row(key_type, "parquet", False), max_size=4))
     history.steps.append(("files", ([LandingFile("f0000.parquet", "parquet", tuple(first))],
-                                    0, True)))
+                                    0, draw(st.sampled_from([1, 2, 3])))))
     files = 1
     for i in range(1, draw(st.integers(1, max_steps)) + 1):
         if draw(st.integers(0, 3)) == 0:
@@ -260,7 +261,8 @@ def histories(draw: st.DrawFn, *, max_steps: int = 7, formats: Sequence[str] = F
             rows = _float_key_fixup(_repair(rows, fmt), key_type)
             batch.append(LandingFile(f"f{files:04d}.{fmt}", fmt, tuple(rows)))
             files += 1
-        history.steps.append(("files", (batch, draw(st.integers(0, 1)), draw(st.booleans()))))
+        history.steps.append(("files", (batch, draw(st.integers(0, 1)),
+                                        draw(st.sampled_from([1, 2, 3])))))
     return history
 
 
@@ -348,14 +350,15 @@ def run_history(
             if kind == "gc":
                 shard.gc(retain=arg, leak_grace_ms=0)
                 continue
-            batch, process, typed = arg
+            batch, process, part_format = arg
             for file in batch:
                 write_file(root, file, history.key_type)
                 applied, errors = model_rows(file)
                 model.apply(applied)
                 expected_errors |= {(file.name, n) for n in errors}
             request = IngestRequest(order_scope=history.scope, buckets=history.buckets,
-                                    typed_parts=typed,
+                                    typed_parts=part_format >= 2,
+                                    values_only=part_format == 3,
                                     **({} if history.inline else {"inline_threshold": 0}))
             ingest(shard, str(root), request, engine=engines[process % len(engines)])
             if check_every_step:
