@@ -16,7 +16,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from upsert_core.codec import decode_datums, encode_columns, encode_datums
+from upsert_core.codec import (
+    decode_datums,
+    encode_columns,
+    encode_columns_in_chunks,
+    encode_datums,
+)
 from upsert_core.codec_columns import decode_columns
 from upsert_core.errors import CodecError
 from upsert_core.landing import ARROW_TYPES, LogicalType, SourceSchema
@@ -320,3 +325,21 @@ def test_decode_columns_null_and_large_types() -> None:
     assert got.schema.types == [pa.null(), pa.large_string(), pa.large_binary()]
     assert got.to_pylist() == [{"n": None, "s": "a", "b": b"b"}, {"n": None, "s": None, "b": None}]
     assert [decode_datums(r) for r in rows.to_pylist()] == [(None, "a", b"b"), ()]
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 3, 7, 1000])
+def test_encoding_in_chunks_on_threads_gives_the_same_bytes(chunk_rows: int) -> None:
+    columns = [
+        pa.array([1, None, 3, 4, 5, None, 7], pa.int64()),
+        pa.array(["a", "bb", None, "", "é", "x", None]),
+        pa.array([None, None, 1.5, -0.0, float("nan"), None, None]),
+    ]
+    for trailing in (False, True):
+        whole = encode_columns(columns, drop_trailing_nulls=trailing)
+        chunked = encode_columns_in_chunks(columns, drop_trailing_nulls=trailing,
+                                           chunk_rows=chunk_rows, threads=3)
+        assert whole is not None and chunked is not None
+        assert chunked.to_pylist() == whole.to_pylist()
+    bad = [pa.array([1, 2, 3]), pa.array(["ok", "ok", "ok"]).cast(pa.large_string())]
+    assert (encode_columns_in_chunks(bad, chunk_rows=1, threads=2) is None) == (
+        encode_columns(bad) is None)

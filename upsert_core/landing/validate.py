@@ -52,7 +52,7 @@ import pyarrow.compute as pc
 from upsert_core.codec import (
     UPSERT_KEY_LEN,
     Datum,
-    encode_columns,
+    encode_columns_in_chunks,
     encode_datums,
     key_digest,
     key_digests,
@@ -255,14 +255,18 @@ def _encode(
     errors: list[RowError],
 ) -> ValidatedBatch:
     """Encode the good rows; a value the codec rejects turns its row into an error."""
-    take = pa.array(good_idx, type=pa.int64())
-    taken = [pc.take(arrays[name], take) for name in schema.names]
+    if len(good_idx) == len(raw.positions):  # every row good: good_idx is 0..n-1
+        taken = [arrays[name] for name in schema.names]
+    else:
+        take = pa.array(good_idx, type=pa.int64())
+        taken = [pc.take(arrays[name], take) for name in schema.names]
     key_at = [schema.names.index(k) for k in schema.key]
     keys: list[bytes] = []
     rows: list[bytes] | pa.BinaryArray = []
     kept: list[int] = []
-    bulk_rows = encode_columns(taken, drop_trailing_nulls=True)
-    bulk_keys = None if bulk_rows is None else encode_columns([taken[k] for k in key_at])
+    bulk_rows = encode_columns_in_chunks(taken, drop_trailing_nulls=True)
+    bulk_keys = None if bulk_rows is None else encode_columns_in_chunks(
+        [taken[k] for k in key_at])
     if bulk_rows is not None and bulk_keys is not None:
         # The vectorised encoder is byte-identical to the per-row one and declines
         # (None) whenever a value might not encode, so no row can fail here.
