@@ -170,16 +170,40 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from upsert_core.ingest.part_typer import part_typer  # heavy: pyarrow, the ingest package
+    # heavy: pyarrow, the ingest package
+    from upsert_core.ingest.maintenance import retained
+    from upsert_core.ingest.part_typer import part_typer
 
     shard = open_shard(args)
     # The typer lets compaction rewrite plain parts as typed ones (fast snapshots).
     typer = part_typer(shard)
+    retain = args.retain
+    keep = shard.retention()
+    if retain is None and keep is not None:
+        # The stored retention, kept as ingest maintenance keeps it (never forcing a
+        # rebuild of upsert state); an explicit --retain N is applied as given.
+        retain = retained(shard.state(), keep)
     if args.leak_grace is None:
-        report = shard.gc(args.retain, typer=typer)
+        report = shard.gc(retain, typer=typer)
     else:
-        report = shard.gc(args.retain, leak_grace_ms=int(args.leak_grace * 1000), typer=typer)
+        report = shard.gc(retain, leak_grace_ms=int(args.leak_grace * 1000), typer=typer)
     print(dumps(report.as_dict()))
+    return EXIT_OK
+
+
+def cmd_retention(args: argparse.Namespace) -> int:
+    shard = open_shard(args)
+    if args.keep is not None or args.keep_all:
+        shard.set_retention(None if args.keep_all else args.keep)
+    state = shard.state()
+    keep = shard.retention()
+    print(dumps({"shard": shard.shard_id, "retention": keep, "since": state.since,
+                 "upper": state.upper}))
+    sys.stderr.write(
+        f"retention: shard {shard.shard_id!r} keeps "
+        + ("all history" if keep is None else f"the last {keep} timestamp(s) readable")
+        + " (applied by gc and after each ingest)\n"
+    )
     return EXIT_OK
 
 
@@ -193,6 +217,7 @@ COMMANDS = {
     "errors": cmd_errors,
     "inspect": cmd_inspect,
     "gc": cmd_gc,
+    "retention": cmd_retention,
     "check": cmd_check,
     "demo": run_demo,
 }

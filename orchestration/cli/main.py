@@ -207,7 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--retain",
         type=_positive,
         metavar="N",
-        help="keep only the last N timestamps readable (N >= 1; default: all history)",
+        help="keep only the last N timestamps readable (N >= 1; default: the shard's"
+        " stored retention, else all history)",
     )
     p.add_argument(
         "--leak-grace",
@@ -216,6 +217,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="delete unreferenced (leaked) blobs once GC has seen them unreferenced for this"
         " long (default: one hour; 0 only when no ingest is running)",
     )
+
+    p = command("retention", "show or set how many newest timestamps stay readable (stored"
+                " in the shard, applied by gc and after each ingest)")
+    choice = p.add_mutually_exclusive_group()
+    choice.add_argument("--keep", type=_positive, metavar="N",
+                        help="keep the last N timestamps readable (N >= 1)")
+    choice.add_argument("--keep-all", action="store_true", help="keep all history (default)")
 
     command("check", "verify consolidation and storage invariants (exit 0 when all hold)")
 

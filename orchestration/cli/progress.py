@@ -33,7 +33,21 @@ def summary_line(report: IngestReport) -> str:
         f"{report.rows_read} row(s) read, {report.inserts} insert(s), "
         f"{report.retractions} retraction(s), {report.errors} error row(s); "
         f"upper {report.start_upper} -> {report.upper} (seqno {report.seqno})"
+        + _maintenance(report)
     )
+
+
+def _maintenance(report: IngestReport) -> str:
+    """``"; maintenance: ..."`` when the ingest's maintenance changed something."""
+    done = report.maintenance
+    if not done or (done["since_before"] == done["since_after"] and not done["gc_ran"]):
+        return ""
+    parts = []
+    if done["since_before"] != done["since_after"]:
+        parts.append(f"since {done['since_before']} -> {done['since_after']}")
+    if done["gc_ran"]:
+        parts.append(f"compacted {done['batches_before']} -> {done['batches_after']} batches")
+    return "; maintenance: " + ", ".join(parts)
 
 
 class ProgressPrinter:

@@ -70,3 +70,24 @@ def test_gc_retain_one_keeps_the_latest_time_and_ingests_continue(
     _fill(cli, landing, range(7, 8))
     cli.check()
     assert {r["key"]: r["v"] for r in cli.snapshot()} == {0: "v6", 1: "v7", 2: "v5"}
+
+
+def test_a_stored_retention_is_applied_by_ingests_and_gc(cli: Cli, landing: Path) -> None:
+    """``upsertctl retention`` stores how many timestamps stay readable; the ingest's
+    maintenance and ``gc`` without ``--retain`` apply it; ``--keep-all`` clears it."""
+    _fill(cli, landing, range(3))
+    shown = cli.run("retention", "--shard", "s").json()
+    assert shown == {"shard": "s", "retention": None, "since": 0, "upper": 3}
+    assert cli.run("retention", "--shard", "s", "--keep", "2").json()["retention"] == 2
+    assert cli.inspect()["retention"] == 2
+    _fill(cli, landing, range(3, 6))  # one run of three files: maintenance after it
+    info = cli.inspect()
+    assert info["upper"] == 6 and 0 < info["since"] <= 4
+    latest = cli.snapshot()
+    cli.run("gc", "--shard", "s")  # the stored retention, never further than asked
+    assert 0 < cli.inspect()["since"] <= 4 and cli.snapshot() == latest
+    assert cli.run("retention", "--shard", "s", "--keep-all").json()["retention"] is None
+    for bad in (["--keep", "0"], ["--keep", "1.5"], ["--keep", "2", "--keep-all"]):
+        cli.run("retention", "--shard", "s", *bad, rc=2)
+    assert cli.check().json()["ok"] is True
+    cli.run("retention", "--shard", "missing", rc=1)  # a missing shard is not created

@@ -71,6 +71,9 @@ class IngestRequest:
     value_checks: tuple[ValueCheck, ...] = ()
     typed_parts: bool = field(default_factory=lambda: typed_parts_from_env())
     values_only: bool = field(default_factory=lambda: part_format_from_env() >= 3)
+    maintain: bool | None = None
+    """Maintain the shard after the run's commits (``ingest.maintenance``); None: as
+    ``UPSERT_AUTO_MAINTENANCE`` says (default on)."""
     """With ``typed_parts``: write format-3 parts, each row stored once as its values
     (``persist.parts``); False keeps the encoded row beside them (format 2)."""
 

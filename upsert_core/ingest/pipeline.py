@@ -55,6 +55,7 @@ from upsert_core.errors import (
     WriterFenced,
 )
 from upsert_core.ingest.engine import Engine, InProcessEngine
+from upsert_core.ingest.maintenance import auto_maintenance_from_env, maintain_after_ingest
 from upsert_core.ingest.options import IngestRequest, resolve_options
 from upsert_core.ingest.outcome import FileOutcome
 from upsert_core.ingest.report import FileReport, IngestReport, ProgressEvent
@@ -64,6 +65,7 @@ from upsert_core.ingest.tasks import FileTask
 from upsert_core.landing import LandingFile, SourceSchema, list_landing, pending
 from upsert_core.persist.append import AppendRequest
 from upsert_core.persist.location import Blob
+from upsert_core.persist.shard import Shard
 from upsert_core.persist.state import HollowBatch, ShardState
 from upsert_core.persist.writers import WriterLease
 
@@ -321,6 +323,13 @@ def ingest(
             else:
                 report.files.append(done)
                 notify(ProgressEvent("file_done", index, total, file.name, done))
+    if report.files and isinstance(shard, Shard) and (
+        auto_maintenance_from_env() if options.maintain is None else options.maintain
+    ):
+        done_maintenance, warning = maintain_after_ingest(shard)
+        report.maintenance = None if done_maintenance is None else done_maintenance.to_dict()
+        if warning is not None:
+            report.warnings.append(warning)
     state = shard.state()  # after the release of the registration
     report.upper = state.upper
     report.seqno = state.seqno

@@ -40,6 +40,7 @@ class IngestReport:
     warnings: list[str] = field(default_factory=list)
     rehydrations: list[str] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)  # left for the next run (changed)
+    maintenance: dict[str, object] | None = None  # ingest.maintenance, when it ran
 
     @property
     def rows_read(self) -> int:
@@ -106,6 +107,7 @@ class IngestReport:
             "pending": list(self.pending),
             "warnings": list(self.warnings),
             "rehydrations": list(self.rehydrations),
+            "maintenance": self.maintenance,
         }
 
 

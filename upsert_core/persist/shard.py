@@ -59,6 +59,7 @@ from upsert_core.persist.parts import (
 from upsert_core.persist.read import changes as _changes
 from upsert_core.persist.read import read_all
 from upsert_core.persist.read import snapshot as _snapshot
+from upsert_core.persist.retention import stored_retention, with_retention
 from upsert_core.persist.state import ErrorBatch, HollowBatch, ShardState
 from upsert_core.persist.state_versions import StateVersions
 from upsert_core.persist.writers import WriterLease
@@ -424,6 +425,16 @@ class Shard:
             run_compaction=run_compaction, clock_ms=self._clock_ms, typer=typer,
         )
 
+    def retention(self) -> int | None:
+        """The stored retention: how many newest times stay readable (None: all)."""
+        return stored_retention(self.state())
+
+    def set_retention(self, keep: int | None) -> int | None:
+        """Store ``keep`` (None: keep all history) by compare-and-set; returns it. It
+        moves nothing by itself: GC and ingest maintenance apply it (``retention``)."""
+        self.machine.apply(with_retention(keep))
+        return self.retention()
+
     def check(self) -> CheckReport:
         """Verify storage and consolidation invariants (see ``check.py``)."""
         return check_shard(self)
@@ -441,6 +452,7 @@ class Shard:
             "seqno": state.seqno,
             "since": state.since,
             "upper": state.upper,
+            "retention": stored_retention(state),
             "batches": len(state.batches),
             "parts": sum(len(b.parts) for b in state.batches),
             "updates": state.num_updates(),

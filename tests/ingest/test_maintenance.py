@@ -1,0 +1,112 @@
+"""Maintenance after an ingest (``ingest.maintenance``) and the stored retention
+(``persist.retention``): the number of batches stays bounded and history beyond the
+retention is folded, without anyone running ``gc``, and every read stays the model's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.model import UpsertModel
+from upsert_core.errors import CorruptData, InvalidUsage
+from upsert_core.ingest import IngestRequest, ingest
+from upsert_core.ingest.maintenance import (
+    AUTO_COMPACT_BATCHES,
+    auto_maintenance_from_env,
+    replay_floor,
+)
+from upsert_core.persist.retention import RETENTION_KEEP
+from upsert_core.persist.testing import unreferenced_blobs
+
+from .helpers import change_rows, memory_shard, snapshot_rows, write_jsonl
+
+
+def _files(root: Path, model: UpsertModel, count: int, start: int = 0) -> None:
+    for i in range(start, start + count):
+        rows = [{"key": k, "offset": i, "v": f"{i}-{k}"} for k in range(i % 5, 40, 3)]
+        rows.append({"key": i % 7, "offset": i, "__deleted": True})
+        write_jsonl(root, f"{i:04d}.jsonl", rows)
+        model.apply(rows)
+
+
+def _matches(shard: object, model: UpsertModel) -> None:
+    state = shard.state()  # type: ignore[attr-defined]
+    assert state.upper == model.upper
+    for ts in range(state.since, state.upper):
+        assert snapshot_rows(shard, ts) == model.rows(ts), f"snapshot at {ts}"  # type: ignore[arg-type]
+        if ts > state.since:
+            assert change_rows(shard, ts) == model.row_changes(ts), f"changes at {ts}"  # type: ignore[arg-type]
+    assert shard.check().ok  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("scope", ["batch", "global"])
+def test_ingests_keep_the_number_of_batches_bounded_without_gc(
+    tmp_path: Path, scope: str
+) -> None:
+    shard = memory_shard()
+    model = UpsertModel(scope)
+    request = IngestRequest(order_scope=scope, buckets=2, inline_threshold=0)
+    most = 0
+    for i in range(40):  # one file per run, as a sensor or a cron job would
+        _files(tmp_path, model, 1, start=i)
+        report = ingest(shard, str(tmp_path), request)
+        most = max(most, len(shard.state().batches))
+        assert report.maintenance is not None
+    assert most <= AUTO_COMPACT_BATCHES
+    assert shard.state().since == 0  # no retention stored: all history stays readable
+    _matches(shard, model)
+    shard.gc(leak_grace_ms=0)
+    assert unreferenced_blobs(shard) == set()
+
+
+def test_without_maintenance_nothing_is_compacted(tmp_path: Path) -> None:
+    shard = memory_shard()
+    model = UpsertModel("batch")
+    for i in range(AUTO_COMPACT_BATCHES + 3):
+        _files(tmp_path, model, 1, start=i)
+        report = ingest(shard, str(tmp_path), IngestRequest(maintain=False))
+        assert report.maintenance is None
+    assert len(shard.state().batches) == AUTO_COMPACT_BATCHES + 3
+
+
+@pytest.mark.parametrize("scope", ["batch", "global"])
+def test_a_stored_retention_is_applied_after_each_ingest(tmp_path: Path, scope: str) -> None:
+    shard = memory_shard()
+    model = UpsertModel(scope)
+    request = IngestRequest(order_scope=scope, buckets=2)
+    _files(tmp_path, model, 3)
+    ingest(shard, str(tmp_path), request)
+    assert shard.set_retention(2) == 2 and shard.retention() == 2
+    for i in range(3, 20):
+        _files(tmp_path, model, 1, start=i)
+        ingest(shard, str(tmp_path), request)
+        state = shard.state()
+        # The retention is a floor; a checkpoint base behind the upper may hold since
+        # back (batch scope), never further than the base needs.
+        assert state.since <= state.upper - 2
+        assert state.since == min(state.upper - 2, replay_floor(state)) or state.since == 0
+    if scope == "global":  # bases are always current: nothing holds since back
+        assert shard.state().since == shard.state().upper - 2
+    assert shard.state().since > 0
+    _matches(shard, model)
+    assert shard.inspect()["retention"] == 2
+    shard.set_retention(None)
+    assert shard.retention() is None and RETENTION_KEEP not in shard.state().config
+
+
+def test_retention_values_are_checked_where_set_and_where_read() -> None:
+    shard = memory_shard()
+    for bad in (0, -1, 1.5, True, "3"):
+        with pytest.raises(InvalidUsage, match="retention must be an integer >= 1"):
+            shard.set_retention(bad)  # type: ignore[arg-type]
+    shard.machine.apply(lambda s: s.evolve(config={**s.config, RETENTION_KEEP: "two"}))
+    with pytest.raises(CorruptData, match="retention.keep='two'"):
+        shard.retention()
+
+
+def test_the_maintenance_switch_reads_its_setting() -> None:
+    assert auto_maintenance_from_env({}) is True
+    assert auto_maintenance_from_env({"UPSERT_AUTO_MAINTENANCE": "0"}) is False
+    with pytest.raises(Exception, match="UPSERT_AUTO_MAINTENANCE"):
+        auto_maintenance_from_env({"UPSERT_AUTO_MAINTENANCE": "sometimes"})

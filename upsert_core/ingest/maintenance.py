@@ -1,0 +1,136 @@
+"""The maintenance an ingest runs after its commits, so that nobody has to run ``gc`` for
+a shard's reads and storage to stay in shape.
+
+After a run that committed files, :func:`maintain`:
+
+1. applies the shard's stored retention (``persist.retention``): ``since`` moves to
+   ``upper - keep``, so compaction may fold the history before it;
+2. once the shard holds :data:`AUTO_COMPACT_BATCHES` batches or more, runs one GC pass:
+   size-tiered compaction (with the ingest's part typer, so parts come out typed and
+   in the format the ingest writes), a rollup, truncation and the deletion of the blobs
+   that only replaced states referenced. The number of batches stays logarithmic in
+   the history kept, and history before ``since`` is folded as the tiers merge it.
+
+Invariants:
+
+- It runs after the run's commits, so it never delays or risks them: a failure comes
+  back as a warning naming the shard and what to run by hand (``upsertctl gc``), and
+  the ingest still succeeds. GC's own guarantees (fencing, leases, blobs deleted only
+  when no live state references them) hold as for a ``gc`` run beside the ingest.
+- Retention never forces a rebuild of upsert state: ``since`` stays below the upper
+  of every bucket's checkpoint base that is behind the shard (a base replays the
+  shard's changes since it, which needs ``since`` below it), so maintenance keeps
+  more history than asked for until the bases move on. In the global scope bases are
+  always current, so nothing holds ``since`` back.
+- ``UPSERT_AUTO_MAINTENANCE=0`` turns it off (then schedule ``upsertctl gc``, as
+  before); without a stored retention it folds nothing: all history stays readable.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from upsert_core.errors import ConfigError, UpsertPlatformError
+from upsert_core.ingest.part_typer import part_typer
+from upsert_core.ingest.shard_config import ShardIngestConfig
+from upsert_core.ingest.tasks import Base
+from upsert_core.persist.gc import advance_since
+from upsert_core.persist.retention import stored_retention
+from upsert_core.persist.shard import Shard
+from upsert_core.persist.state import ShardState
+
+AUTO_MAINTENANCE_ENV = "UPSERT_AUTO_MAINTENANCE"
+
+AUTO_COMPACT_BATCHES = 12
+"""A GC pass runs after an ingest once the shard holds this many batches or more."""
+
+
+@dataclass
+class MaintenanceReport:
+    """What :func:`maintain` did (all zero/False when nothing was due)."""
+
+    since_before: int = 0
+    since_after: int = 0
+    batches_before: int = 0
+    batches_after: int = 0
+    gc_ran: bool = False
+    compaction_merges: int = 0
+    blobs_deleted: int = 0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "since_before": self.since_before, "since_after": self.since_after,
+            "batches_before": self.batches_before, "batches_after": self.batches_after,
+            "gc_ran": self.gc_ran, "compaction_merges": self.compaction_merges,
+            "blobs_deleted": self.blobs_deleted, "seconds": round(self.seconds, 6),
+        }
+
+
+def auto_maintenance_from_env(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ingests maintain their shard (:data:`AUTO_MAINTENANCE_ENV`, default on)."""
+    text = (os.environ if env is None else env).get(AUTO_MAINTENANCE_ENV, "").strip().lower()
+    if text in ("", "1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{AUTO_MAINTENANCE_ENV}={text!r}: use 1 (the default) or 0")
+
+
+def replay_floor(state: ShardState) -> int:
+    """The greatest ``since`` every bucket's checkpoint base can still replay from."""
+    stored = ShardIngestConfig.read(state.config)
+    floor = state.upper
+    if stored.checkpoint_upper is None:
+        return floor
+    floor = min(floor, stored.checkpoint_upper)
+    for text in stored.checkpoint_bases.values():
+        base = Base.decode(text, stored.checkpoint_upper)
+        if base.as_of < stored.checkpoint_upper:
+            floor = min(floor, max(0, base.as_of - 1))
+    return floor
+
+
+def retained(state: ShardState, keep: int) -> int:
+    """The ``retain`` to hand GC's since transition: ``keep``, or more where a base
+    needs its history (see the module docstring)."""
+    target = max(state.since, min(state.upper - keep, replay_floor(state)))
+    return max(keep, state.upper - target)
+
+
+def maintain(shard: Shard) -> MaintenanceReport:
+    """Apply the stored retention and bound the number of batches (module docstring).
+    Raises what GC raises; :func:`maintain_after_ingest` turns that into a warning."""
+    started = time.monotonic()
+    state = shard.state()
+    report = MaintenanceReport(since_before=state.since, since_after=state.since,
+                               batches_before=len(state.batches),
+                               batches_after=len(state.batches))
+    keep = stored_retention(state)
+    if keep is not None and state.upper:
+        state = shard.machine.apply(advance_since(retained(state, keep)))
+        report.since_after = state.since
+    if len(state.batches) >= AUTO_COMPACT_BATCHES:
+        gc = shard.gc(typer=part_typer(shard))
+        report.gc_ran = True
+        report.compaction_merges = gc.compaction_merges
+        report.blobs_deleted = len(gc.deleted_keys)
+        state = shard.state()
+    report.batches_after = len(state.batches)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def maintain_after_ingest(shard: Shard) -> tuple[MaintenanceReport | None, str | None]:
+    """:func:`maintain` for a shard an ingest just wrote: ``(report, None)``, or
+    ``(None, warning)`` when it failed (the files stay committed)."""
+    try:
+        return maintain(shard), None
+    except UpsertPlatformError as exc:
+        return None, (
+            f"shard {shard.shard_id}: the files are committed, but maintenance after the"
+            f" ingest failed ({exc}); run `upsertctl gc --shard {shard.shard_id}`"
+        )
