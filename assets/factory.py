@@ -109,6 +109,7 @@ from upsert_core.errors import (
     UpsertPlatformError,
 )
 from upsert_core.ingest import ProgressEvent
+from upsert_core.ingest.maintenance import retained
 from upsert_core.ingest.part_typer import part_typer
 from upsert_core.landing import list_landing, pending
 from upsert_core.persist.keys import claim_writer_token
@@ -136,7 +137,7 @@ class RollupGcConfig(Config):
         default=None,
         ge=1,
         description="keep only the last N timestamps readable (N >= 1); null: the"
-        " source's gc_retain (null there keeps all history)",
+        " source's gc_retain (null there: the shard's stored retention, else all history)",
     )
 
 
@@ -429,6 +430,11 @@ def build_source_assets(
                 "note": MetadataValue.text(f"shard {spec.shard!r} does not exist yet")
             })
         try:
+            keep = shard.retention()
+            if retain is None and keep is not None:
+                # The shard's stored retention (upsertctl retention), applied as ingest
+                # maintenance applies it: never forcing a rebuild of upsert state.
+                retain = retained(shard.state(), keep)
             report = shard.gc(retain=retain, typer=part_typer(shard))
         except UpsertPlatformError as exc:
             raise _failure(exc) from exc

@@ -16,7 +16,8 @@ the working directory; else, when running from a checkout, the one at its root):
         deleted_col: __deleted
         order_scope: batch
         gc_cron: "0 * * * *"            # rollup_gc schedule
-        gc_retain: null                 # rollup_gc --retain, >= 1 (null keeps all history)
+        gc_retain: null                 # rollup_gc --retain, >= 1 (null: the shard's stored
+                                        # retention, `upsertctl retention`; else all history)
         sensor_interval_s: 10           # how often the landing sensor lists the landing
         description: Orders from the shop  # shown on every asset of the group
         owners: [team:data-eng, alice@example.com]  # Dagster owners: emails or team:NAME
