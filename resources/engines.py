@@ -12,7 +12,11 @@ Invariants:
 
 - No Spark session is created (so no JVM started, no Spark Connect session opened)
   before the first file actually runs: an ingest with nothing pending, or one that
-  fails on its options before any file, never pays for Spark.
+  fails on its options before any file, never pays for Spark. Nor does a first file
+  of at most :data:`PREFLIGHT_BYTES` with a file-level problem (a missing key column,
+  a changed column type, an unreadable file): it is read and validated in this process
+  first (``tasks.read_file``, nothing written), and its problem is reported as the Spark
+  run would report it, in a second instead of after a JVM start.
 - :meth:`LazySparkEngine.stop` stops only a session this engine created; a session
   that was already active in the process (a test's shared session, a notebook's) is
   left running. The CLI stops its session when the command ends (for a Spark Connect
@@ -34,7 +38,7 @@ from upsert_core.errors import ConfigError, IngestError, UpsertPlatformError
 from upsert_core.ingest.engine import Engine, InProcessEngine
 from upsert_core.ingest.outcome import FileOutcome
 from upsert_core.ingest.shard_api import IngestShard
-from upsert_core.ingest.tasks import FileTask
+from upsert_core.ingest.tasks import FileTask, read_file
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -72,6 +76,21 @@ def _active_session() -> Any:
         return None
 
 
+PREFLIGHT_BYTES = 16 * 1024 * 1024
+"""A first file up to this size is validated in this process before Spark starts."""
+
+
+def preflight(task: FileTask, shard: IngestShard) -> FileOutcome | None:
+    """The outcome of ``task``'s file when it has a file-level problem found without
+    Spark (nothing written), else None (also for a file too big to read twice)."""
+    if task.file.size < 0 or task.file.size > PREFLIGHT_BYTES:
+        return None
+    read, _ = read_file(task, shard.blob, write_errors=False)
+    if read.file_error is None and read.changed is None:
+        return None
+    return FileOutcome(read=read)
+
+
 class LazySparkEngine:
     """The Spark engine, whose session is made by ``factory`` on the first file."""
 
@@ -87,6 +106,9 @@ class LazySparkEngine:
 
     def run_file(self, task: FileTask, shard: IngestShard) -> FileOutcome:
         if self._engine is None:
+            found = preflight(task, shard)
+            if found is not None:
+                return found  # no session for a file Spark would refuse anyway
             from resources.spark_ingest import SparkEngine  # heavy: pyspark
 
             before = _active_session()

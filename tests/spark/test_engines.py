@@ -131,3 +131,31 @@ def test_the_factory_prefers_spark_connect_and_arguments_win() -> None:
     resource = spark_resource_from_env({"SPARK_MASTER": "spark://h:7077", "UPSERT_ENGINE": "local"})
     assert (resource.remote, resource.master, resource.engine) == (None, "spark://h:7077", "local")
     assert isinstance(resource.ingest_engine(), InProcessEngine)
+
+
+@pytest.mark.parametrize(
+    ("rows", "problem"),
+    [([{"id": 1, "offset": 1}], "missing key column 'key'"),
+     ([{"key": "one", "offset": 1}], "column 'key' changed type"),
+     (["{not json", {"key": 1}], "missing order column 'offset'")],
+)
+def test_a_file_level_problem_is_reported_before_any_spark_session(
+    tmp_path: Path, no_spark: list[object], rows: list[object], problem: str
+) -> None:
+    """Issue 23: a file refused from its schema alone waited 10-30 s for a JVM first."""
+    shard, landing = _applied_landing(tmp_path)
+    write_jsonl(landing, "2.jsonl", rows)
+    with pytest.raises(IngestError, match=rf"^2\.jsonl: .*{problem}"):
+        ingest_landing(shard, str(landing), IngestRequest(), "spark", progress_bar=False)
+    assert no_spark == [] and shard.state().upper == 1
+    # Nothing of the file was written: no error part, no blob beyond the first file's.
+    assert shard.state().num_errors() == 0
+
+
+def test_upsertctl_refuses_a_bad_file_without_java(tmp_path: Path) -> None:
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    write_jsonl(landing, "1.jsonl", [{"id": 1, "offset": 1}])
+    cli = Cli(tmp_path / "home", env={"JAVA_HOME": str(tmp_path / "no-java")}, engine="spark")
+    failed = cli.ingest(landing, rc=1)
+    assert failed.error_line() == "upsertctl: error: 1.jsonl: missing key column 'key'"

@@ -603,21 +603,25 @@ def _format_of(schema: pa.Schema, where: str) -> int | None:
     return int(text)
 
 
-def rows_of_values(columns: Sequence[pa.Array | pa.ChunkedArray]) -> pa.Array:
+def rows_of_values(
+    columns: Sequence[pa.Array | pa.ChunkedArray],
+) -> pa.Array | pa.ChunkedArray:
     """The canonical encoded rows of value columns given in row-column order: row ``i``
     is ``encode_datums`` of its values with trailing nulls dropped (as
     ``landing.rows.encode_row``), byte for byte; vectorised where the codec can be, row
-    by row otherwise (e.g. over 2 GiB of output at once)."""
+    by row otherwise. Over 2 GiB of output the rows come as a chunked array (one
+    binary array cannot hold them)."""
     bulk = encode_columns(columns, drop_trailing_nulls=True)
     if bulk is not None:
         return bulk
     n = len(columns[0]) if columns else 0
     if n > 1:  # smaller pieces may each fit the vectorised encoder
         half = n // 2
-        return pa.concat_arrays([
-            rows_of_values([c.slice(0, half) for c in columns]),
-            rows_of_values([c.slice(half) for c in columns]),
-        ])
+        pieces: list[pa.Array] = []
+        for piece in (rows_of_values([c.slice(0, half) for c in columns]),
+                      rows_of_values([c.slice(half) for c in columns])):
+            pieces.extend(piece.chunks if isinstance(piece, pa.ChunkedArray) else [piece])
+        return pa.chunked_array(pieces, pa.binary())
     values = [c[i].as_py() for c in columns for i in range(n)]
     end = len(values)
     while end and values[end - 1] is None:
