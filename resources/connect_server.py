@@ -61,6 +61,25 @@ def connect_server(
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> Iterator[str]:
     """A Spark Connect server on ``master``; yields its ``sc://`` URL (see above)."""
+    proc, url, _ = start_connect_server(master, log=log, conf=conf, name=name,
+                                        timeout_s=timeout_s)
+    try:
+        yield url
+    finally:
+        stop_group(proc)
+
+
+def start_connect_server(
+    master: str = "local[2]",
+    *,
+    log: Path | None = None,
+    conf: Mapping[str, str] | None = None,
+    name: str = "upsert-connect",
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> tuple[subprocess.Popen[bytes], str, int]:
+    """Start a server as :func:`connect_server` does and leave it running: ``(process,
+    sc:// URL, port)`` once it answers (the caller stops it, e.g. with
+    :func:`stop_group`); a server that does not come up is stopped and refused."""
     import pyspark
 
     spark_home = Path(pyspark.__file__).parent
@@ -90,9 +109,10 @@ def connect_server(
                 tail = log.read_text(errors="replace")[-3000:]
                 raise ConfigError(f"the Spark Connect server did not come up ({log}):\n{tail}")
             time.sleep(0.3)
-        yield f"sc://127.0.0.1:{port}"
-    finally:
+    except BaseException:
         stop_group(proc)
+        raise
+    return proc, f"sc://127.0.0.1:{port}", port
 
 
 def stop_group(proc: subprocess.Popen[bytes]) -> None:

@@ -61,9 +61,19 @@ def engine_from_env(env: Mapping[str, str] | None = None) -> str:
 
 
 def _default_factory() -> SparkSession:
-    from resources.spark_session import get_spark  # heavy: pyspark
+    # heavy: pyspark
+    from resources import local_spark
+    from resources.spark_session import get_spark
 
+    if local_spark.enabled():  # UPSERT_SPARK_SERVER=auto: the warm local server
+        return get_spark(remote=local_spark.ensure_server())
     return get_spark()
+
+
+def _uses_local_server() -> bool:
+    from resources import local_spark  # heavy: the pyspark package's paths
+
+    return local_spark.enabled()
 
 
 def _active_session() -> Any:
@@ -99,6 +109,7 @@ class LazySparkEngine:
         self.spark: SparkSession | None = None
         self.created = False
         self._engine: Engine | None = None
+        self.local_server = False
 
     @property
     def started(self) -> bool:
@@ -122,6 +133,11 @@ class LazySparkEngine:
                 raise IngestError(f"{task.file.name}: no Spark session: {first}") from exc
             self.spark, self.created = spark, spark is not before
             self._engine = SparkEngine(spark)
+            self.local_server = _uses_local_server()
+        if self.local_server:
+            from resources import local_spark  # heavy: the pyspark package's paths
+
+            local_spark.note_use()
         return self._engine.run_file(task, shard)
 
     def stop(self) -> None:

@@ -51,8 +51,13 @@ class SparkResource(ConfigurableResource):
         master, remote = self.master, self.remote
 
         def session() -> Any:
-            from resources.spark_session import get_spark  # heavy: pyspark
+            # heavy: pyspark
+            from resources import local_spark
+            from resources.spark_session import get_spark
 
+            if master is None and remote is None and local_spark.enabled():
+                remote_url = local_spark.ensure_server()  # the warm local server
+                return get_spark(remote=remote_url, app_name="upsert-platform-dagster")
             return get_spark(master, remote=remote, app_name="upsert-platform-dagster")
 
         return make_engine(self.engine, session)

@@ -191,6 +191,17 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_spark(args: argparse.Namespace) -> int:
+    from resources import local_spark  # heavy: the pyspark package's paths
+
+    if args.action == "stop":
+        was = local_spark.stop()
+        sys.stderr.write("spark: stopped the local Spark Connect server\n" if was
+                         else "spark: no local Spark Connect server was running\n")
+    print(dumps(local_spark.status()))
+    return EXIT_OK
+
+
 def cmd_retention(args: argparse.Namespace) -> int:
     shard = open_shard(args)
     if args.keep is not None or args.keep_all:
@@ -218,6 +229,7 @@ COMMANDS = {
     "inspect": cmd_inspect,
     "gc": cmd_gc,
     "retention": cmd_retention,
+    "spark": cmd_spark,
     "check": cmd_check,
     "demo": run_demo,
 }

@@ -227,6 +227,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("check", "verify consolidation and storage invariants (exit 0 when all hold)")
 
+    p = command("spark", "the warm local Spark Connect server of UPSERT_SPARK_SERVER=auto:"
+                " its status, or stop it", shard=False)
+    p.add_argument("action", choices=("status", "stop"))
+
     p = command("demo", "generate a sample landing and ingest it into shard 'demo'", shard=False)
     p.add_argument(
         "--engine",

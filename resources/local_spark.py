@@ -1,0 +1,222 @@
+"""A warm local Spark: one Spark Connect server per ``$UPSERT_HOME``, started by the
+first Spark ingest that needs one and reused by every later command, stopped once it
+sat idle.
+
+Without ``SPARK_REMOTE`` or ``SPARK_MASTER`` every ``upsertctl ingest`` and Dagster run
+on the embedded defaults started its own JVM (10-40 s). With
+``UPSERT_SPARK_SERVER=auto`` the first one starts a Spark Connect server on
+``local[*]`` in the background and every later one attaches to it in about a second.
+This stage is opt-in; the default stays a JVM per command until the server is proven.
+
+State lives in ``$UPSERT_HOME/spark/``: ``server.json`` (pid, port, url, started),
+``lock``, ``last_used`` (its mtime), the server's ``connect-server.log`` and the
+watchdog's ``watchdog.log``.
+
+Invariants:
+
+- At most one server per ``$UPSERT_HOME``: it is found or started under an exclusive
+  lock of ``spark/lock``; a recorded server whose process is gone or whose port does not
+  answer is stopped (its process group) and replaced.
+- Loopback only, as ``connect_server`` starts it (127.0.0.1, UI off); its workers run
+  this interpreter and import this checkout.
+- Every command that uses it touches ``last_used``. A watchdog process started with the
+  server stops it (TERM, then KILL, its own process group only) once ``last_used`` is
+  older than ``UPSERT_SPARK_IDLE_S`` (default 1800 s), and exits when the server is gone.
+- ``upsertctl spark status`` reports it without starting anything; ``upsertctl spark
+  stop`` stops it (a no-op when none runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from resources.connect_server import answers, start_connect_server
+from upsert_core.errors import ConfigError
+from upsert_core.stores import upsert_home
+
+ENV_SERVER = "UPSERT_SPARK_SERVER"
+ENV_IDLE = "UPSERT_SPARK_IDLE_S"
+DEFAULT_IDLE_S = 1800.0
+WATCH_INTERVAL_S = 5.0
+SERVER_MASTER = "local[*]"
+
+
+def enabled(env: Mapping[str, str] | None = None) -> bool:
+    """Whether commands use the local server: ``UPSERT_SPARK_SERVER=auto`` and neither
+    ``SPARK_REMOTE`` nor ``SPARK_MASTER`` chooses another Spark."""
+    env = os.environ if env is None else env
+    text = env.get(ENV_SERVER, "").strip().lower()
+    if text not in ("", "auto", "off"):
+        raise ConfigError(f"{ENV_SERVER}={text!r}: use auto or off (the default)")
+    return text == "auto" and not env.get("SPARK_REMOTE") and not env.get("SPARK_MASTER")
+
+
+def idle_seconds(env: Mapping[str, str] | None = None) -> float:
+    env = os.environ if env is None else env
+    text = env.get(ENV_IDLE, "").strip()
+    if not text:
+        return DEFAULT_IDLE_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ConfigError(f"{ENV_IDLE} must be a number of seconds > 0, got {text!r}")
+    return value
+
+
+def state_dir(home: Path | None = None) -> Path:
+    return (home or upsert_home()) / "spark"
+
+
+@contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / "lock").open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _record(directory: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((directory / "server.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _running(record: dict[str, Any] | None) -> bool:
+    return bool(record) and _alive(int(record["pid"])) and answers(int(record["port"]))  # type: ignore[index]
+
+
+def touch(directory: Path) -> None:
+    (directory / "last_used").touch()
+
+
+def note_use(home: Path | None = None) -> None:
+    """Mark the server used now (each file an ingest runs on it), so a long run is
+    never taken for idle; nothing when the local server is not in use."""
+    directory = state_dir(home)
+    if enabled() and (directory / "server.json").exists():
+        touch(directory)
+
+
+def ensure_server(home: Path | None = None, *, timeout_s: float = 120.0) -> str:
+    """The ``sc://`` URL of this home's server, started if none runs (module docstring)."""
+    directory = state_dir(home)
+    with _locked(directory):
+        record = _record(directory)
+        if _running(record):
+            touch(directory)
+            return str(record["url"])  # type: ignore[index]
+        if record:
+            _stop_pid(int(record["pid"]))
+        proc, url, port = start_connect_server(
+            SERVER_MASTER, log=directory / "connect-server.log",
+            name="upsert-local-spark", timeout_s=timeout_s,
+        )
+        (directory / "server.json").write_text(json.dumps(
+            {"pid": proc.pid, "port": port, "url": url, "started": time.time()}))
+        touch(directory)
+        with (directory / "watchdog.log").open("ab") as log:
+            subprocess.Popen(
+                [sys.executable, "-m", "resources.local_spark", "watch", str(directory),
+                 str(idle_seconds())],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return url
+
+
+def status(home: Path | None = None) -> dict[str, Any]:
+    """What runs for this home (starts nothing)."""
+    directory = state_dir(home)
+    record = _record(directory)
+    running = _running(record)
+    used = directory / "last_used"
+    return {
+        "running": running,
+        "url": record.get("url") if running and record else None,
+        "pid": record.get("pid") if running and record else None,
+        "idle_s": round(time.time() - used.stat().st_mtime, 1) if running and used.exists()
+        else None,
+        "stops_after_idle_s": idle_seconds(),
+        "state": str(directory),
+    }
+
+
+def stop(home: Path | None = None) -> bool:
+    """Stop this home's server; whether one was running."""
+    directory = state_dir(home)
+    with _locked(directory):
+        record = _record(directory)
+        if not record:
+            return False
+        was = _running(record)
+        _stop_pid(int(record["pid"]))
+        (directory / "server.json").unlink(missing_ok=True)
+        return was
+
+
+def _stop_pid(pid: int) -> None:
+    """TERM the process group led by ``pid``, then KILL it if it lingers."""
+    for sig, wait in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not _alive(pid):
+                return
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)  # reap it when it is our child
+            time.sleep(0.2)
+
+
+def watch(directory: Path, idle_s: float) -> int:
+    """The watchdog: stop the server once idle for ``idle_s``; exit when it is gone."""
+    while True:
+        time.sleep(min(WATCH_INTERVAL_S, idle_s / 4))
+        record = _record(directory)
+        if not record or not _alive(int(record["pid"])):
+            return 0
+        used = directory / "last_used"
+        idle = time.time() - (used.stat().st_mtime if used.exists() else 0.0)
+        if idle > idle_s:
+            with _locked(directory):
+                current = _record(directory)
+                if current and current.get("pid") == record.get("pid"):
+                    _stop_pid(int(record["pid"]))
+                    (directory / "server.json").unlink(missing_ok=True)
+            return 0
+
+
+if __name__ == "__main__":  # python -m resources.local_spark watch DIR IDLE_S
+    if len(sys.argv) == 4 and sys.argv[1] == "watch":
+        sys.exit(watch(Path(sys.argv[2]), float(sys.argv[3])))
+    sys.exit(2)
