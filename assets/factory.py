@@ -90,12 +90,14 @@ from assets.metadata import (
     PUBLISHED_UPPER,
     applied_by_run,
     column_schema_metadata,
+    file_metadata,
     gc_metadata,
     ingest_metadata,
     partition_materializations,
     partition_metadata,
     published_upper,
     row_count_metadata,
+    run_totals,
     shard_metadata,
     unreported_partitions,
 )
@@ -181,6 +183,7 @@ def _report_unreported(
     context: AssetExecutionContext, key: AssetKey, partitions_name: str,
     ingested: Mapping[str, int], exclude: list[str], applied_here: Mapping[str, int],
     extra: Mapping[str, MetadataValue] | None = None,
+    per_file: Mapping[str, Mapping[str, MetadataValue]] | None = None,
 ) -> None:
     """Log a materialization of every partition of ``ingested`` that Dagster does not
     show as materialized (outside ``exclude``, the partitions the run itself reports);
@@ -191,7 +194,7 @@ def _report_unreported(
     )
     ours = {n: ts for n, ts in missing.items() if n in applied_here}
     others = {n: ts for n, ts in missing.items() if n not in applied_here}
-    for event in [*partition_materializations(key, ours, APPLIED_BY_RUN, extra),
+    for event in [*partition_materializations(key, ours, APPLIED_BY_RUN, extra, per_file),
                   *partition_materializations(key, others, APPLIED_BEFORE, extra)]:
         context.log_event(event)
     if missing:
@@ -344,16 +347,23 @@ def build_source_assets(
             context.log.warning(warning)
         here = {**committed, **result.applied_here}
         result.start_upper = start_upper
+        # Each partition's event carries its own file's figures; the run's totals go to
+        # its log (on every partition they would plot as N times the volume).
+        per_file = {f.name: file_metadata(f) for f in result.files}
         for k in keys:
             context.add_asset_metadata(
-                partition_metadata(k, result.applied_at[k],
-                                   APPLIED_BY_RUN if k in here else APPLIED_BEFORE),
+                {**partition_metadata(k, result.applied_at[k],
+                                      APPLIED_BY_RUN if k in here else APPLIED_BEFORE),
+                 **per_file.get(k, {})},
                 partition_key=k,
             )
         _report_unreported(context, state_key, spec.partitions_name,
-                           dict(shard.state().ingested_files), keys, here)
-        meta = ingest_metadata(result, time.monotonic() - started, spark.engine)
+                           dict(shard.state().ingested_files), keys, here, per_file=per_file)
+        seconds = time.monotonic() - started
+        meta = ingest_metadata(result, seconds, spark.engine)
         context.log.info(meta["status"].value)
+        if result.files:
+            context.log.info(run_totals(result, seconds))
         return MaterializeResult(metadata=meta)
 
     @asset(name=OUTPUT, partitions_def=partitions, deps=[state_key], key_prefix=prefix,

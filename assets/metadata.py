@@ -34,6 +34,7 @@ from dagster import (
 
 from assets.ingest_step import PartitionIngest
 from upsert_core.ingest import ShardIngestConfig
+from upsert_core.ingest.report import FileReport
 from upsert_core.persist.gc import GcReport
 
 MAX_NAMES = 20
@@ -69,8 +70,24 @@ def partition_metadata(name: str, ts: int, applied_by: str) -> dict[str, Any]:
     }
 
 
+def file_metadata(report: FileReport) -> dict[str, Any]:
+    """What ingesting one file did: the figures of its own partition's event (never the
+    run's totals, which would repeat on every partition and plot as N times the volume)."""
+    return {
+        "rows_read": MetadataValue.int(report.rows_read),
+        "inserts": MetadataValue.int(report.inserts),
+        "retractions": MetadataValue.int(report.retractions),
+        "errors": MetadataValue.int(report.errors),
+        "bytes_written": MetadataValue.int(report.bytes_written),
+        "rehydrated_buckets": MetadataValue.int(len(report.rehydrated_buckets)),
+        "ingest_seconds": MetadataValue.float(float(report.seconds)),
+    }
+
+
 def ingest_metadata(result: PartitionIngest, seconds: float, engine: str) -> dict[str, Any]:
-    """What one run's ingest did (shared by every partition of the run)."""
+    """What one run's ingest did, for the run's own partitions: what the run applied and
+    where the shard stands; the per-file figures are each partition's own
+    (:func:`file_metadata`), the run's totals go to its log."""
     if result.already_ingested_at is not None and result.no_op:
         status = f"{result.partition} was already ingested at ts {result.already_ingested_at}"
         if len(result.partitions) > 1:
@@ -85,25 +102,20 @@ def ingest_metadata(result: PartitionIngest, seconds: float, engine: str) -> dic
         "start_upper": MetadataValue.int(result.start_upper),
         "upper": MetadataValue.int(result.upper),
         "seqno": MetadataValue.int(result.seqno),
-        "duration_seconds": MetadataValue.float(seconds),
     }
-    if result.no_op:
-        # A run with nothing to apply has no per-ingest counts: leaving them out keeps
-        # the UI's plots to the runs that ingested something.
-        return meta
-    meta.update({
-        "files": _names([f.name for f in result.files]),
-        "rows_read": MetadataValue.int(int(result.total("rows_read"))),
-        "inserts": MetadataValue.int(int(result.total("inserts"))),
-        "retractions": MetadataValue.int(int(result.total("retractions"))),
-        "errors": MetadataValue.int(int(result.total("errors"))),
-        "bytes_written": MetadataValue.int(int(result.total("bytes_written"))),
-        "rehydrated_buckets": MetadataValue.int(
-            sum(len(f.rehydrated_buckets) for f in result.files)
-        ),
-        "ingest_seconds": MetadataValue.float(float(result.total("seconds"))),
-    })
+    if result.files:
+        meta["files"] = _names([f.name for f in result.files])
     return meta
+
+
+def run_totals(result: PartitionIngest, seconds: float) -> str:
+    """The run's totals, one line for its log."""
+    return (
+        f"run totals: {len(result.files)} file(s), {int(result.total('rows_read'))} row(s)"
+        f" read, {int(result.total('inserts'))} insert(s), {int(result.total('retractions'))}"
+        f" retraction(s), {int(result.total('errors'))} error row(s),"
+        f" {int(result.total('bytes_written'))} bytes written, {seconds:.2f}s"
+    )
 
 
 _SHARD_INTS = (
@@ -174,13 +186,15 @@ def unreported_partitions(
 def partition_materializations(
     key: AssetKey, files: Mapping[str, int], applied_by: str,
     extra: Mapping[str, Any] | None = None,
+    per_file: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[AssetMaterialization]:
-    """One ``AssetMaterialization`` per file (partition) with its ts (and ``extra``)."""
+    """One ``AssetMaterialization`` per file (partition) with its ts, ``extra`` and its
+    own ``per_file`` figures, in ts order (so the latest event is the latest file)."""
     return [
         AssetMaterialization(asset_key=key, partition=name,
                              metadata={**partition_metadata(name, ts, applied_by),
-                                       **(extra or {})})
-        for name, ts in files.items()
+                                       **(extra or {}), **(per_file or {}).get(name, {})})
+        for name, ts in sorted(files.items(), key=lambda item: (item[1], item[0]))
     ]
 
 
