@@ -153,7 +153,7 @@ def plan_read(options: Mapping[str, str]) -> ReadPlan:
     if not 1 <= partitions <= MAX_PARTITIONS:
         raise ConfigError(f"option 'partitions' must be 1..{MAX_PARTITIONS}, got {partitions}")
     config = resolve(lowered.get("consensus"), lowered.get("blob"))
-    consensus, blob = open_stores(config)
+    consensus, blob = open_stores(config, create=False, shard=shard_name)  # creates nothing
     state = Shard.open(consensus, blob, shard_name, create=False).state()
     plan = ReadPlan(consensus=config.consensus_url, blob=config.blob_url, shard=shard_name,
                     read=read, partitions=partitions,

@@ -66,7 +66,8 @@ def open_shard(
 ) -> ShardTable:
     """Open shard ``name`` for reading, resolving the stores as ``upsertctl`` does."""
     config = resolve(consensus, blob)
-    consensus_store, blob_store = open_stores(config)
+    # A read creates nothing, not even the embedded stores.
+    consensus_store, blob_store = open_stores(config, create=False, shard=name)
     return ShardTable(Shard.open(consensus_store, blob_store, name, create=False))
 
 

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from upsert_core.errors import ShardNotFound
+
 if TYPE_CHECKING:
     from upsert_core.persist.location import Blob, Consensus
 
@@ -74,10 +76,37 @@ def resolve(
     return StoreConfig(consensus_url, blob_url, home, uses_home)
 
 
-def open_stores(config: StoreConfig) -> tuple[Consensus, Blob]:
-    """Open the consensus and blob the config names (creating ``$UPSERT_HOME`` if used)."""
+def open_stores(
+    config: StoreConfig, *, create: bool = True, shard: str | None = None
+) -> tuple[Consensus, Blob]:
+    """Open the consensus and blob the config names (creating ``$UPSERT_HOME`` if used).
+
+    With ``create=False`` (a read) nothing is created: a SQLite consensus whose file does
+    not exist holds no shard, so :class:`ShardNotFound` (naming ``shard``) is raised
+    before it is opened (opening would create the file, and ``$UPSERT_HOME`` with it)."""
     # heavy: sqlite3 and the store modules (~25 ms), off the CLI's start-up path
     from upsert_core.persist.location.urls import open_blob, open_consensus
 
-    config.ensure_home()
+    if not create:
+        missing = sqlite_file_missing(config.consensus_url)
+        if missing is not None:
+            name = "the shard" if shard is None else f"shard {shard!r}"
+            raise ShardNotFound(
+                f"{name} has not been initialised (no shard exists yet: {missing} does not"
+                " exist)"
+            )
+    else:
+        config.ensure_home()
     return open_consensus(config.consensus_url), open_blob(config.blob_url)
+
+
+def sqlite_file_missing(url: str) -> Path | None:
+    """The file of a ``sqlite:///PATH`` URL when it does not exist (else None; None also
+    for in-memory SQLite and every other kind of consensus)."""
+    if not url.startswith("sqlite:///"):
+        return None
+    path = url[len("sqlite:///"):].split("?", 1)[0]
+    if not path or path == ":memory:":
+        return None
+    file = Path(path)
+    return None if file.exists() else file

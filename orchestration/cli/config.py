@@ -53,8 +53,9 @@ def open_shard(args: argparse.Namespace, *, create: bool = False) -> Shard:
     message saying what to do next: ingest into it, or name the stores that hold it)."""
     from upsert_core.persist.shard import Shard  # heavy: pyarrow, only when a shard opens
 
-    consensus, blob = open_stores(store_config(args))
     try:
+        # A read creates nothing: not even the embedded stores (issue 23).
+        consensus, blob = open_stores(store_config(args), create=create, shard=args.shard)
         return Shard.open(consensus, blob, args.shard, create=create)
     except ShardNotFound as exc:
         raise ShardNotFound(

@@ -62,3 +62,13 @@ def test_a_time_that_is_not_an_ascii_integer_is_refused(
     # Python's int() reads "1_0" as 10 and "\u0661" as 1: never a time here.
     r = cli.run(command, "--shard", "s", option, text, rc=2)
     assert f"not an integer: {text!r}" in r.err, r.err
+
+
+@pytest.mark.parametrize("deployment", ["embedded"], indirect=True)
+@pytest.mark.parametrize("command", ["snapshot", "changes", "errors", "inspect", "gc", "check",
+                                     "retention"])
+def test_a_read_of_a_missing_shard_creates_no_store(cli: Cli, command: str) -> None:
+    # Issue 23: a read in an empty directory created the embedded stores.
+    r = cli.run(command, "--shard", "x", rc=1)
+    assert "'x'" in r.error_line() and "not been initialised" in r.error_line()
+    assert not cli.home.exists()

@@ -319,3 +319,18 @@ def test_change_columns_avoid_names_that_differ_only_in_case(home: Path) -> None
     assert table.change_columns() == ("___ts", "___diff")
     names = [n.casefold() for n in table.changes().schema.names]
     assert len(set(names)) == len(names)
+
+
+def test_reads_of_a_missing_shard_create_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                 ) -> None:
+    # Issue 23: open_shard("x") and `upsertctl inspect --shard x` in an empty directory
+    # created .upsert/consensus.db and blob/.
+    for var in ("UPSERT_CONSENSUS_URL", "UPSERT_BLOB_URL", "UPSERT_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ShardNotFound, match="shard 'x' has not been initialised"):
+        upsert_core.open_shard("x")
+    home = tmp_path / "elsewhere"
+    with pytest.raises(ShardNotFound, match="consensus.db does not exist"):
+        upsert_core.open_shard("x", f"sqlite:///{home}/consensus.db", f"file://{home}/blob")
+    assert list(tmp_path.iterdir()) == []
