@@ -70,11 +70,18 @@ class PartitionRun:
     run_error: str | None = None
 
 
-def _instance() -> DagsterInstance:
+def _instance(ephemeral: bool) -> DagsterInstance:
+    """The instance the runs go to: ``DAGSTER_HOME``'s (what ``dagster dev`` shows), or,
+    only when asked for, a throwaway one (nothing of it reaches a UI)."""
+    if ephemeral:
+        return DagsterInstance.ephemeral()
     if os.environ.get("DAGSTER_HOME"):
         return DagsterInstance.get()
-    sys.stderr.write("warning: DAGSTER_HOME is not set; runs go to a throwaway instance\n")
-    return DagsterInstance.ephemeral()
+    raise ConfigError(
+        "DAGSTER_HOME is not set, so the runs would go to a throwaway instance no UI shows:"
+        " set it to the instance `dagster dev` uses (e.g. DAGSTER_HOME=$PWD/.dagster), or"
+        " pass --ephemeral for a throwaway one"
+    )
 
 
 def select_partitions(
@@ -220,8 +227,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--all", action="store_true", help="every landing file")
     parser.add_argument("--shuffle", type=int, metavar="SEED",
                         help="select in a random order (the run sorts them)")
+    parser.add_argument("--ephemeral", action="store_true",
+                        help="run in a throwaway instance (no DAGSTER_HOME needed; no UI sees it)")
     args = parser.parse_args(argv)
     try:
+        instance = _instance(args.ephemeral)  # before the code location loads: fail fast
         # heavy: the whole code location (~1.4 s), after the arguments parsed; its
         # ConfigError (a bad sources.yaml) is reported like any other below
         from orchestration.definitions import SOURCES, default_resources, defs
@@ -241,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write(f"{run.partition}: {run.status}\n")
             sys.stdout.flush()
 
-        runs = run_backfill(defs, spec, partitions, instance=_instance(), on_run=show)
+        runs = run_backfill(defs, spec, partitions, instance=instance, on_run=show)
     except UpsertPlatformError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2

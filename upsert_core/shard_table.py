@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from upsert_core.errors import CorruptData
+from upsert_core.errors import CorruptData, ShardNotFound
 from upsert_core.ingest.shard_config import ShardIngestConfig
 from upsert_core.landing import ARROW_TYPES, SourceSchema
 from upsert_core.landing.rows import decode_rows_to_table
@@ -54,7 +54,7 @@ from upsert_core.persist.read import check_snapshot_readable
 from upsert_core.persist.shard import READ_ATTEMPTS, Shard
 from upsert_core.persist.state import ShardState
 from upsert_core.persist.typed_read import TypedSnapshot, open_typed_snapshot
-from upsert_core.stores import open_stores, resolve
+from upsert_core.stores import existing_shards_note, open_stores, resolve
 
 TS_COLUMN = "__ts"
 DIFF_COLUMN = "__diff"
@@ -66,9 +66,12 @@ def open_shard(
 ) -> ShardTable:
     """Open shard ``name`` for reading, resolving the stores as ``upsertctl`` does."""
     config = resolve(consensus, blob)
-    # A read creates nothing, not even the embedded stores.
-    consensus_store, blob_store = open_stores(config, create=False, shard=name)
-    return ShardTable(Shard.open(consensus_store, blob_store, name, create=False))
+    try:
+        # A read creates nothing, not even the embedded stores.
+        consensus_store, blob_store = open_stores(config, create=False, shard=name)
+        return ShardTable(Shard.open(consensus_store, blob_store, name, create=False))
+    except ShardNotFound as exc:
+        raise ShardNotFound(f"{exc}{existing_shards_note(config)}") from exc
 
 
 class ShardTable:

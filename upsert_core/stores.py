@@ -100,6 +100,33 @@ def open_stores(
     return open_consensus(config.consensus_url), open_blob(config.blob_url)
 
 
+SHARDS_SHOWN = 10
+
+
+def shard_names(consensus: Consensus) -> list[str]:
+    """The names of the shards ``consensus`` holds, sorted."""
+    return sorted(consensus.list_keys())
+
+
+def existing_shards_note(config: StoreConfig) -> str:
+    """``" (shards here: a, b, ...)"``, ``" (no shard here yet)"``, or ``""`` when the
+    stores cannot be listed: what a message about a missing shard adds. Creates nothing."""
+    if sqlite_file_missing(config.consensus_url) is not None:
+        return " (no shard here yet)"
+    # heavy: the store modules, only when a shard was not found
+    from upsert_core.persist.location.urls import open_consensus
+
+    try:
+        names = shard_names(open_consensus(config.consensus_url))
+    except Exception:  # noqa: BLE001 - the note is a courtesy; the error stands without it
+        return ""
+    if not names:
+        return " (no shard here yet)"
+    shown = ", ".join(names[:SHARDS_SHOWN])
+    more = f" and {len(names) - SHARDS_SHOWN} more" if len(names) > SHARDS_SHOWN else ""
+    return f" (shards here: {shown}{more})"
+
+
 def sqlite_file_missing(url: str) -> Path | None:
     """The file of a ``sqlite:///PATH`` URL when it does not exist (else None; None also
     for in-memory SQLite and every other kind of consensus)."""

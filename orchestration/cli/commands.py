@@ -19,11 +19,12 @@ import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from orchestration.cli.config import open_shard
+from orchestration.cli.config import open_shard, store_config
 from orchestration.cli.demo import run_demo
 from orchestration.cli.ingest import run_ingest
 from orchestration.cli.output import dumps, json_row, row_writer, write_jsonl
 from upsert_core.errors import CorruptData, InvariantViolation
+from upsert_core.stores import shard_names, sqlite_file_missing
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -191,6 +192,17 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_shards(args: argparse.Namespace) -> int:
+    # heavy: the store modules (sqlite3, SQLAlchemy)
+    from upsert_core.persist.location.urls import open_consensus
+
+    config = store_config(args)
+    if sqlite_file_missing(config.consensus_url) is None:  # a read creates nothing
+        for name in shard_names(open_consensus(config.consensus_url)):
+            print(name)
+    return EXIT_OK
+
+
 def cmd_spark(args: argparse.Namespace) -> int:
     from resources import local_spark  # heavy: the pyspark package's paths
 
@@ -230,6 +242,7 @@ COMMANDS = {
     "gc": cmd_gc,
     "retention": cmd_retention,
     "spark": cmd_spark,
+    "shards": cmd_shards,
     "check": cmd_check,
     "demo": run_demo,
 }

@@ -20,6 +20,7 @@ from upsert_core.stores import (
     ENV_CONSENSUS,
     ENV_HOME,
     StoreConfig,
+    existing_shards_note,
     open_stores,
     resolve,
     upsert_home,
@@ -53,13 +54,15 @@ def open_shard(args: argparse.Namespace, *, create: bool = False) -> Shard:
     message saying what to do next: ingest into it, or name the stores that hold it)."""
     from upsert_core.persist.shard import Shard  # heavy: pyarrow, only when a shard opens
 
+    config = store_config(args)
     try:
         # A read creates nothing: not even the embedded stores (issue 23).
-        consensus, blob = open_stores(store_config(args), create=create, shard=args.shard)
+        consensus, blob = open_stores(config, create=create, shard=args.shard)
         return Shard.open(consensus, blob, args.shard, create=create)
     except ShardNotFound as exc:
         raise ShardNotFound(
-            f"{exc} in these stores: create it with `upsertctl ingest LANDING --shard"
+            f"{exc} in these stores{existing_shards_note(config)}: create it with"
+            f" `upsertctl ingest LANDING --shard"
             f" {args.shard}`, or point --consensus/--blob (UPSERT_CONSENSUS_URL,"
             f" UPSERT_BLOB_URL, UPSERT_HOME) at the stores that hold it"
         ) from exc

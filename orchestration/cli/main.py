@@ -227,6 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("check", "verify consolidation and storage invariants (exit 0 when all hold)")
 
+    command("shards", "the names of the shards in the stores, one per line", shard=False)
+
     p = command("spark", "the warm local Spark Connect server of UPSERT_SPARK_SERVER=auto:"
                 " its status, or stop it", shard=False)
     p.add_argument("action", choices=("status", "stop"))

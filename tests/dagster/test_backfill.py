@@ -195,3 +195,18 @@ def test_a_named_file_that_is_not_in_the_landing_adds_no_partition(plat: Platfor
         run_backfill(defs, spec, ["b-01.jsonl", "b-01.json"], instance=plat.instance)
     assert plat.instance.get_dynamic_partitions(spec.partitions_name) == []
     assert not plat.instance.get_runs()
+
+
+def test_the_cli_refuses_a_throwaway_instance_unless_asked(
+    plat: Platform, monkeypatch, capsys  # type: ignore[no-untyped-def]
+) -> None:
+    """Issue 23: without DAGSTER_HOME the runs went to a throwaway instance and nothing
+    reached the UI the README had just started."""
+    _backfill_cli_env(plat, monkeypatch)
+    monkeypatch.delenv("DAGSTER_HOME")
+    names = plat.write_batches(["b-01.jsonl"])
+    assert main(["feed"]) == 2
+    err = capsys.readouterr().err
+    assert "DAGSTER_HOME is not set" in err and "--ephemeral" in err
+    assert main(["feed", "--ephemeral"]) == 0  # applied at ts 0: nothing went in before
+    assert capsys.readouterr().out.splitlines() == [f"{names[0]}: applied at ts 0"]

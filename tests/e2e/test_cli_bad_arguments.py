@@ -72,3 +72,12 @@ def test_a_read_of_a_missing_shard_creates_no_store(cli: Cli, command: str) -> N
     r = cli.run(command, "--shard", "x", rc=1)
     assert "'x'" in r.error_line() and "not been initialised" in r.error_line()
     assert not cli.home.exists()
+
+
+def test_a_wrong_shard_name_lists_the_shards_there(cli: Cli, landing: Path) -> None:
+    _one_file(landing)
+    cli.ingest(landing, shard="orders")
+    cli.ingest(landing, shard="customers")
+    r = cli.run("inspect", "--shard", "ordres", rc=1)
+    assert "(shards here: customers, orders)" in r.error_line(), r.error_line()
+    assert cli.run("shards").out.splitlines() == ["customers", "orders"]

@@ -334,3 +334,11 @@ def test_reads_of_a_missing_shard_create_nothing(tmp_path: Path, monkeypatch: py
     with pytest.raises(ShardNotFound, match="consensus.db does not exist"):
         upsert_core.open_shard("x", f"sqlite:///{home}/consensus.db", f"file://{home}/blob")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_wrong_name_lists_the_shards_that_exist(home: Path) -> None:
+    landing = home / "landing"
+    landing.mkdir()
+    _ingest(landing, BATCHES)  # shard "t"
+    with pytest.raises(ShardNotFound, match=r"\(shards here: t\)"):
+        upsert_core.open_shard("typo")
