@@ -50,6 +50,7 @@ Invariants:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -285,9 +286,21 @@ def _check_same_changes(plan: ReadPlan, state: ShardState) -> None:
         )
 
 
+_registered: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
 def register(spark: SparkSession) -> None:
-    """Make ``spark.read.format("upsert")`` available in ``spark`` (idempotent)."""
+    """Make ``spark.read.format("upsert")`` available in ``spark`` (idempotent: a
+    session registers it once, so Spark does not log "replaced a previously registered
+    data source" on every ``read_shard``)."""
+    try:
+        if spark in _registered:
+            return
+    except TypeError:  # a session that cannot be weakly referenced: register each time
+        spark.dataSource.register(UpsertDataSource)
+        return
     spark.dataSource.register(UpsertDataSource)
+    _registered.add(spark)
 
 
 def read_shard(
