@@ -403,7 +403,7 @@ def build_source_assets(
         _report_unreported(context, output_key, spec.partitions_name, covered, keys, ours,
                            extra)
         meta = shard_metadata(shard.inspect())
-        meta.update(column_schema_metadata(ShardTable(shard).schema))
+        meta.update(column_schema_metadata(ShardTable(shard).source_schema()))
         # SUBTLE: the recorded live-row count is the shard's at ITS upper. A batch
         # committed after the checks ran (``upsertctl ingest`` meanwhile) is not
         # published: its rows must not be in the published row count, so the count is

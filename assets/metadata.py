@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import pyarrow as pa
 from dagster import (
     AssetKey,
     AssetMaterialization,
@@ -35,6 +34,7 @@ from dagster import (
 from assets.ingest_step import PartitionIngest
 from upsert_core.ingest import ShardIngestConfig
 from upsert_core.ingest.report import FileReport
+from upsert_core.landing import SourceSchema
 from upsert_core.persist.gc import GcReport
 
 MAX_NAMES = 20
@@ -140,9 +140,12 @@ def shard_metadata(inspected: Mapping[str, object]) -> dict[str, Any]:
     return meta
 
 
-def column_schema_metadata(schema: pa.Schema) -> dict[str, Any]:
-    """The shard's columns as Dagster's ``dagster/column_schema`` (shown in the catalog)."""
-    columns = [TableColumn(name=f.name, type=str(f.type)) for f in schema]
+def column_schema_metadata(schema: SourceSchema | None) -> dict[str, Any]:
+    """The shard's columns as Dagster's ``dagster/column_schema`` (shown in the catalog),
+    in the type names ``upsertctl inspect`` and ``open_shard().inspect()`` use."""
+    columns = [] if schema is None else [
+        TableColumn(name=name, type=str(typ)) for name, typ in schema.columns
+    ]
     return {"dagster/column_schema": TableSchema(columns=columns)}
 
 

@@ -241,12 +241,15 @@ class ShardTable:
         return pa.Table.from_pylist(rows, schema=ERRORS_SCHEMA)
 
     def inspect(self) -> dict[str, object]:
-        """The same summary as ``upsertctl inspect``, plus ``columns``."""
+        """The same summary as ``upsertctl inspect``, with ``columns`` as it prints them:
+        ``{name: type}`` in the platform's type names (``int64``, ``float64``,
+        ``string``, ``bool``, ``timestamp``, ``date``, ``binary``), the ones every surface
+        uses."""
         info = self.shard.inspect()
         schema = self.source_schema()
-        info["columns"] = [] if schema is None else [
-            {"name": name, "type": str(typ)} for name, typ in schema.columns
-        ]
+        info["columns"] = {} if schema is None else {
+            name: str(typ) for name, typ in schema.columns
+        }
         return info
 
 
