@@ -265,3 +265,29 @@ def test_read_ahead_is_bounded_by_rows(
     finally:
         opened.close()
     assert got == [0, 1, 2] and peak[0] == most
+
+
+def _history(rows: list[tuple[bytes, int, int, object]]) -> tuple[list[pa.Table], pa.Table]:
+    table = pa.table({"key": pa.array([r[0] for r in rows], pa.binary()),
+                      "ts": pa.array([r[1] for r in rows], pa.int64()),
+                      "diff": pa.array([r[2] for r in rows], pa.int64())})
+    return [table.slice(0, 2), table.slice(2)], pa.table({"f": pa.array([r[3] for r in rows],
+                                                                        pa.float64())})
+
+
+def test_a_bucket_is_resolved_key_by_key_only_for_a_verified_upsert_history() -> None:
+    from upsert_core.persist.typed_read import _latest_per_key
+
+    k1, k2, k3 = b"\x01" * 16, b"\x02" * 16, b"\x01" * 8 + b"\x09" * 8  # k3 shares k1's hi
+    nan = float("nan")
+    good = [(k1, 0, 1, nan), (k2, 0, 1, 0.0), (k1, 1, -1, nan), (k1, 1, 1, 2.0),
+            (k2, 2, -1, -0.0), (k3, 1, 1, 5.0)]
+    tables, stored = _history(good)
+    picked = _latest_per_key(tables, stored)
+    assert picked is not None and sorted(picked.tolist()) == [3, 5]  # k1's 2.0, k3; k2 gone
+    for bad in (
+        [(k1, 0, 1, 1.0), (k2, 0, 1, 1.0), (k1, 1, -1, 9.0)],  # retracts a row k1 never held
+        [(k1, 0, 1, 1.0), (k2, 0, 2, 1.0), (k1, 1, -1, 1.0)],  # a multiplicity
+        [(k1, 0, 1, 1.0), (k2, 0, 1, 1.0), (k1, 1, 1, 3.0)],  # two live rows for k1
+    ):
+        assert _latest_per_key(*_history(bad)) is None  # the exact merge decides instead
