@@ -19,9 +19,11 @@ Invariants:
   answer is stopped (its process group) and replaced.
 - Loopback only, as ``connect_server`` starts it (127.0.0.1, UI off); its workers run
   this interpreter and import this checkout.
-- Every command that uses it touches ``last_used``. A watchdog process started with the
-  server stops it (TERM, then KILL, its own process group only) once ``last_used`` is
-  older than ``UPSERT_SPARK_IDLE_S`` (default 1800 s), and exits when the server is gone.
+- Every command that uses it touches ``last_used`` and registers its process in
+  ``spark/users/<pid>``. A watchdog process started with the server stops it (TERM, then
+  KILL, its own process group only) once no registered process is alive and
+  ``last_used`` is older than ``UPSERT_SPARK_IDLE_S`` (default 1800 s), so a job that
+  runs longer than that is never stopped under it; it exits when the server is gone.
 - ``upsertctl spark status`` reports it without starting anything; ``upsertctl spark
   stop`` stops it (a no-op when none runs).
 """
@@ -117,6 +119,25 @@ def touch(directory: Path) -> None:
     (directory / "last_used").touch()
 
 
+def _register_user(directory: Path) -> None:
+    """Mark this process as using the server until it exits."""
+    users = directory / "users"
+    users.mkdir(parents=True, exist_ok=True)
+    (users / str(os.getpid())).touch()
+
+
+def _in_use(directory: Path) -> bool:
+    """Whether a process that uses the server is alive (stale marks are removed)."""
+    users = directory / "users"
+    busy = False
+    for mark in users.glob("*") if users.exists() else ():
+        if mark.name.isdigit() and int(mark.name) != os.getpid() and _alive(int(mark.name)):
+            busy = True
+        else:
+            mark.unlink(missing_ok=True)
+    return busy
+
+
 def note_use(home: Path | None = None) -> None:
     """Mark the server used now (each file an ingest runs on it), so a long run is
     never taken for idle; nothing when the local server is not in use."""
@@ -132,6 +153,7 @@ def ensure_server(home: Path | None = None, *, timeout_s: float = 120.0) -> str:
         record = _record(directory)
         if _running(record):
             touch(directory)
+            _register_user(directory)
             return str(record["url"])  # type: ignore[index]
         if record:
             _stop_pid(int(record["pid"]))
@@ -142,6 +164,7 @@ def ensure_server(home: Path | None = None, *, timeout_s: float = 120.0) -> str:
         (directory / "server.json").write_text(json.dumps(
             {"pid": proc.pid, "port": port, "url": url, "started": time.time()}))
         touch(directory)
+        _register_user(directory)
         with (directory / "watchdog.log").open("ab") as log:
             subprocess.Popen(
                 [sys.executable, "-m", "resources.local_spark", "watch", str(directory),
@@ -206,6 +229,9 @@ def watch(directory: Path, idle_s: float) -> int:
         if not record or not _alive(int(record["pid"])):
             return 0
         used = directory / "last_used"
+        if _in_use(directory):  # a command is still running on it: not idle
+            touch(directory)
+            continue
         idle = time.time() - (used.stat().st_mtime if used.exists() else 0.0)
         if idle > idle_s:
             with _locked(directory):

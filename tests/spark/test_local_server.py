@@ -7,6 +7,7 @@ test starts (and always stops) its own server."""
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -66,6 +67,14 @@ def test_an_idle_server_stops_by_itself(tmp_path: Path) -> None:
     try:
         cli.ingest(landing)
         pid = int(cli.run("spark", "status").json()["pid"])
+        # A command still using the server keeps it, however long it runs (a job past
+        # the idle time once had the server stopped under it).
+        user = subprocess.Popen(["sleep", "30"])
+        (cli.home / "spark" / "users" / str(user.pid)).touch()
+        time.sleep(8)
+        assert cli.run("spark", "status").json()["running"] is True
+        user.kill()
+        user.wait()
         deadline = time.monotonic() + 60
         while cli.run("spark", "status").json()["running"] and time.monotonic() < deadline:
             time.sleep(1)
