@@ -16,13 +16,17 @@ from upsert_core.persist.shard import Shard
 from upsert_core.persist.testing import part_formats, typed_parts
 
 
-def _layouts(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """For every part of shard ``s``: whether it is typed (value columns and a label)."""
+def _shard(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> Shard:
+    """Shard ``s`` in the CLI's stores, opened in this process."""
     for name, value in cli.service_env().items():
         monkeypatch.setenv(name, value)
     consensus, blob = cli.stores
-    return typed_parts(Shard.open(open_consensus(consensus), open_blob(blob), "s",
-                                  create=False))
+    return Shard.open(open_consensus(consensus), open_blob(blob), "s", create=False)
+
+
+def _layouts(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """For every part of shard ``s``: whether it is typed (value columns and a label)."""
+    return typed_parts(_shard(cli, monkeypatch))
 
 
 def test_gc_upgrades_plain_parts_only_once_ingests_write_typed_ones(
@@ -52,11 +56,8 @@ def test_gc_upgrades_plain_parts_only_once_ingests_write_typed_ones(
 
 
 def _formats(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    for name, value in cli.service_env().items():
-        monkeypatch.setenv(name, value)
-    consensus, blob = cli.stores
-    return part_formats(Shard.open(open_consensus(consensus), open_blob(blob), "s",
-                                   create=False))
+    """For every part of shard ``s``: its format (1, 2 or 3)."""
+    return part_formats(_shard(cli, monkeypatch))
 
 
 def test_a_shard_of_earlier_part_formats_reads_ingests_and_is_upgraded_by_compaction(

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from upsert_core.persist.keys import shard_prefix
 from upsert_core.persist.location import Blob, BlobMetadata
-from upsert_core.persist.parts import OpenPart
+from upsert_core.persist.parts import OpenPart, PartLayout
 
 if TYPE_CHECKING:
     from upsert_core.persist.shard import Shard
@@ -70,33 +70,27 @@ def unreferenced_blobs(shard: Shard, kinds: Iterable[str] = DATA_KINDS) -> set[s
     return listed - referenced
 
 
-def part_formats(shard: Shard) -> list[int]:
-    """For every non-empty part of ``shard``'s current state, in state order, its format:
-    1 (encoded rows), 2 (values beside the encoded rows) or 3 (values only)."""
-    formats = []
+def _layouts(shard: Shard) -> list[PartLayout]:
+    """The layout of every non-empty part of ``shard``'s current state, in state order."""
+    layouts = []
     for batch in shard.state().batches:
         for part in batch.parts:
             if not part.num_updates:
                 continue
             opened = OpenPart(shard.blob, part, shard=shard.shard_id)
             try:
-                layout = opened.layout
-                formats.append(3 if layout.derived_rows else 2 if layout.values else 1)
+                layouts.append(opened.layout)
             finally:
                 opened.close()
-    return formats
+    return layouts
+
+
+def part_formats(shard: Shard) -> list[int]:
+    """For every non-empty part of ``shard``'s current state, in state order, its format:
+    1 (encoded rows), 2 (values beside the encoded rows) or 3 (values only)."""
+    return [3 if lay.derived_rows else 2 if lay.values else 1 for lay in _layouts(shard)]
 
 
 def typed_parts(shard: Shard) -> list[bool]:
     """For every non-empty part of ``shard``'s current state: whether it is typed."""
-    typed = []
-    for batch in shard.state().batches:
-        for part in batch.parts:
-            if not part.num_updates:
-                continue
-            opened = OpenPart(shard.blob, part, shard=shard.shard_id)
-            try:
-                typed.append(bool(opened.layout.values) and opened.layout.bucket is not None)
-            finally:
-                opened.close()
-    return typed
+    return [bool(lay.values) and lay.bucket is not None for lay in _layouts(shard)]
