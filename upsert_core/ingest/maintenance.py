@@ -30,14 +30,15 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from upsert_core.drain import OrderScope
 from upsert_core.errors import ConfigError, UpsertPlatformError
 from upsert_core.ingest.part_typer import part_typer
 from upsert_core.ingest.shard_config import ShardIngestConfig
-from upsert_core.ingest.tasks import Base
-from upsert_core.persist.gc import advance_since
+from upsert_core.ingest.tasks import MAX_REPLAY_BATCHES, Base
+from upsert_core.persist.gc import retained_since
 from upsert_core.persist.retention import stored_retention
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.state import ShardState
@@ -81,15 +82,22 @@ def auto_maintenance_from_env(env: Mapping[str, str] | None = None) -> bool:
 
 
 def replay_floor(state: ShardState) -> int:
-    """The greatest ``since`` every bucket's checkpoint base can still replay from."""
+    """The greatest ``since`` every bucket's checkpoint base can still replay from.
+
+    Only batch-scope bases are replayed (global-scope checkpoints are current), and a
+    base more than ``MAX_REPLAY_BATCHES`` behind is rewritten rather than replayed, so
+    neither holds ``since`` back (an idle bucket would otherwise hold it forever)."""
     stored = ShardIngestConfig.read(state.config)
     floor = state.upper
     if stored.checkpoint_upper is None:
         return floor
+    if stored.options is not None and stored.options.order_scope is OrderScope.GLOBAL:
+        return floor
     floor = min(floor, stored.checkpoint_upper)
+    oldest = stored.checkpoint_upper - MAX_REPLAY_BATCHES
     for text in stored.checkpoint_bases.values():
         base = Base.decode(text, stored.checkpoint_upper)
-        if base.as_of < stored.checkpoint_upper:
+        if oldest <= base.as_of < stored.checkpoint_upper:
             floor = min(floor, max(0, base.as_of - 1))
     return floor
 
@@ -99,6 +107,18 @@ def retained(state: ShardState, keep: int) -> int:
     needs its history (see the module docstring)."""
     target = max(state.since, min(state.upper - keep, replay_floor(state)))
     return max(keep, state.upper - target)
+
+
+def _advance_keeping(keep: int) -> Callable[[ShardState], ShardState | None]:
+    """A transition moving ``since`` as :func:`retained` says, computed from the state it
+    transforms (not from an earlier read: an ingest committing in between would move the
+    target past a checkpoint base)."""
+
+    def advance(state: ShardState) -> ShardState | None:
+        since = retained_since(state, retained(state, keep))
+        return None if since == state.since else state.evolve(since=since)
+
+    return advance
 
 
 def maintain(shard: Shard) -> MaintenanceReport:
@@ -111,7 +131,7 @@ def maintain(shard: Shard) -> MaintenanceReport:
                                batches_after=len(state.batches))
     keep = stored_retention(state)
     if keep is not None and state.upper:
-        state = shard.machine.apply(advance_since(retained(state, keep)))
+        state = shard.machine.apply(_advance_keeping(keep))
         report.since_after = state.since
     if len(state.batches) >= AUTO_COMPACT_BATCHES:
         gc = shard.gc(typer=part_typer(shard))

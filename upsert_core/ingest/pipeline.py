@@ -286,6 +286,9 @@ def ingest(
     those whose names sort at or before it); see the module docstring."""
     engine = engine if engine is not None else InProcessEngine()
     notify = progress if progress is not None else (lambda event: None)
+    # Settings are checked before anything is ingested (a bad one must not fail the run
+    # after its files are committed).
+    maintain = auto_maintenance_from_env() if options.maintain is None else options.maintain
     state = shard.state()
     resolve_options(state.config, options)
     todo = pending(list_landing(landing_url), state.ingested_files.keys())
@@ -323,9 +326,7 @@ def ingest(
             else:
                 report.files.append(done)
                 notify(ProgressEvent("file_done", index, total, file.name, done))
-    if report.files and isinstance(shard, Shard) and (
-        auto_maintenance_from_env() if options.maintain is None else options.maintain
-    ):
+    if report.files and isinstance(shard, Shard) and maintain:
         done_maintenance, warning = maintain_after_ingest(shard)
         report.maintenance = None if done_maintenance is None else done_maintenance.to_dict()
         if warning is not None:
