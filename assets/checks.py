@@ -45,6 +45,9 @@ batch is never reported as published. Invariant: **a partition is published
 
 And ``error_rows_did_not_grow`` (WARN, with the ingest): the last ingest added rows to
 the error collection. Error rows are data, so this warns and never blocks.
+
+A failing check lists what it found in its ``problems`` metadata (the first
+:data:`MAX_SHOWN`); a passing one has no ``problems`` entry.
 """
 
 
@@ -94,7 +97,13 @@ def full_check_keys(state_key: AssetKey) -> list[AssetCheckKey]:
 def _problems_md(problems: list[str]) -> MetadataValue:
     shown = problems[:MAX_SHOWN]
     more = [f"... and {len(problems) - MAX_SHOWN} more"] if len(problems) > MAX_SHOWN else []
-    return MetadataValue.md("\n".join(f"- {p}" for p in [*shown, *more]) or "none")
+    return MetadataValue.md("\n".join(f"- {p}" for p in [*shown, *more]))
+
+
+def _problems(problems: list[str]) -> dict[str, MetadataValue]:
+    """The ``problems`` entry of a check's metadata: only when there are some (on a
+    passing check the UI would show an empty ``problems [Show Markdown]``)."""
+    return {"problems": _problems_md(problems)} if problems else {}
 
 
 def _split(report: CheckReport) -> tuple[list[str], list[str]]:
@@ -214,7 +223,7 @@ def _blocking_results(
             check_name=name, asset_key=state_key, passed=not problems,
             description=None if not problems else
             f"{len(problems)} problem(s) in ts [{start}, {upper}): {next_step(shard_name)}",
-            metadata={"problems": _problems_md(problems), **common},
+            metadata={**_problems(problems), **common},
         )
 
 
@@ -233,19 +242,19 @@ def _full_results(state_key: AssetKey, shard: Shard,
     yield AssetCheckResult(
         check_name=FULL_CONSOLIDATED, asset_key=state_key, passed=not consolidation,
         description=_full_description(consolidation, shard_name),
-        metadata={"problems": _problems_md(consolidation), **counts},
+        metadata={**_problems(consolidation), **counts},
     )
     yield AssetCheckResult(
         check_name=FULL_STORAGE, asset_key=state_key, passed=not storage,
         description=_full_description(storage, shard_name),
-        metadata={"problems": _problems_md(storage), **counts},
+        metadata={**_problems(storage), **counts},
     )
     compared = compare_state(shard)
     yield AssetCheckResult(
         check_name=FULL_STATE, asset_key=state_key, passed=compared.ok,
         description=_full_description(compared.problems, shard_name),
         metadata={
-            "problems": _problems_md(compared.problems),
+            **_problems(compared.problems),
             "upper": MetadataValue.int(compared.upper),
             "state_keys": MetadataValue.int(compared.state_keys),
             "live_keys": MetadataValue.int(compared.live_keys),

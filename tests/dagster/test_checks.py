@@ -52,6 +52,21 @@ def _problems(check: Any) -> str:
     return str(check.metadata["problems"].value)
 
 
+def test_passing_checks_show_no_problems_entry(plat: Platform) -> None:
+    """A passing check has nothing to list: no ``problems`` entry (the UI showed an empty
+    ``problems [Show Markdown]`` on every green check); failing checks keep it (the
+    tests below read it)."""
+    names = plat.write_batches(["b-01.jsonl", "b-02.jsonl"])
+    plat.add_partitions(plat.spec(), names)
+    _, _, blocking, _ = _run(plat, names[1])
+    _, _, full, _ = _run(plat, None, job="feed_full_check")
+    checks = [*blocking.values(), *full.values()]
+    assert {c.check_name for c in checks} == {*BLOCKING_CHECKS, *FULL_CHECKS,
+                                              "error_rows_did_not_grow"}
+    assert all(c.passed for c in checks)
+    assert [c.check_name for c in checks if "problems" in c.metadata] == []
+
+
 def test_a_run_whose_changes_do_not_consolidate_is_blocked(
     plat: Platform, monkeypatch: pytest.MonkeyPatch
 ) -> None:
