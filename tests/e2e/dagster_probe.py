@@ -8,7 +8,7 @@ daemon does (``DagsterInstance.get()``), and prints JSON on stdout:
 - ``tick SOURCE``: one evaluation of the source's landing sensor with the instance's
   stored cursor; the dynamic partitions it requests are added and its cursor stored, as
   the daemon does after a tick. Prints ``{"partitions": [...], "runs": [[run_key,
-  partition], ...], "skip": REASON or null}``.
+  partition], ...], "skip": REASON or null}`` (a skipped tick may still store a cursor).
 - ``runs``: every run in the instance's run storage, oldest first, with its status,
   partition and the asset check evaluations it logged, plus the run storage's class
   name (to prove which storage the instance uses).
@@ -58,7 +58,9 @@ def tick(source: str) -> dict[str, Any]:
     if result.cursor is not None:
         instance.run_storage.set_cursor_values({cursor_key: result.cursor})
     runs = [[r.run_key, r.partition_key] for r in result.run_requests or []]
-    return {"partitions": added, "runs": runs, "skip": None}
+    # A skipped tick may still store a cursor (SensorResult with a skip reason).
+    skip = None if result.skip_reason is None else result.skip_reason.skip_message
+    return {"partitions": added, "runs": runs, "skip": skip}
 
 
 def runs() -> dict[str, Any]:
