@@ -8,7 +8,10 @@ A *history* is a key type, an order scope, a bucket count and a list of steps:
   parts of format 1 (encoded rows), 2 (rows and values) or 3 (values only; a shard may
   hold all three);
 - ``("gc", None)``: ``gc`` (rollup, compaction, blob deletion; all history kept);
-- ``("gc", N)``: ``gc --retain N``.
+- ``("gc", N)``: ``gc --retain N``;
+- ``("lose", None)``: an empty batch committed by a plain append that drops every
+  checkpoint reference, so the next ingest rebuilds every bucket from the shard (in the global
+  scope with the recorded tombstones: no rebuild forgets one).
 
 Rows mix inserts, updates, deletes, in-batch duplicates, order ties, late rows (small
 order range), a value column added part-way, floats that compare as numbers (``-0.0``
@@ -44,8 +47,11 @@ from hypothesis import strategies as st
 from tests.model import UpsertModel, canonical
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.engine import Engine, InProcessEngine
+from upsert_core.ingest.shard_config import CHECKPOINT_REF_PREFIX
 from upsert_core.landing import decode_row
+from upsert_core.persist.append import AppendRequest
 from upsert_core.persist.shard import Shard
+from upsert_core.persist.state import HollowBatch
 from upsert_core.persist.testing import unreferenced_blobs
 from upsert_core.shard_table import ShardTable
 
@@ -235,9 +241,10 @@ def _float_key_fixup(rows: list[dict[str, Cell]], key_type: str) -> list[dict[st
 
 @st.composite
 def histories(draw: st.DrawFn, *, max_steps: int = 7, formats: Sequence[str] = FORMATS,
-              buckets: Sequence[int] = (1, 2, 4, 64)) -> History:
+              buckets: Sequence[int] = (1, 2, 4, 64),
+              scopes: Sequence[str] = ("batch", "global"), lose_one_in: int = 6) -> History:
     key_type = draw(st.sampled_from(["int", "float"]))
-    history = History(key_type, draw(st.sampled_from(["batch", "global"])),
+    history = History(key_type, draw(st.sampled_from(list(scopes))),
                       draw(st.sampled_from(list(buckets))), draw(st.booleans()))
     files = 0
     extra_from = draw(st.integers(1, max_steps))
@@ -253,6 +260,11 @@ def histories(draw: st.DrawFn, *, max_steps: int = 7, formats: Sequence[str] = F
     for i in range(1, draw(st.integers(1, max_steps)) + 1):
         if draw(st.integers(0, 3)) == 0:
             history.steps.append(("gc", draw(st.sampled_from([None, 1, 2, 3]))))
+            continue
+        if draw(st.integers(1, lose_one_in)) == 1:
+            # Every checkpoint is lost and made stale: the next ingest rebuilds every
+            # bucket from the shard, which must remember the tombstones (CONTRACT).
+            history.steps.append(("lose", None))
             continue
         batch: list[LandingFile] = []
         for _ in range(draw(st.integers(1, 2))):
@@ -350,6 +362,10 @@ def run_history(
             if kind == "gc":
                 shard.gc(retain=arg, leak_grace_ms=0)
                 continue
+            if kind == "lose":
+                lose_checkpoints(shard)
+                model.apply([])
+                continue
             batch, process, part_format = arg
             for file in batch:
                 write_file(root, file, history.key_type)
@@ -367,6 +383,19 @@ def run_history(
     shard.gc(leak_grace_ms=0)
     check_against_model(shard, model, expected_errors)
     assert unreferenced_blobs(shard) == set()
+
+
+def lose_checkpoints(shard: Shard) -> None:
+    """Commit an empty batch (a commit no ingest made) that drops every checkpoint
+    reference, so no checkpoint is current and the next ingest rebuilds every bucket
+    from the shard (GC then deletes the checkpoints: older states still reference them)."""
+    state = shard.state()
+    lost = {n: v for n, v in state.config.items() if n.startswith(CHECKPOINT_REF_PREFIX) and v}
+    upper = state.upper
+    result = shard.compare_and_append(AppendRequest(
+        HollowBatch(upper, upper + 1, 0, ()), upper, config_updates={n: "" for n in lost}
+    ))
+    assert result.committed
 
 
 def check_against_model(shard: Shard, model: UpsertModel,

@@ -1,5 +1,5 @@
 """Checkpoints: lost, corrupt or stale checkpoints are rebuilt from the shard (rehydration)
-with the same result; the global scope warns that tombstones cannot be recovered."""
+with the same result; the global scope keeps its tombstones through a rebuild."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def test_stale_checkpoints_are_rehydrated_with_the_same_result(tmp_path: Path) -
     assert contents(shard) == contents(reference)
 
 
-def test_global_scope_rehydration_warns_that_tombstones_are_lost(tmp_path: Path) -> None:
+def test_global_scope_rehydration_keeps_tombstones(tmp_path: Path) -> None:
     shard = memory_shard()
     write_jsonl(tmp_path, "a.jsonl", [{"key": 1, "offset": 5, "v": "x"}])
     write_jsonl(tmp_path, "b.jsonl", [{"key": 1, "offset": 6, "__deleted": True}])
@@ -106,12 +106,13 @@ def test_global_scope_rehydration_warns_that_tombstones_are_lost(tmp_path: Path)
     intact = memory_shard("intact")
     report = ingest(intact, str(tmp_path), IngestRequest(order_scope="global"))
     assert report.warnings == [] and sum(snapshot_rows(intact, 2).values()) == 0
-    # Without it, the tombstone is gone: the documented limitation, reported as a warning.
+    # Without it, the rebuild takes the tombstone from the bucket's tombstone set (shard
+    # data), so the late update is still rejected (tests/ingest/test_tombstones.py).
     for key in _checkpoint_keys(shard):
         shard.blob.delete(key)
-    lost = ingest(shard, str(tmp_path), IngestRequest())
-    assert lost.warnings and "tombstones" in lost.warnings[0]
-    assert snapshot_rows(shard, 2) == {(("key", 1), ("offset", 3), ("v", "late")): 1}
+    rebuilt = ingest(shard, str(tmp_path), IngestRequest())
+    assert rebuilt.warnings == [] and any("is missing" in n for n in rebuilt.rehydrations)
+    assert sum(snapshot_rows(shard, 2).values()) == 0
 
 
 def test_global_scope_rehydration_restores_orders_from_rows(tmp_path: Path) -> None:

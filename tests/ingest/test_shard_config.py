@@ -271,7 +271,7 @@ def _landing(root: Path, files: int, first: int = 0) -> Path:
     return root
 
 
-OWNED = ("ingest.", "checkpoint.", "blobref.checkpoint.", "stats.live_rows")
+OWNED = ("ingest.", "checkpoint.", "blobref.checkpoint.", "blobref.tombstones.", "stats.live_rows")
 
 
 def _owned(config: Mapping[str, str]) -> dict[str, str]:
@@ -293,6 +293,9 @@ def test_reading_a_real_shard_after_an_ingest(tmp_path: Path, scope: str) -> Non
     assert set(read.checkpoint_refs) == {0, 1, 2} and all(read.checkpoint_refs.values())
     if scope == "batch":
         assert set(read.checkpoint_bases) == {0, 1, 2}
+        assert read.tombstone_refs == {}
+    else:
+        assert set(read.tombstone_refs) == {0, 1, 2}
     assert read.live_rows == sum(snapshot_rows(shard, state.upper - 1).values())
     assert read.history == {u: read.history[u] for u in range(1, 8)}
     assert read.commit_nonce == read.history[7]
@@ -334,6 +337,15 @@ def _legacy_updates(task: FileTask, options: ShardOptions, outcome: FileOutcome
         config[f"blobref.checkpoint.{result.bucket}"] = result.checkpoint or ""
         if result.base is not None:
             config[f"checkpoint.base.{result.bucket}"] = result.base
+    # Since tombstone sets (global scope): every bucket's on the first commit, then the
+    # buckets that wrote one.
+    tombstones: dict[int, str] = {}
+    if task.ts == 0 and options.order_scope.value == "global":
+        tombstones = {b: "" for b in range(options.buckets)}
+    tombstones.update({r.bucket: r.tombstones for r in outcome.buckets
+                       if r.tombstones is not None})
+    for bucket, ref in tombstones.items():
+        config[f"blobref.tombstones.{bucket}"] = ref
     config["checkpoint.upper"] = str(task.ts + 1)
     assert task.shard_state is not None
     text = task.shard_state.config.get("stats.live_rows", "")

@@ -47,6 +47,7 @@ class BucketResult:
     parts: list[Part] = field(default_factory=list)
     checkpoint: str | None = None  # config value for blobref.checkpoint.<bucket>; "" = empty
     base: str | None = None  # config value for checkpoint.base.<bucket> (tasks.Base)
+    tombstones: str | None = None  # blobref.tombstones.<bucket>; None = unchanged
     loaded: str = ""  # where the state came from: cache|checkpoint|new|rehydrated[+replay]
     inserts: int = 0
     retractions: int = 0
@@ -63,6 +64,7 @@ class BucketResult:
                 "parts": [part_to_json(p) for p in self.parts],
                 "checkpoint": self.checkpoint,
                 "base": self.base,
+                "tombstones": self.tombstones,
                 "loaded": self.loaded,
                 "inserts": self.inserts,
                 "retractions": self.retractions,
@@ -82,6 +84,7 @@ class BucketResult:
             parts=[part_from_json(p) for p in obj["parts"]],
             checkpoint=obj["checkpoint"],
             base=obj.get("base"),
+            tombstones=obj.get("tombstones"),
             loaded=str(obj.get("loaded", "")),
             inserts=int(obj["inserts"]),
             retractions=int(obj["retractions"]),

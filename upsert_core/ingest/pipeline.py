@@ -48,6 +48,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
+from upsert_core.drain import OrderScope
 from upsert_core.errors import (
     ConcurrentModification,
     IngestError,
@@ -100,6 +101,11 @@ def plan_file(
         buckets=options.buckets,
         checkpoints={b: stored.checkpoint_refs.get(b, "") for b in range(options.buckets)},
         checkpoints_current=stored.checkpoints_current(state.upper),
+        tombstones={
+            b: stored.tombstone_refs[b]
+            for b in range(options.buckets)
+            if b in stored.tombstone_refs
+        },
         inline_threshold=request.inline_threshold,
         typed_parts=request.typed_parts,
         values_only=request.values_only,
@@ -126,6 +132,19 @@ def _delete_new_blobs(
             blob.delete(key)
 
 
+def _tombstones_after(
+    task: FileTask, options: ShardOptions, outcome: FileOutcome
+) -> dict[int, str]:
+    """The tombstone references this commit records: the buckets that wrote a set, and
+    on a global-scope shard's first commit, none for every other bucket (so a later
+    rebuild of a bucket that never ran knows it has nothing to forget)."""
+    refs: dict[int, str] = {}
+    if task.ts == 0 and options.order_scope is OrderScope.GLOBAL:
+        refs = {b: "" for b in range(options.buckets)}
+    refs.update({r.bucket: r.tombstones for r in outcome.buckets if r.tombstones is not None})
+    return refs
+
+
 def _commit_request(task: FileTask, options: ShardOptions, outcome: FileOutcome) -> AppendRequest:
     parts = tuple(p for b in sorted(outcome.buckets, key=lambda r: r.bucket) for p in b.parts)
     batch = HollowBatch(lower=task.ts, upper=task.ts + 1, since=0, parts=parts)
@@ -138,6 +157,7 @@ def _commit_request(task: FileTask, options: ShardOptions, outcome: FileOutcome)
         checkpoint_upper=task.ts + 1,
         checkpoint_refs={r.bucket: r.checkpoint or "" for r in outcome.buckets},
         checkpoint_bases={r.bucket: r.base for r in outcome.buckets if r.base is not None},
+        tombstone_refs=_tombstones_after(task, options, outcome),
         live_rows=_live_rows_after(task, outcome),
         # SUBTLE: the nonce was minted when the task was planned, so the engine could
         # tag its cached states with it before the commit that makes them valid.

@@ -13,10 +13,10 @@ Invariants and limits:
   with order None; deleted keys absent), so rehydration is exact.
 - ``OrderScope.GLOBAL``: a live value's order is read back from the order column inside
   its row (the row keeps every column but the delete marker), decoded as one column.
-  Tombstones live only in checkpoints: a deleted key leaves no row in the shard, so its
-  remembered order is lost and a later, older update of that key would be applied.
-  The caller reports this as a warning; it is inherent to keeping tombstones out of the
-  output collection.
+  A deleted key leaves no row in the shard: its tombstone comes from the bucket's
+  recorded tombstone set, which the caller adds (``ingest.tombstones``). Only a bucket
+  last written before sets were recorded has none; the caller then warns that its
+  tombstones are forgotten.
 - An empty shard (upper 0) needs no rehydration: the state is empty.
 """
 
@@ -38,9 +38,10 @@ from upsert_core.persist.read import snapshot
 from upsert_core.persist.state import ShardState
 
 GLOBAL_REHYDRATION_WARNING = (
-    "order scope global: bucket {bucket} was rehydrated from the shard's snapshot, which "
-    "holds no tombstones; orders of deleted keys are forgotten, so an older update of a "
-    "deleted key arriving later would be applied"
+    "order scope global: bucket {bucket} was rehydrated from the shard's snapshot, and "
+    "was last written before tombstones were recorded, so orders of its deleted keys "
+    "are forgotten: an older update of a deleted key arriving later would be applied. "
+    "From now on the bucket records its tombstones"
 )
 
 

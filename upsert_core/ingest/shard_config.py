@@ -20,6 +20,10 @@ The entries (what existing shards hold; names and formats never change):
   needs the upper it is read at).
 - ``checkpoint.upper``: the upper, in decimal, as of which all referenced checkpoints
   are valid (see ``ingest.checkpoint``).
+- ``blobref.tombstones.<b>`` (order scope ``global``): the blob key of bucket ``b``'s
+  tombstone set, "" when it has none (``ingest.tombstones``). Unlike a checkpoint it is
+  shard data: a rebuild of the bucket needs it. Absent for buckets last written before
+  tombstones were recorded.
 - ``stats.live_rows``: live rows at the shard's upper, in decimal (absent for shards
   first ingested before it was kept).
 - ``ingest.commit``: the nonce of the latest ingest commit; ``ingest.history``: JSON
@@ -65,6 +69,7 @@ CONFIG_BUCKETS = "ingest.buckets"
 CONFIG_CHECKPOINT_UPPER = "checkpoint.upper"
 CHECKPOINT_REF_PREFIX = f"{BLOB_REF_PREFIX}checkpoint."
 CHECKPOINT_BASE_PREFIX = "checkpoint.base."
+TOMBSTONES_REF_PREFIX = f"{BLOB_REF_PREFIX}tombstones."
 CONFIG_LIVE_ROWS = "stats.live_rows"
 CONFIG_COMMIT_NONCE = "ingest.commit"
 CONFIG_HISTORY = "ingest.history"
@@ -85,6 +90,11 @@ def checkpoint_ref_name(bucket: int) -> str:
 def checkpoint_base_name(bucket: int) -> str:
     """The config entry describing bucket ``bucket``'s checkpoint base (``tasks.Base``)."""
     return f"{CHECKPOINT_BASE_PREFIX}{bucket}"
+
+
+def tombstones_ref_name(bucket: int) -> str:
+    """The config entry referencing bucket ``bucket``'s tombstone set (``ingest.tombstones``)."""
+    return f"{TOMBSTONES_REF_PREFIX}{bucket}"
 
 
 def parse_order_scope(value: str | OrderScope) -> OrderScope:
@@ -132,20 +142,22 @@ class ShardIngestConfig:
 
     ``options`` is None for a shard no ingest has committed to. ``checkpoint_refs`` and
     ``checkpoint_bases`` map a bucket to the value of its ``blobref.checkpoint.<b>`` and
-    ``checkpoint.base.<b>`` entries; ``history`` maps an upper to the nonce of the
-    ingest commit that produced it.
+    ``checkpoint.base.<b>`` entries, ``tombstone_refs`` to its
+    ``blobref.tombstones.<b>`` (global scope; absent: never recorded); ``history``
+    maps an upper to the nonce of the ingest commit that produced it.
     """
 
     options: ShardOptions | None = None
     checkpoint_upper: int | None = None
     checkpoint_refs: Mapping[int, str] = field(default_factory=dict)
     checkpoint_bases: Mapping[int, str] = field(default_factory=dict)
+    tombstone_refs: Mapping[int, str] = field(default_factory=dict)
     live_rows: int | None = None
     commit_nonce: str | None = None
     history: Mapping[int, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("checkpoint_refs", "checkpoint_bases", "history"):
+        for name in ("checkpoint_refs", "checkpoint_bases", "tombstone_refs", "history"):
             object.__setattr__(self, name, _frozen(getattr(self, name)))
 
     @property
@@ -166,6 +178,7 @@ class ShardIngestConfig:
             checkpoint_upper=_decimal(config.get(CONFIG_CHECKPOINT_UPPER, "")),
             checkpoint_refs=_per_bucket(config, CHECKPOINT_REF_PREFIX),
             checkpoint_bases=_per_bucket(config, CHECKPOINT_BASE_PREFIX),
+            tombstone_refs=_per_bucket(config, TOMBSTONES_REF_PREFIX),
             live_rows=_read_live_rows(config.get(CONFIG_LIVE_ROWS, "")),
             commit_nonce=config.get(CONFIG_COMMIT_NONCE),
             history=_read_history(config.get(CONFIG_HISTORY, "{}")),
@@ -185,6 +198,8 @@ class ShardIngestConfig:
                 out[checkpoint_base_name(bucket)] = self.checkpoint_bases[bucket]
         for bucket, base in self.checkpoint_bases.items():
             out.setdefault(checkpoint_base_name(bucket), base)
+        for bucket, ref in self.tombstone_refs.items():
+            out[tombstones_ref_name(bucket)] = ref
         if self.checkpoint_upper is not None:
             out[CONFIG_CHECKPOINT_UPPER] = str(self.checkpoint_upper)
         if self.live_rows is not None:

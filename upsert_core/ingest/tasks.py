@@ -66,6 +66,7 @@ from upsert_core.ingest.outcome import BucketResult, FileRead
 from upsert_core.ingest.rehydrate import GLOBAL_REHYDRATION_WARNING, rehydrate_bucket
 from upsert_core.ingest.replay import replay_bucket
 from upsert_core.ingest.statecache import CachedState, CacheKey, StateCache
+from upsert_core.ingest.tombstones import load_tombstones, with_tombstones, write_tombstones
 from upsert_core.landing import LandingFile, SourceSchema, ValueCheck, validate_file
 from upsert_core.landing.rows import decode_rows_to_table
 from upsert_core.persist.codec_state import decode_state
@@ -155,6 +156,9 @@ class FileTask:
     shard_state: ShardState | None = None
     shard_state_bytes: bytes | None = None
     bases: dict[int, str] = field(default_factory=dict)
+    tombstones: dict[int, str] = field(default_factory=dict)
+    """Global scope: bucket -> its recorded tombstone set (``ingest.tombstones``; ""
+    none; absent: never recorded)."""
     commit_nonce: str = ""
     history: dict[int, str] = field(default_factory=dict)
     writer_id: str | None = None
@@ -301,7 +305,13 @@ def _load_state(
     )
     result.rehydrated, result.loaded = why, "rehydrated"
     if task.scope is OrderScope.GLOBAL:
-        result.warnings.append(GLOBAL_REHYDRATION_WARNING.format(bucket=bucket))
+        recorded = task.tombstones.get(bucket)
+        if recorded is None:  # last written before tombstones were recorded
+            result.warnings.append(GLOBAL_REHYDRATION_WARNING.format(bucket=bucket))
+        else:
+            dead = load_tombstones(blob, recorded, task.shard_id, bucket, task.buckets)
+            state = with_tombstones(state, dead)
+            result.loaded += "+tombstones"
     return state, Base(task.ts)
 
 
@@ -378,6 +388,16 @@ def _run_bucket(
             if isinstance(part, BlobPart):
                 result.new_blobs.append(part.key)
         pending = base.pending + table.num_rows
+        if task.scope is OrderScope.GLOBAL and (
+            drained.applied or result.rehydrated is not None or bucket not in task.tombstones
+        ):
+            key, size = write_tombstones(
+                blob, task.shard_id, bucket, task.buckets, ts + 1, state
+            )
+            result.tombstones = key
+            if key:
+                result.new_blobs.append(key)
+                result.bytes_written += size
         if not drained.applied and result.rehydrated is None:
             result.checkpoint, new_base = ref, base
         elif _keeps_base(task, base, pending, result):

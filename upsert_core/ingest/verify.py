@@ -18,7 +18,9 @@ back and compares them with the shard's own consolidated snapshot at ``upper - 1
   row (the row keeps the order column), decoded as one column with the shard's source
   schema exactly as rehydration reads it (``rehydrate.order_values``). A stored order
   the rows contradict would make the next ingest ignore newer data (or apply older
-  data). A tombstone's order has no row to be checked against and is taken as stored;
+  data). A tombstone's order has no row to be checked against and is taken as stored,
+  but the bucket's recorded tombstone set (``ingest.tombstones``) must load and hold
+  exactly the state's tombstones, keys and orders, since a rebuild relies on it;
 - every typed part of the shard keeps what its footer promises, since the typed
   snapshot (``persist.typed_read``) trusts it (``verify_typed``): its bucket label's N is
   the shard's bucket count and its keys lie in its bucket, its value columns are columns
@@ -83,6 +85,7 @@ from upsert_core.ingest.rehydrate import order_values
 from upsert_core.ingest.replay import replay_bucket
 from upsert_core.ingest.shard_config import ShardIngestConfig, ShardOptions
 from upsert_core.ingest.tasks import Base
+from upsert_core.ingest.tombstones import TombstonesLost, load_tombstones, tombstones_of
 from upsert_core.ingest.verify_typed import verify_typed_parts
 from upsert_core.landing import SourceSchema
 from upsert_core.persist.check import CONSOLIDATION, STORAGE, CheckReport
@@ -171,6 +174,9 @@ def _load_live(
     for bucket in range(options.buckets):
         ref = stored.checkpoint_refs.get(bucket, "")
         if not ref:
+            if options.order_scope is OrderScope.GLOBAL:
+                _add(result, _tombstone_mismatch(shard, stored, new_state(OrderScope.GLOBAL),
+                                                 bucket, options.buckets))
             continue
         result.checkpoint_bytes += sizes.get(ref, 0)
         try:
@@ -207,9 +213,41 @@ def _load_live(
             result.orders_compared += compared
             if problem is not None:
                 result.problems.append(problem)
+            _add(result, _tombstone_mismatch(shard, stored, upsert, bucket, options.buckets))
         result.state_keys += len(upsert)
         live.update(upsert.live_rows())
     return live if usable else None
+
+
+def _add(result: StateComparison, problem: str | None) -> None:
+    if problem is not None:
+        result.problems.append(problem)
+
+
+def _tombstone_mismatch(
+    shard: Shard, stored: ShardIngestConfig, upsert: ColumnarState, bucket: int, buckets: int
+) -> str | None:
+    """Global scope: whether the bucket's recorded tombstone set is readable and holds
+    exactly the state's tombstones, key for key and order for order (a rebuild relies on
+    it). A bucket last written before sets were recorded has none to compare."""
+    ref = stored.tombstone_refs.get(bucket)
+    if ref is None:
+        return None
+    try:
+        recorded = load_tombstones(shard.blob, ref, shard.shard_id, bucket, buckets)
+    except TombstonesLost as exc:
+        return f"bucket {bucket}: {exc}"
+    held = tombstones_of(upsert)
+    same = (
+        len(held) == len(recorded)
+        and np.array_equal(held.hi, recorded.hi)
+        and np.array_equal(held.lo, recorded.lo)
+        and np.array_equal(np.asarray(held.orders), np.asarray(recorded.orders))
+    )
+    if same:
+        return None
+    return (f"bucket {bucket}: its tombstone set ({ref or 'none'}) holds {len(recorded)} "
+            f"tombstone(s), its upsert state {len(held)}, or their keys or orders differ")
 
 
 def _catch_up(
