@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, Protocol
 
@@ -33,10 +34,19 @@ import numpy as np
 import pyarrow as pa
 
 from upsert_core.ingest.buckets import split_rows
-from upsert_core.ingest.outcome import FileOutcome
+from upsert_core.ingest.outcome import BucketResult, FileOutcome
 from upsert_core.ingest.shard_api import IngestShard
+from upsert_core.ingest.spill import BucketSpill
 from upsert_core.ingest.statecache import StateCache
-from upsert_core.ingest.tasks import ROWS_SCHEMA, FileRead, FileTask, read_file, run_bucket
+from upsert_core.ingest.tasks import (
+    ROWS_SCHEMA,
+    FileRead,
+    FileTask,
+    read_file,
+    read_file_streamed,
+    run_bucket,
+)
+from upsert_core.landing.chunks import streams
 from upsert_core.persist.location import Blob
 
 
@@ -57,6 +67,13 @@ def bucket_groups(task: FileTask, rows: pa.Table) -> dict[int, pa.Table]:
 
 
 THREADS_ENV = "UPSERT_INGEST_THREADS"
+MEMORY_ENV = "UPSERT_INGEST_MEMORY_MB"
+DEFAULT_MEMORY_MB = 4096
+DRAIN_FACTOR = 5
+SPILL_SHARE = 4
+"""A streamed file's validated rows stay in memory up to this share of the budget."""
+"""A drain holds about this many times its bucket's validated rows (the rows, their
+sorted winners, the state, the output updates, their values and encoded part)."""
 
 
 def default_threads() -> int:
@@ -65,6 +82,17 @@ def default_threads() -> int:
     if text.isdigit() and int(text) >= 1:
         return int(text)
     return max(1, os.cpu_count() or 1)
+
+
+def memory_budget() -> int:
+    """``UPSERT_INGEST_MEMORY_MB`` (default 4096) in bytes: what a streamed file's
+    validated rows held in memory (a quarter of it) and the buckets it drains at once
+    may take. One bucket always runs, whatever its size; 0 spills every row to disk and
+    drains one bucket at a time."""
+    text = os.environ.get(MEMORY_ENV, "").strip()
+    if text.isascii() and text.isdigit():
+        return int(text) << 20
+    return DEFAULT_MEMORY_MB << 20
 
 
 class InProcessEngine:
@@ -86,13 +114,41 @@ class InProcessEngine:
         self.threads = default_threads() if threads is None else max(1, threads)
 
     def run_file(self, task: FileTask, shard: IngestShard) -> FileOutcome:
+        if streams(task.file):
+            return self._run_streamed(task, shard.blob)
         blob = shard.blob
         read, rows = read_file(task, blob)
         outcome = FileOutcome(read=read)
         if read.file_error is not None or read.changed is not None:
             return outcome
+        groups = bucket_groups(task, rows)
+        self._guarded(task, read, sorted(groups), groups.__getitem__, self.threads, blob,
+                      outcome)
+        return outcome
+
+    def _run_streamed(self, task: FileTask, blob: Blob) -> FileOutcome:
+        """A large file read in chunks, its rows spilled by bucket (``ingest.spill``) and
+        each bucket's read back when its drain starts: memory follows a chunk while
+        reading and the buckets in flight while draining, whose number the memory
+        budget bounds (:func:`memory_budget`)."""
+        with BucketSpill(ROWS_SCHEMA, memory_limit=memory_budget() // SPILL_SHARE) as spill:
+            read = read_file_streamed(task, blob, spill.add)
+            outcome = FileOutcome(read=read)
+            if read.file_error is not None or read.changed is not None:
+                return outcome
+            spill.finish()
+            order = sorted({*spill.buckets(), *task.forced_buckets()})
+            largest = max(spill.bytes.values(), default=0)
+            workers = max(1, min(self.threads, memory_budget() // max(1, DRAIN_FACTOR * largest)))
+            self._guarded(task, read, order, spill.table, workers, blob, outcome)
+            return outcome
+
+    def _guarded(
+        self, task: FileTask, read: FileRead, order: list[int],
+        load: Callable[[int], pa.Table], threads: int, blob: Blob, outcome: FileOutcome,
+    ) -> None:
         try:
-            self._run_buckets(task, read, rows, blob, outcome)
+            self._run_buckets(task, read, order, load, threads, blob, outcome)
         except BaseException:
             # SUBTLE: an unexpected error (not a platform error, which run_bucket
             # reports as a failure) escapes: the driver never sees this outcome, so
@@ -101,22 +157,18 @@ class InProcessEngine:
                 with contextlib.suppress(Exception):  # best effort; GC's leak sweep remains
                     blob.delete(key)
             raise
-        return outcome
 
     def _run_buckets(
-        self, task: FileTask, read: FileRead, rows: pa.Table, blob: Blob, outcome: FileOutcome
+        self, task: FileTask, read: FileRead, order: list[int],
+        load: Callable[[int], pa.Table], threads: int, blob: Blob, outcome: FileOutcome,
     ) -> None:
-        groups = bucket_groups(task, rows)
-        order = sorted(groups)
-        workers = min(self.threads, len(order))
+        def run(bucket: int) -> BucketResult:
+            return run_bucket(task, bucket, load(bucket), blob, self.cache, read.schema_json)
+
+        workers = min(threads, len(order))
         if workers > 1:
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bucket") as pool:
-                futures = [
-                    pool.submit(
-                        run_bucket, task, b, groups[b], blob, self.cache, read.schema_json
-                    )
-                    for b in order
-                ]
+                futures = [pool.submit(run, b) for b in order]
                 error: BaseException | None = None
                 for future in futures:  # every bucket's result, even after an error
                     try:
@@ -127,9 +179,7 @@ class InProcessEngine:
                 raise error
             return
         for bucket in order:
-            result = run_bucket(
-                task, bucket, groups[bucket], blob, self.cache, read.schema_json
-            )
+            result = run(bucket)
             outcome.buckets.append(result)
             if result.failure is not None:
                 break

@@ -13,6 +13,10 @@ Invariants:
 - The stored config is the single source of truth once present; defaults apply only to
   a shard that has never committed an ingest.
 - Value checks (``IngestRequest.value_checks``) are per request, never stored.
+- A new shard's bucket count, when the request names none, follows its first file's
+  listed size (:func:`buckets_for_first_file`): about :data:`TARGET_BUCKET_BYTES` of
+  upsert state per bucket, at least :data:`DEFAULT_BUCKETS`, a power of two, at most
+  :data:`MAX_AUTO_BUCKETS`. A small first file keeps the default.
 - The stored options are read with :class:`~upsert_core.ingest.shard_config.ShardIngestConfig`
   (which owns the config entries and their formats); the key/order/delete-marker
   columns live in exactly one place, the source schema.
@@ -156,6 +160,23 @@ def writer_lease_ms_from_env(env: Mapping[str, str] | None = None) -> int:
             " seconds"
         )
     return max(1, round(seconds * 1000))
+
+
+TARGET_BUCKET_BYTES = 256 << 20
+"""Upsert state a new shard's bucket should hold, at most, after its first load."""
+MAX_AUTO_BUCKETS = 256
+_STATE_PER_LANDING_BYTE = {".parquet": 1.5}
+"""Upsert state per byte of a landing file (Parquet compresses; text is about its size)."""
+
+
+def buckets_for_first_file(size: int, suffix: str) -> int:
+    """The bucket count of a new shard whose first file has ``size`` bytes (module
+    docstring); the default when the size is unknown (-1)."""
+    state = max(0, size) * _STATE_PER_LANDING_BYTE.get(suffix, 1.0)
+    wanted = math.ceil(state / TARGET_BUCKET_BYTES)
+    if wanted <= DEFAULT_BUCKETS:
+        return DEFAULT_BUCKETS
+    return min(MAX_AUTO_BUCKETS, 1 << (wanted - 1).bit_length())
 
 
 def resolve_options(

@@ -57,7 +57,7 @@ from upsert_core.errors import (
 )
 from upsert_core.ingest.engine import Engine, InProcessEngine
 from upsert_core.ingest.maintenance import auto_maintenance_from_env, maintain_after_ingest
-from upsert_core.ingest.options import IngestRequest, resolve_options
+from upsert_core.ingest.options import IngestRequest, buckets_for_first_file, resolve_options
 from upsert_core.ingest.outcome import FileOutcome
 from upsert_core.ingest.report import FileReport, IngestReport, ProgressEvent
 from upsert_core.ingest.shard_api import IngestShard
@@ -204,6 +204,15 @@ def _file_report(task: FileTask, outcome: FileOutcome, seconds: float, attempt: 
     )
 
 
+def _sized(request: IngestRequest, state: ShardState, file: LandingFile) -> IngestRequest:
+    """``request``, with the bucket count a new shard gets from the size of its first
+    file when the request names none (``options.buckets_for_first_file``). Decided per
+    attempt: a shard another writer created meanwhile keeps its own count."""
+    if request.buckets is not None or ShardIngestConfig.read(state.config).options is not None:
+        return request
+    return replace(request, buckets=buckets_for_first_file(file.size, file.suffix))
+
+
 def _ingest_one(
     shard: IngestShard,
     state: ShardState,
@@ -222,7 +231,7 @@ def _ingest_one(
                 " its lease?); registered again as a new writer before planning"
             )
             lease.renew()
-        options = resolve_options(state.config, request)
+        options = resolve_options(state.config, _sized(request, state, file))
         task = plan_file(state, options, file, request, lease.writer_id)
         started = time.monotonic()
         outcome = engine.run_file(task, shard)

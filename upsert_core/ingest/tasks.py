@@ -42,6 +42,7 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -67,7 +68,16 @@ from upsert_core.ingest.rehydrate import GLOBAL_REHYDRATION_WARNING, rehydrate_b
 from upsert_core.ingest.replay import replay_bucket
 from upsert_core.ingest.statecache import CachedState, CacheKey, StateCache
 from upsert_core.ingest.tombstones import load_tombstones, with_tombstones, write_tombstones
-from upsert_core.landing import LandingFile, SourceSchema, ValueCheck, validate_file
+from upsert_core.landing import (
+    LandingFile,
+    RowError,
+    SourceSchema,
+    ValidatedBatch,
+    ValueCheck,
+    validate_batch,
+    validate_file,
+)
+from upsert_core.landing.chunks import parquet_chunks
 from upsert_core.landing.rows import decode_rows_to_table
 from upsert_core.persist.codec_state import decode_state
 from upsert_core.persist.keys import writing_as
@@ -200,39 +210,42 @@ def read_file(
         return _read_file(task, blob, write_errors=write_errors)
 
 
-def _read_file(task: FileTask, blob: Blob, *, write_errors: bool) -> tuple[FileRead, pa.Table]:
-    name = task.file.name
+def _file_error(name: str, exc: UpsertPlatformError) -> FileRead:
+    """The :class:`FileRead` of a file that failed as a whole with ``exc``."""
+    if isinstance(exc, LandingFileChanged):
+        return FileRead(changed=str(exc))
+    message = str(exc)
+    if not message.startswith((f"{name}:", f"{name!r}:")):  # a bad name is shown quoted
+        message = f"{name}: {message}"
+    return FileRead(file_error=message)
+
+
+def _record_errors(
+    task: FileTask, blob: Blob, read: FileRead, errors: pa.RecordBatch, write_errors: bool
+) -> bool:
+    """Write the file's error rows as its error part (if any and ``write_errors``);
+    False (with ``read.file_error`` set) if they cannot be written."""
     try:
-        schema = SourceSchema.from_json(task.schema_json)
-        batch = validate_file(task.file, schema, task.value_checks)
-    except LandingFileChanged as exc:
-        return FileRead(changed=str(exc)), ROWS_SCHEMA.empty_table()
-    except UpsertPlatformError as exc:
-        message = str(exc)
-        if not message.startswith((f"{name}:", f"{name!r}:")):  # a bad name is shown quoted
-            message = f"{name}: {message}"
-        return FileRead(file_error=message), ROWS_SCHEMA.empty_table()
-    read = FileRead(
-        schema_json=batch.schema.to_json(), rows_read=batch.total_rows, good_rows=len(batch)
-    )
-    try:
-        if batch.errors and write_errors:
+        if errors.num_rows and write_errors:
             eb = write_error_batch(
-                blob, task.shard_id, task.ts, batch.errors_to_arrow(),
-                inline_threshold=task.inline_threshold,
+                blob, task.shard_id, task.ts, errors, inline_threshold=task.inline_threshold,
             )
             read.error_batch = eb
             read.bytes_written += eb.part.encoded_size_bytes
             if isinstance(eb.part, BlobPart):
                 read.new_blobs.append(eb.part.key)
     except UpsertPlatformError as exc:
-        read.file_error = f"{name}: cannot write its error rows: {exc}"
-        return read, ROWS_SCHEMA.empty_table()
+        read.file_error = f"{task.file.name}: cannot write its error rows: {exc}"
+        return False
+    return True
+
+
+def _bucketed(batch: ValidatedBatch, buckets: int) -> pa.Table:
+    """The good rows of ``batch`` with their buckets (``ROWS_SCHEMA``)."""
     good = batch.to_arrow()
-    buckets = bucket_of_keys(good.column("key"), task.buckets)
-    rows = pa.table(
+    return pa.table(
         [
-            pa.array(buckets, pa.int32()),
+            pa.array(bucket_of_keys(good.column("key"), buckets), pa.int32()),
             good.column("key").cast(pa.binary()),
             good.column("row"),
             good.column("deleted"),
@@ -241,7 +254,51 @@ def _read_file(task: FileTask, blob: Blob, *, write_errors: bool) -> tuple[FileR
         ],
         schema=ROWS_SCHEMA,
     )
-    return read, rows
+
+
+def _read_file(task: FileTask, blob: Blob, *, write_errors: bool) -> tuple[FileRead, pa.Table]:
+    try:
+        schema = SourceSchema.from_json(task.schema_json)
+        batch = validate_file(task.file, schema, task.value_checks)
+    except UpsertPlatformError as exc:
+        return _file_error(task.file.name, exc), ROWS_SCHEMA.empty_table()
+    read = FileRead(
+        schema_json=batch.schema.to_json(), rows_read=batch.total_rows, good_rows=len(batch)
+    )
+    if not _record_errors(task, blob, read, batch.errors_to_arrow(), write_errors):
+        return read, ROWS_SCHEMA.empty_table()
+    return read, _bucketed(batch, task.buckets)
+
+
+def read_file_streamed(
+    task: FileTask, blob: Blob, sink: Callable[[pa.Table], None], *,
+    write_errors: bool = True,
+) -> FileRead:
+    """:func:`read_file` for a file read in chunks (``landing.chunks``; Parquet): each
+    chunk is validated against the schema the one before left, and its bucketed rows
+    (``ROWS_SCHEMA``) go to ``sink`` in file order; the error rows of all chunks make
+    one error part. A file-level problem in any chunk comes back in ``file_error`` as
+    for :func:`read_file`, and the caller discards what ``sink`` received."""
+    with writing_as(task.writer_id):
+        name = task.file.name
+        errors: list[RowError] = []
+        rows_read = good = 0
+        try:
+            schema = SourceSchema.from_json(task.schema_json)
+            for raw in parquet_chunks(task.file):
+                batch = validate_batch(raw, schema, task.value_checks)
+                schema = batch.schema
+                errors.extend(batch.errors)
+                rows_read += batch.total_rows
+                good += len(batch)
+                if len(batch):
+                    sink(_bucketed(batch, task.buckets))
+        except UpsertPlatformError as exc:
+            return _file_error(name, exc)
+        read = FileRead(schema_json=schema.to_json(), rows_read=rows_read, good_rows=good)
+        error_rows = ValidatedBatch(name, schema, errors=errors).errors_to_arrow()
+        _record_errors(task, blob, read, error_rows, write_errors)
+        return read
 
 
 # --- step 2: one bucket -------------------------------------------------------------------

@@ -86,6 +86,22 @@ class LandingFile:
             raise self._changed(f"listed with {self.size} bytes, read {len(data)}")
         return data
 
+    def local_path(self) -> Path | None:
+        """The local path of the file (None on S3); :class:`IngestError` for a bad name."""
+        if self.problem:
+            raise IngestError(self.problem)
+        if self.root.startswith("s3://"):
+            return None
+        return _local_path(self.root, self.name)
+
+    def check_local_version(self, st: os.stat_result) -> None:
+        """:class:`LandingFileChanged` unless ``st`` (of :meth:`local_path`, taken after
+        reading it) is the version and size that were listed."""
+        if self.version and _local_version(st) != self.version:
+            raise self._changed("replaced or modified since it was listed")
+        if self.size >= 0 and st.st_size != self.size:
+            raise self._changed(f"listed with {self.size} bytes, now {st.st_size}")
+
     def _read_local(self) -> bytes:
         with _local_path(self.root, self.name).open("rb") as fh:
             data = fh.read()

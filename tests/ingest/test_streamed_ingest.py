@@ -1,0 +1,136 @@
+"""Large Parquet files are read in chunks and spilled by bucket (``landing.chunks``,
+``ingest.spill``): the same shard as the whole-file read, row numbers included, and a
+file-level problem or a spill that cannot be written fails the file as a whole."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from upsert_core.errors import IngestError
+from upsert_core.ingest import IngestRequest, ingest
+from upsert_core.ingest.engine import memory_budget
+from upsert_core.landing import list_landing, read_batch
+from upsert_core.landing.chunks import CHUNK_ROWS_ENV, STREAM_BYTES_ENV, parquet_chunks, streams
+from upsert_core.persist.shard import Shard
+
+from .helpers import change_rows, memory_shard, snapshot_rows, write_jsonl
+
+
+def _file(root: Path, name: str, table: pa.Table, row_group_rows: int = 4) -> Path:
+    path = root / name
+    pq.write_table(table, path, row_group_size=row_group_rows)
+    return path
+
+
+def _rows(n: int, start: int = 0) -> pa.Table:
+    keys = [None if i % 7 == 3 else (i * 5) % 11 for i in range(start, start + n)]
+    return pa.table({
+        "key": pa.array(keys, pa.int64()),
+        "offset": pa.array(range(start, start + n), pa.int64()),
+        "v": pa.array([f"v{i}" for i in range(start, start + n)]),
+        "__deleted": pa.array([i % 5 == 4 for i in range(start, start + n)]),
+    })
+
+
+def _ingest_all(root: Path, streamed: bool, monkeypatch: pytest.MonkeyPatch,
+                memory_mb: str = "") -> Shard:
+    with monkeypatch.context() as env:
+        if streamed:
+            env.setenv(STREAM_BYTES_ENV, "0")
+            env.setenv(CHUNK_ROWS_ENV, "3")
+            env.setenv("UPSERT_INGEST_MEMORY_MB", memory_mb)
+        else:
+            env.setenv(STREAM_BYTES_ENV, str(1 << 40))
+        shard = memory_shard()
+        ingest(shard, str(root), IngestRequest(buckets=3))
+    return shard
+
+
+@pytest.mark.parametrize("memory_mb", ["", "0"], ids=["held", "spilled"])
+def test_streamed_files_give_the_whole_file_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, memory_mb: str
+) -> None:
+    _file(tmp_path, "a.parquet", _rows(20))
+    _file(tmp_path, "b.parquet", _rows(17, 20).append_column("w", pa.array([1.5] * 17)))
+    _file(tmp_path, "c.parquet", _rows(0).append_column("x", pa.array([], pa.string())))
+    whole = _ingest_all(tmp_path, False, monkeypatch)
+    streamed = _ingest_all(tmp_path, True, monkeypatch, memory_mb)
+    assert streamed.state().upper == whole.state().upper == 3
+    for ts in range(3):
+        assert snapshot_rows(streamed, ts) == snapshot_rows(whole, ts)
+        assert change_rows(streamed, ts) == change_rows(whole, ts)
+    errors = sorted((e["file"], e["row"], e["reason"]) for e in streamed.errors())
+    assert errors == sorted((e["file"], e["row"], e["reason"]) for e in whole.errors())
+    assert [row for file, row, _ in errors if file == "a.parquet"] == [4, 11, 18]
+    # The empty file's column reached the schema in both.
+    assert streamed.state().config["ingest.schema"] == whole.state().config["ingest.schema"]
+    assert streamed.check().ok
+
+
+def test_chunks_are_the_rows_of_the_file(tmp_path: Path) -> None:
+    _file(tmp_path, "a.parquet", _rows(10), row_group_rows=4)
+    (file,) = list_landing(str(tmp_path))
+    chunks = list(parquet_chunks(file, 3))
+    assert all(1 <= c.num_rows <= 3 for c in chunks) and len(chunks) >= 4
+    whole = read_batch(file)
+    assert [int(p) for c in chunks for p in c.positions] == whole.positions.tolist()
+    for name, column in whole.columns.items():
+        joined = pa.concat_arrays([c.columns[name] for c in chunks])
+        assert joined.equals(column)
+
+
+def test_a_file_rewritten_while_streamed_is_not_ingested(tmp_path: Path) -> None:
+    path = _file(tmp_path, "a.parquet", _rows(10))
+    (file,) = list_landing(str(tmp_path))
+    _file(tmp_path, "a.parquet", _rows(12))  # rewritten after the listing
+    os.utime(path, ns=(1, 1))
+    with pytest.raises(IngestError, match="changed while being ingested"):
+        list(parquet_chunks(file, 3))
+
+
+def test_a_truncated_parquet_file_is_a_file_level_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _file(tmp_path, "a.parquet", _rows(10))
+    path.write_bytes(path.read_bytes()[:-40])
+    monkeypatch.setenv(STREAM_BYTES_ENV, "0")
+    shard = memory_shard()
+    with pytest.raises(IngestError, match="a.parquet: unreadable or truncated Parquet"):
+        ingest(shard, str(tmp_path), IngestRequest())
+    assert shard.state().upper == 0
+
+
+def test_a_spill_that_cannot_be_written_fails_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    landing = tmp_path / "in"
+    landing.mkdir()
+    _file(landing, "a.parquet", _rows(10))
+    not_a_directory = tmp_path / "spill"
+    not_a_directory.write_text("")
+    monkeypatch.setenv(STREAM_BYTES_ENV, "0")
+    monkeypatch.setenv("UPSERT_SPILL_DIR", str(not_a_directory))
+    monkeypatch.setenv("UPSERT_INGEST_MEMORY_MB", "0")  # spill every row
+    shard = memory_shard()
+    with pytest.raises(IngestError, match="a.parquet: .*UPSERT_SPILL_DIR"):
+        ingest(shard, str(landing), IngestRequest())
+    assert shard.state().upper == 0
+
+
+def test_which_files_stream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _file(tmp_path, "a.parquet", _rows(10))
+    write_jsonl(tmp_path, "b.jsonl", [{"key": 1, "offset": 1}])
+    a, b = list_landing(str(tmp_path))
+    assert not streams(a) and not streams(b)  # under the default 256 MiB
+    monkeypatch.setenv(STREAM_BYTES_ENV, "0")
+    assert streams(a) and not streams(b)  # JSON Lines and CSV are read whole
+    monkeypatch.setenv(STREAM_BYTES_ENV, "-1")
+    with pytest.raises(IngestError, match=STREAM_BYTES_ENV):
+        streams(a)
+    monkeypatch.setenv("UPSERT_INGEST_MEMORY_MB", "512")
+    assert memory_budget() == 512 << 20
