@@ -116,6 +116,7 @@ from upsert_core.ingest.part_typer import part_typer
 from upsert_core.landing import list_landing, pending
 from upsert_core.persist.keys import claim_writer_token
 from upsert_core.redact import redact_url
+from upsert_core.shard_summary import shard_summary
 from upsert_core.shard_table import ShardTable
 
 #: Retries of ``upsert_state`` after a lost race (``ConcurrentModification``) or a landing
@@ -402,19 +403,20 @@ def build_source_assets(
         covered = {n: ts for n, ts in ingested.items() if ts < published}
         _report_unreported(context, output_key, spec.partitions_name, covered, keys, ours,
                            extra)
-        meta = shard_metadata(shard.inspect())
+        summary = shard_summary(shard)
+        meta = shard_metadata(summary)
         meta.update(column_schema_metadata(ShardTable(shard).source_schema()))
         # SUBTLE: the recorded live-row count is the shard's at ITS upper. A batch
         # committed after the checks ran (``upsertctl ingest`` meanwhile) is not
         # published: its rows must not be in the published row count, so the count is
         # reported only when it is the published shard's (else the previous one stands).
-        state = shard.state()
-        if state.upper == published:
-            meta.update(row_count_metadata(state.config))
+        upper = int(summary["upper"])  # type: ignore[call-overload]
+        if upper == published:
+            meta.update(row_count_metadata(summary))
         else:
-            context.log.info(f"shard {spec.shard!r} is at upper {state.upper}, published"
+            context.log.info(f"shard {spec.shard!r} is at upper {upper}, published"
                              f" through {published}: dagster/row_count not updated")
-            meta["unpublished_batches"] = MetadataValue.int(max(state.upper - published, 0))
+            meta["unpublished_batches"] = MetadataValue.int(max(upper - published, 0))
         meta.update(extra)
         return MaterializeResult(metadata=meta)
 
@@ -449,8 +451,9 @@ def build_source_assets(
         except UpsertPlatformError as exc:
             raise _failure(exc) from exc
         meta = gc_metadata(report, time.monotonic() - started)
-        meta.update({f"shard_{k}": v for k, v in shard_metadata(shard.inspect()).items()
-                     if k in ("upper", "since", "rollups", "live_diffs", "blob_bytes")})
+        meta.update({f"shard_{k}": v for k, v in shard_metadata(shard_summary(shard)).items()
+                     if k in ("upper", "since", "rollups", "live_diffs", "live_rows",
+                              "blob_bytes")})
         return MaterializeResult(metadata=meta)
 
     return SourceAssets(

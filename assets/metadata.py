@@ -32,10 +32,10 @@ from dagster import (
 )
 
 from assets.ingest_step import PartitionIngest
-from upsert_core.ingest import ShardIngestConfig
 from upsert_core.ingest.report import FileReport
 from upsert_core.landing import SourceSchema
 from upsert_core.persist.gc import GcReport
+from upsert_core.shard_summary import LIVE_ROWS
 
 MAX_NAMES = 20
 
@@ -125,12 +125,18 @@ _SHARD_INTS = (
 
 
 def shard_metadata(inspected: Mapping[str, object]) -> dict[str, Any]:
-    """The shard's state and storage, from ``Shard.inspect()``."""
+    """The shard's state and storage, from ``upsert_core.shard_summary.shard_summary``
+    (what ``upsertctl inspect`` prints). ``live_rows`` is the live rows at ``upper``,
+    null when the shard does not record them for that upper."""
     meta: dict[str, Any] = {
         name: MetadataValue.int(int(inspected[name]))  # type: ignore[call-overload]
         for name in _SHARD_INTS
         if isinstance(inspected.get(name), int)
     }
+    if LIVE_ROWS in inspected:
+        rows = inspected[LIVE_ROWS]
+        meta[LIVE_ROWS] = (MetadataValue.int(rows) if isinstance(rows, int)
+                           else MetadataValue.null())
     files = inspected.get("ingested_files")
     if isinstance(files, Mapping):
         meta["ingested_files"] = MetadataValue.int(len(files))
@@ -162,11 +168,12 @@ def gc_metadata(report: GcReport, seconds: float) -> dict[str, Any]:
     return meta
 
 
-def row_count_metadata(config: Mapping[str, str]) -> dict[str, Any]:
-    """``dagster/row_count``: the shard's live rows, as its ingest commits recorded them
-    (nothing for a shard first ingested before the count was kept)."""
-    rows = ShardIngestConfig.read(config).live_rows
-    return {} if rows is None else {"dagster/row_count": MetadataValue.int(rows)}
+def row_count_metadata(inspected: Mapping[str, object]) -> dict[str, Any]:
+    """``dagster/row_count``: the summary's ``live_rows`` (the live rows at its upper, as
+    the ingest recorded them); nothing when they are unknown (module
+    ``upsert_core.shard_summary``)."""
+    rows = inspected.get(LIVE_ROWS)
+    return {"dagster/row_count": MetadataValue.int(rows)} if isinstance(rows, int) else {}
 
 
 def unreported_partitions(

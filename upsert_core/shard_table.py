@@ -54,6 +54,7 @@ from upsert_core.persist.read import check_snapshot_readable
 from upsert_core.persist.shard import READ_ATTEMPTS, Shard
 from upsert_core.persist.state import ShardState
 from upsert_core.persist.typed_read import TypedSnapshot, open_typed_snapshot
+from upsert_core.shard_summary import shard_summary
 from upsert_core.stores import existing_shards_note, open_stores, resolve
 
 TS_COLUMN = "__ts"
@@ -244,8 +245,9 @@ class ShardTable:
         """The same summary as ``upsertctl inspect``, with ``columns`` as it prints them:
         ``{name: type}`` in the platform's type names (``int64``, ``float64``,
         ``string``, ``bool``, ``timestamp``, ``date``, ``binary``), the ones every surface
-        uses."""
-        info = self.shard.inspect()
+        uses. ``live_rows`` is null when the shard does not record it for its upper
+        (``upsert_core.shard_summary``)."""
+        info = shard_summary(self.shard)
         schema = self.source_schema()
         info["columns"] = {} if schema is None else {
             name: str(typ) for name, typ in schema.columns

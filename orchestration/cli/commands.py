@@ -130,8 +130,10 @@ def cmd_errors(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from upsert_core.shard_summary import shard_summary  # heavy: the ingest's config
+
     shard = open_shard(args)
-    info = shard.inspect()
+    info = shard_summary(shard)
     options = shard_options(shard)
     if options is not None:
         schema = options.schema

@@ -82,6 +82,7 @@ def test_partition_run_applies_pending_files_through_it(plat: Platform) -> None:
     assert ShardTable(plat.shard(spec.shard)).inspect()["columns"] == dict(columns)
     snapshot_rows = ShardTable(plat.shard(spec.shard)).snapshot().num_rows
     assert out["dagster/row_count"] == snapshot_rows > 0
+    assert out["live_rows"] == snapshot_rows  # as upsertctl inspect shows it
 
     checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
     # (materialize() of the assets runs all their checks; the full ones pass too.)

@@ -148,6 +148,7 @@ def test_inspect_check_and_errors(cli: Cli, landing: Path) -> None:
     for field in ("seqno", "since", "upper", "batches", "rollups", "live_diffs", "blob_bytes"):
         assert isinstance(info[field], int), field
     assert info["upper"] == 1 and info["since"] == 0
+    assert info["live_rows"] == 1  # the error row is not a live row
     assert info["ingested_files"] == {"1.jsonl": 0}
     assert info["order_scope"] == "global" and info["key"] == ["key"]
     check = cli.check()

@@ -25,7 +25,10 @@ The entries (what existing shards hold; names and formats never change):
   shard data: a rebuild of the bucket needs it. Absent for buckets last written before
   tombstones were recorded.
 - ``stats.live_rows``: live rows at the shard's upper, in decimal (absent for shards
-  first ingested before it was kept).
+  first ingested before it was kept). Written by the same commits as
+  ``checkpoint.upper``, so it is the count at THAT upper: a commit made outside the
+  ingest (a plain ``Shard.append``) moves the upper past it and leaves it behind
+  (:meth:`ShardIngestConfig.live_rows_at` then says unknown).
 - ``ingest.commit``: the nonce of the latest ingest commit; ``ingest.history``: JSON
   ``{"<upper>": "<nonce>"}`` of the last :data:`HISTORY_LENGTH` ingest commits, in
   ascending upper order (see ``ingest.statecache``).
@@ -169,6 +172,25 @@ class ShardIngestConfig:
         """Whether the checkpoint references describe the shard's state at ``upper``."""
         return upper == 0 or self.checkpoint_upper == upper
 
+    def live_rows_at(self, upper: int) -> int | None:
+        """The live rows at ``upper`` when this config records them, else None (unknown).
+
+        0 at upper 0 (nothing committed). Otherwise the recorded count only if the commit
+        that produced ``upper`` was an ingest commit (``checkpoint.upper == upper``; it
+        wrote the count with its batch): after a commit made outside the ingest the
+        stored count is an older upper's, and a shard first ingested before the count
+        was kept has none.
+
+        SUBTLE: not detected: an ingest commit that follows a commit made outside the
+        ingest carries the stored count forward (``pipeline._live_rows_after`` adds its
+        own changes to it), so rows that commit added or removed are missing from every
+        later count. Only the ingest and maintenance (which moves no upper) commit to
+        shards the CLI and Dagster write.
+        """
+        if upper == 0:
+            return 0
+        return self.live_rows if self.checkpoint_upper == upper else None
+
     @classmethod
     def read(cls, config: Mapping[str, str]) -> ShardIngestConfig:
         """The ingest's view of ``config``; raises :class:`ConfigError` only for
@@ -211,6 +233,15 @@ class ShardIngestConfig:
                 {str(u): self.history[u] for u in sorted(self.history)}
             )
         return out
+
+
+def recorded_live_rows(config: Mapping[str, str], upper: int) -> int | None:
+    """:meth:`ShardIngestConfig.live_rows_at` of ``config``, reading only the two entries
+    it needs (so never :class:`ConfigError`, whatever the stored options)."""
+    return ShardIngestConfig(
+        checkpoint_upper=_decimal(config.get(CONFIG_CHECKPOINT_UPPER, "")),
+        live_rows=_read_live_rows(config.get(CONFIG_LIVE_ROWS, "")),
+    ).live_rows_at(upper)
 
 
 def _read_options(config: Mapping[str, str]) -> ShardOptions | None:
