@@ -15,12 +15,19 @@ Invariants:
   ``"True"`` and non-ASCII digits (which Python's ``int()`` would accept) are None.
 - Neither checks a range: whether a time is readable is the reads' business
   (``persist.read.check_snapshot_readable`` and friends).
+- Wall-clock times (``as_of_time``, ``since_time``, ``until_time``; ``--as-of-time``
+  and friends) are :func:`require_time`: a ``datetime`` or an ISO-8601 string, without a
+  zone meaning UTC, as exact UTC microseconds since the epoch. Anything else (a number,
+  a ``date`` object, text that is not ISO-8601) is :class:`InvalidUsage`; ISO text
+  naming a day alone stands for its midnight.
+  ``persist.commit_times`` resolves them to ts.
 """
 
 from __future__ import annotations
 
 import numbers
 import re
+from datetime import UTC, datetime
 
 from upsert_core.errors import InvalidUsage
 
@@ -39,3 +46,33 @@ def parse_ts_text(text: str) -> int | None:
     if not _TS_TEXT.fullmatch(text):
         return None
     return int(text)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def parse_time_text(text: str) -> datetime | None:
+    """The instant ISO-8601 ``text`` names (no zone: UTC), else None."""
+    try:
+        value = datetime.fromisoformat(text.strip())
+    except ValueError:
+        return None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def require_time(value: object, name: str) -> int:
+    """``value`` (a ``datetime`` or ISO-8601 text; no zone: UTC) as UTC microseconds
+    since the epoch, or :class:`InvalidUsage` naming ``name``."""
+    if isinstance(value, str):
+        parsed = parse_time_text(value)
+        if parsed is None:
+            raise InvalidUsage(f"{name} must be an ISO-8601 time, got {value!r}")
+        value = parsed
+    if not isinstance(value, datetime):
+        raise InvalidUsage(
+            f"{name} must be a datetime or an ISO-8601 string, got {value!r}"
+        )
+    if value.tzinfo is None or value.utcoffset() is None:
+        value = value.replace(tzinfo=UTC)
+    delta = value - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds

@@ -54,7 +54,8 @@ def test_append_commits_batch_files_errors_and_config_in_one_state() -> None:
     assert state.seqno == seqno + 1  # one transition for everything
     assert state.batches == (batch,)
     assert dict(state.ingested_files) == {"f1": 0}
-    assert state.errors == (errors,) and dict(state.config) == {"key": "id"}
+    assert state.errors == (errors,)
+    assert dict(state.config) == {"key": "id", "commit_time.0": "0"}  # now_ms: 0
     assert rows_of(read_all(snapshot(blob, state, 0))) == [(key(0), b"f1", 0, 1)]
     assert read_error_part(blob, state.errors[0].part).column("reason").to_pylist() == [
         "null key"

@@ -27,6 +27,9 @@ Invariants:
   not register, whoever commits it. GC deletes the blobs of writers it removed, so this
   is what keeps a stalled writer's parts, which may be gone, out of every state. The
   transition also refreshes the writer's heartbeat.
+- The transition records the batch's commit time (``now_ms``, never below the last
+  recorded one) and drops the commit times wholly below ``since``
+  (``persist.commit_times``).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from upsert_core.errors import InvalidUsage
+from upsert_core.persist.commit_times import record_commit
 from upsert_core.persist.location import Blob
 from upsert_core.persist.machine import Machine
 from upsert_core.persist.parts import delete_parts
@@ -136,7 +140,8 @@ def compare_and_append(
     at ``expected_upper``, files or errors outside the batch), and
     :class:`~upsert_core.errors.WriterFenced` when ``writer_id`` is not registered.
     Races with other writers are retried by the machine; a real mismatch is returned,
-    not raised. ``now_ms`` refreshes the writer's heartbeat (never moves it back).
+    not raised. ``now_ms`` refreshes the writer's heartbeat (never moves it back) and is
+    the batch's commit time (``persist.commit_times``; never below the last one).
     """
     _check_request(request)
     batch, files = request.batch, request.ingested_files
@@ -164,7 +169,9 @@ def compare_and_append(
             batches=(*state.batches, batch),
             ingested_files={**state.ingested_files, **files},
             errors=(*state.errors, *request.errors),
-            config={**state.config, **request.config_updates},
+            config=record_commit(
+                state, {**state.config, **request.config_updates}, batch.lower, now_ms
+            ),
         )
         require_new_references_registered(state, appended)
         verdict.committed = True

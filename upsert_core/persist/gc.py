@@ -6,7 +6,8 @@ One :func:`gc` run does, in this order (each step is safe to crash after):
 1. Expire stale writer and reader leases, and remove writers whose process is known dead
    (on this host); both by compare-and-set, which fences those writers for good.
 2. With ``retain=N`` (``N >= 1``: :func:`check_retain`): advance ``since`` to
-   ``max(since, upper - N)``, but never backwards and never past a leased reader's since.
+   ``max(since, upper - N)``, but never backwards and never past a leased reader's since;
+   the commit times of ts left wholly below it go (``commit_times.with_since``).
    ``N = 0`` is refused: ``since == upper`` on a non-empty shard leaves no readable time,
    so no ingest could rehydrate its state again.
 3. Compact (size tiers; everything into one batch when step 2 moved the since).
@@ -87,6 +88,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from upsert_core.errors import CorruptData, InvalidUsage, WriterFenced
+from upsert_core.persist.commit_times import with_since
 from upsert_core.persist.compact import PartTyper, compact, has_work
 from upsert_core.persist.keys import (
     CHECKPOINT_DIR,
@@ -200,7 +202,7 @@ def advance_since(retain: int) -> Callable[[ShardState], ShardState | None]:
 
     def advance(state: ShardState) -> ShardState | None:
         since = retained_since(state, retain)
-        return None if since == state.since else state.evolve(since=since)
+        return None if since == state.since else with_since(state, since)
 
     return advance
 

@@ -42,6 +42,7 @@ from upsert_core.persist import leases
 from upsert_core.persist.append import AppendRequest, AppendResult, delete_uncommitted
 from upsert_core.persist.append import compare_and_append as _compare_and_append
 from upsert_core.persist.check import CheckReport, check_shard
+from upsert_core.persist.commit_times import format_time_ms, last_commit_ms, since_commit_ms
 from upsert_core.persist.compact import CompactionResult, PartTyper
 from upsert_core.persist.compact import compact as _compact
 from upsert_core.persist.gc import DEFAULT_LEAK_GRACE_MS, GcReport, check_retain
@@ -466,6 +467,8 @@ class Shard:
             "leased_readers": len(state.leased_readers),
             "ingested_files": dict(sorted(state.ingested_files.items())),
             "walltime_ms": state.walltime_ms,
+            "since_time": format_time_ms(since_commit_ms(state)),
+            "last_commit_time": format_time_ms(last_commit_ms(state)),
         }
 
     @contextmanager

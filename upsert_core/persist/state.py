@@ -25,6 +25,10 @@ Invariants of a well-formed state (checked by :func:`ShardState.check_invariants
 - ``config`` entries whose name starts with :data:`BLOB_REF_PREFIX` hold blob keys
   (e.g. upsert state checkpoints) that the state references: GC keeps them exactly like
   batch parts.
+- ``config`` entries ``commit_time.<lower>`` (:data:`COMMIT_TIME_PREFIX`) record when
+  the batch starting at ``lower`` was committed (UTC milliseconds): each ``lower`` is
+  in ``[0, upper)`` and the times never decrease as ``lower`` grows
+  (``persist.commit_times`` writes and reads them).
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ from upsert_core.errors import ConfigError, InvariantViolation
 
 BLOB_REF_PREFIX = "blobref."
 """Config entries named ``blobref.<anything>`` hold a blob key the state references."""
+
+COMMIT_TIME_PREFIX = "commit_time."
+"""Config entries ``commit_time.<lower>`` = ``<UTC ms>``: see ``persist.commit_times``."""
 
 SHARD_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -203,6 +210,22 @@ class ShardState:
     def num_errors(self) -> int:
         return sum(e.num_errors for e in self.errors)
 
+    def commit_times(self) -> tuple[tuple[int, int], ...]:
+        """The recorded ``(lower, commit time in UTC ms)`` entries, ordered by ``lower``
+        (``persist.commit_times``); :class:`InvariantViolation` for a malformed one."""
+        out: list[tuple[int, int]] = []
+        for name, value in self.config.items():
+            if not name.startswith(COMMIT_TIME_PREFIX):
+                continue
+            lower, ms = name[len(COMMIT_TIME_PREFIX):], value
+            if not (lower.isascii() and lower.isdigit() and ms.isascii() and ms.isdigit()):
+                raise InvariantViolation(
+                    f"shard {self.shard_id}: malformed commit time entry {name!r}={ms!r}"
+                )
+            out.append((int(lower), int(ms)))
+        out.sort()
+        return tuple(out)
+
     def latest_rollup(self) -> RollupRef | None:
         if not self.rollups:
             return None
@@ -242,6 +265,18 @@ class ShardState:
                 raise InvariantViolation(
                     f"shard {sid}: ingested file {name!r} at ts {ts} outside [0, {self.upper})"
                 )
+        previous: tuple[int, int] | None = None
+        for lower, ms in self.commit_times():
+            if lower >= self.upper:
+                raise InvariantViolation(
+                    f"shard {sid}: commit time recorded for ts {lower}, upper is {self.upper}"
+                )
+            if previous is not None and ms < previous[1]:
+                raise InvariantViolation(
+                    f"shard {sid}: commit time of ts {lower} ({ms} ms) is before that of"
+                    f" ts {previous[0]} ({previous[1]} ms)"
+                )
+            previous = (lower, ms)
 
 
 def initial_state(shard_id: str, walltime_ms: int = 0) -> ShardState:
