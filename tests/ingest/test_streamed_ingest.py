@@ -134,3 +134,30 @@ def test_which_files_stream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         streams(a)
     monkeypatch.setenv("UPSERT_INGEST_MEMORY_MB", "512")
     assert memory_budget() == 512 << 20
+
+
+@pytest.mark.parametrize("limit", [0, 1 << 30], ids=["spilled", "held"])
+def test_the_spill_keeps_rows_whose_extra_columns_change(limit: int) -> None:
+    from upsert_core.ingest.spill import BucketSpill
+    from upsert_core.ingest.tasks import ROWS_SCHEMA
+
+    def rows(n: int, start: int, extra: bool) -> pa.Table:
+        table = pa.table({
+            "bucket": pa.array([i % 2 for i in range(n)], pa.int32()),
+            "key": pa.array([bytes([i]) * 16 for i in range(start, start + n)], pa.binary()),
+            "row": pa.array([b"r%d" % i for i in range(start, start + n)], pa.binary()),
+            "deleted": pa.array([False] * n),
+            "order": pa.array(range(start, start + n), pa.int64()),
+            "position": pa.array(range(start, start + n), pa.int64()),
+        })
+        return table.append_column("v:x", pa.array([1.0] * n)) if extra else table
+
+    with BucketSpill(ROWS_SCHEMA, memory_limit=limit) as spill:
+        spill.add(rows(4, 0, True))
+        spill.add(rows(4, 4, False))  # values not kept for this chunk
+        spill.add(rows(4, 8, True))
+        spill.finish()
+        for bucket in (0, 1):
+            table = spill.table(bucket)
+            assert table.schema == ROWS_SCHEMA
+            assert table.column("order").to_pylist() == list(range(bucket, 12, 2))

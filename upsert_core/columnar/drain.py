@@ -32,7 +32,7 @@ Invariants:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -60,6 +60,9 @@ class DrainResult:
     applied: int
     inserts: int
     retractions: int
+    sources: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """Per update: the index in the drained rows of the row an insertion inserts, -1
+    for a retraction (so its values can be taken from the file's, not decoded)."""
 
 
 def _column(table: pa.Table, name: str) -> pa.Array:
@@ -97,7 +100,8 @@ def drain_to_upper(state: ColumnarState, rows: pa.Table, ts: int) -> DrainResult
                           bool) & both
     retract = applied & has_old & ~same
     insert = applied & has_new & ~same
-    updates = _updates(w_hi, w_lo, old, new, retract, insert, both, ts)
+    updates, source, diff = _updates(w_hi, w_lo, old, new, retract, insert, both, ts)
+    sources = np.where(diff > 0, win[source], -1).astype(np.int64)
 
     if state.orders is None:
         # Batch scope: no order is remembered, a delete removes the key.
@@ -109,7 +113,8 @@ def drain_to_upper(state: ColumnarState, rows: pa.Table, ts: int) -> DrainResult
         none = np.zeros(len(win), dtype=bool)
         next_state = with_changes(state, look, w_hi, w_lo, new, w_orders, applied, none)
     return DrainResult(
-        updates, next_state, len(win), int(applied.sum()), int(insert.sum()), int(retract.sum())
+        updates, next_state, len(win), int(applied.sum()), int(insert.sum()),
+        int(retract.sum()), sources,
     )
 
 
@@ -154,12 +159,13 @@ def _updates(
     insert: np.ndarray,
     both: np.ndarray,
     ts: int,
-) -> pa.Table:
-    """Retractions of ``old`` and insertions of ``new``, sorted by ``(key, row)``."""
+) -> tuple[pa.Table, Index, np.ndarray]:
+    """Retractions of ``old`` and insertions of ``new``, sorted by ``(key, row)``, with
+    the winner each update comes from and its diff."""
     r = np.flatnonzero(retract)
     i = np.flatnonzero(insert)
     if len(r) + len(i) == 0:
-        return UPDATE_SCHEMA.empty_table()
+        return UPDATE_SCHEMA.empty_table(), np.zeros(0, np.intp), np.zeros(0, np.int64)
     # Slot 2j or 2j + 1 of winner j: of a retraction and an insertion of the same key,
     # the smaller row goes first.
     new_first = np.zeros(len(hi), dtype=bool)
@@ -182,7 +188,8 @@ def _updates(
         diff = diff[order]
     keys = join_keys(hi[source], lo[source]).cast(pa.binary())
     row = row.cast(pa.binary())
-    return pa.table(
+    table = pa.table(
         [keys, row, pa.array(np.full(len(source), ts, np.int64)), pa.array(diff)],
         schema=UPDATE_SCHEMA,
     )
+    return table, source, diff

@@ -11,8 +11,10 @@ whole file.
 
 Invariants:
 
-- A bucket's rows come back in the order they were added (file order), with
-  ``ROWS_SCHEMA``, so the drain sees exactly what the whole-file read gives it.
+- A bucket's rows come back in the order they were added (file order), with the
+  columns they were added with (``ROWS_SCHEMA`` plus any value columns); when chunks
+  came with different extra columns, with the base schema's columns only, so the drain
+  sees what the whole-file read gives it.
 - :meth:`BucketSpill.add` is called from one thread; :meth:`finish` closes the writers,
   after which :meth:`table` may be called from several threads (each reads its own
   file).
@@ -51,24 +53,37 @@ class BucketSpill:
         self._held_bytes = 0
         self._writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
         self._sinks: dict[int, pa.NativeFile] = {}
+        self._files: dict[int, list[str]] = {}
+        self._chunk_schema: pa.Schema | None = None
+        self._generation = 0
+        self._mixed = False
         self.bytes: dict[int, int] = {}
         self.rows: dict[int, int] = {}
         self._lock = threading.Lock()
 
     def _path(self, bucket: int) -> str:
-        return os.path.join(self._directory(), f"{bucket:05d}.arrows")
+        return os.path.join(self._directory(), f"{bucket:05d}-{self._generation}.arrows")
 
     def add(self, rows: pa.Table) -> None:
-        """Append ``rows`` (``ROWS_SCHEMA``, with their ``bucket``) to their buckets."""
+        """Append ``rows`` (the base schema's columns first, with their ``bucket``, then
+        any extra columns) to their buckets."""
         if rows.num_rows == 0:
             return
+        if self._chunk_schema is None:
+            self._chunk_schema = rows.schema
+        elif rows.schema != self._chunk_schema:
+            # Chunks with other extra columns (values kept for some, not all): the
+            # buckets come back with the base columns only; open new files.
+            self.finish()
+            self._generation += 1
+            self._chunk_schema, self._mixed = rows.schema, True
         buckets = np.asarray(rows.column("bucket").to_numpy(), dtype=np.int64)
         groups = split_rows(rows, buckets)
         per_row = rows.nbytes / rows.num_rows  # a group is a slice: its nbytes may not be
         for bucket, group in groups.items():
             self.bytes[bucket] = self.bytes.get(bucket, 0) + int(per_row * group.num_rows)
             self.rows[bucket] = self.rows.get(bucket, 0) + group.num_rows
-        if not self._writers and self._held_bytes + rows.nbytes <= self.memory_limit:
+        if not self._files and self._held_bytes + rows.nbytes <= self.memory_limit:
             for bucket, group in groups.items():
                 self._held.setdefault(bucket, []).append(group)
             self._held_bytes += rows.nbytes
@@ -81,13 +96,17 @@ class BucketSpill:
             self._write(bucket, group)
 
     def _write(self, bucket: int, group: pa.Table) -> None:
+        if self._mixed:  # one schema per file: the base columns from the change on
+            group = group.select(self.schema.names)
         directory = self._directory()
         try:
             writer = self._writers.get(bucket)
             if writer is None:
-                sink = pa.OSFile(self._path(bucket), "wb")
+                path = self._path(bucket)
+                sink = pa.OSFile(path, "wb")
+                self._files.setdefault(bucket, []).append(path)
                 self._sinks[bucket] = sink
-                writer = pa.ipc.new_stream(sink, self.schema)
+                writer = pa.ipc.new_stream(sink, group.schema)
                 self._writers[bucket] = writer
             writer.write_table(group)
         except (OSError, pa.ArrowException) as exc:
@@ -125,11 +144,13 @@ class BucketSpill:
         """Bucket ``bucket``'s rows, in file order (empty if it has none)."""
         if bucket not in self.rows:
             return self.schema.empty_table()
-        if bucket in self._held:
-            return pa.concat_tables(self._held[bucket]).combine_chunks()
-        with pa.OSFile(self._path(bucket), "rb") as source:
-            table = pa.ipc.open_stream(source).read_all()
-        return table.combine_chunks()
+        pieces = list(self._held.get(bucket, ()))
+        for path in self._files.get(bucket, ()):
+            with pa.OSFile(path, "rb") as source:
+                pieces.append(pa.ipc.open_stream(source).read_all())
+        if self._mixed:
+            pieces = [piece.select(self.schema.names) for piece in pieces]
+        return pa.concat_tables(pieces).combine_chunks()
 
     def close(self) -> None:
         """Remove every file."""

@@ -45,6 +45,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 
 from upsert_core.columnar import ColumnarState, drain_to_upper
@@ -79,10 +80,16 @@ from upsert_core.landing import (
 )
 from upsert_core.landing.chunks import parquet_chunks
 from upsert_core.landing.rows import decode_rows_to_table
+from upsert_core.landing.schema import ARROW_TYPES
 from upsert_core.persist.codec_state import decode_state
 from upsert_core.persist.keys import writing_as
 from upsert_core.persist.location import Blob
-from upsert_core.persist.parts import delete_parts, write_error_batch, write_parts
+from upsert_core.persist.parts import (
+    VALUE_PREFIX,
+    delete_parts,
+    write_error_batch,
+    write_parts,
+)
 from upsert_core.persist.state import BlobPart, ShardState
 
 ROWS_SCHEMA = pa.schema(
@@ -241,9 +248,11 @@ def _record_errors(
 
 
 def _bucketed(batch: ValidatedBatch, buckets: int) -> pa.Table:
-    """The good rows of ``batch`` with their buckets (``ROWS_SCHEMA``)."""
+    """The good rows of ``batch`` with their buckets (``ROWS_SCHEMA``), followed by their
+    typed values as ``v:<column>`` columns when validation kept them (see
+    :func:`part_values`)."""
     good = batch.to_arrow()
-    return pa.table(
+    rows = pa.table(
         [
             pa.array(bucket_of_keys(good.column("key"), buckets), pa.int32()),
             good.column("key").cast(pa.binary()),
@@ -254,6 +263,66 @@ def _bucketed(batch: ValidatedBatch, buckets: int) -> pa.Table:
         ],
         schema=ROWS_SCHEMA,
     )
+    if batch.values is None:
+        return rows
+    for name, column in zip(batch.values.column_names, batch.values.columns, strict=True):
+        rows = rows.append_column(VALUE_PREFIX + name, column)
+    return rows
+
+
+def part_values(
+    row_schema: SourceSchema, rows: pa.Table, updates: pa.Table, sources: np.ndarray
+) -> pa.Table:
+    """The value columns of a drain's output ``updates`` (``row_schema``'s columns and
+    types): row ``i`` holds the values row ``i`` of ``updates`` encodes.
+
+    An insertion's values are taken from the file's validated values (``rows``' value
+    columns, ``sources[i]`` its row in ``rows``) instead of decoding its encoded row,
+    with floats made canonical as the codec stores them (``-0.0`` as ``0.0``, every NaN
+    as the one quiet NaN), so both give equal values. Retractions (``sources[i]`` -1)
+    and rows without kept values are decoded."""
+    names = [VALUE_PREFIX + name for name in row_schema.names]
+    have = set(rows.column_names)
+    if not names or any(
+        name not in have or rows.schema.field(name).type != ARROW_TYPES[typ]
+        for name, (_, typ) in zip(names, row_schema.columns, strict=True)
+    ):
+        return decode_rows_to_table(row_schema, updates.column("row"))
+    inserted = np.flatnonzero(sources >= 0)
+    taken = rows.select(names).take(pa.array(sources[inserted], pa.int64()))
+    taken = taken.rename_columns(list(row_schema.names))
+    taken = pa.table(
+        [_canonical_floats(col) for col in taken.columns], names=list(row_schema.names)
+    )
+    if len(inserted) == len(sources):
+        return taken
+    retracted = np.flatnonzero(sources < 0)
+    decoded = decode_rows_to_table(
+        row_schema, updates.column("row").take(pa.array(retracted, pa.int64()))
+    )
+    merged = pa.concat_tables([taken, decoded])
+    at = np.empty(len(sources), np.int64)
+    at[np.concatenate([inserted, retracted])] = np.arange(len(sources))
+    return merged.take(pa.array(at, pa.int64())).combine_chunks()
+
+
+def _canonical_floats(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """A float64 column with ``-0.0`` as ``0.0`` and every NaN as the quiet NaN (as the
+    codec encodes them); any other column as it is."""
+    if column.type != pa.float64():
+        return column
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    values = array.to_numpy(zero_copy_only=False)
+    bits = values.view(np.uint64)
+    odd = (bits == np.uint64(0x8000000000000000)) | (
+        np.isnan(values) & (bits != np.uint64(0x7FF8000000000000))
+    )
+    if not odd.any():
+        return array
+    fixed = values.copy()
+    fixed[fixed == 0.0] = 0.0
+    fixed[np.isnan(fixed)] = np.nan
+    return pa.array(fixed, pa.float64(), mask=array.is_null().to_numpy(zero_copy_only=False))
 
 
 def _read_file(task: FileTask, blob: Blob, *, write_errors: bool) -> tuple[FileRead, pa.Table]:
@@ -431,7 +500,7 @@ def _run_bucket(
             # Typed, bucket-labelled parts: a snapshot reads their value columns bucket
             # by bucket, with neither a merge nor a decode (persist.typed_read).
             values = (
-                decode_rows_to_table(row_schema, table.column("row"))
+                part_values(row_schema, rows, table, drained.sources)
                 if task.typed_parts else None
             )
             result.parts = list(write_parts(

@@ -100,6 +100,9 @@ class ValidatedBatch:
     orders: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
     positions: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
     errors: list[RowError] = field(default_factory=list)
+    values: pa.Table | None = None
+    """The good rows' typed values (columns ``schema.names``, ``ARROW_TYPES``), row ``i``
+    the values ``row_values[i]`` encodes; None when not kept (rows encoded one by one)."""
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -296,6 +299,11 @@ def _encode(
     if schema.type_of(schema.order) is LogicalType.TIMESTAMP:
         order = pc.cast(order, pa.int64())
     order_values = pc.take(order, pa.array(keep, type=pa.int64()))
+    typed = None
+    if bulk_rows is not None and all(
+        col.type == ARROW_TYPES[typ] for col, (_, typ) in zip(taken, schema.columns, strict=True)
+    ):
+        typed = pa.table(taken, names=list(schema.names))
     return ValidatedBatch(
         file=raw.file,
         schema=schema,
@@ -304,6 +312,7 @@ def _encode(
         deletes=deletes[keep],
         orders=np.asarray(order_values.to_numpy(zero_copy_only=False), dtype=np.int64),
         positions=raw.positions[keep],
+        values=typed,
     )
 
 
