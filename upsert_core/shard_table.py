@@ -18,7 +18,11 @@ Invariants:
   with their time and multiplicity in ``__ts`` and ``__diff``, names that never collide
   with a row column (:func:`change_columns` adds leading ``_`` while one does).
 - Times are integers: a float or bool ``as_of``/``since``/``until`` is
-  :class:`~upsert_core.errors.InvalidUsage`, never rounded.
+  :class:`~upsert_core.errors.InvalidUsage`, never rounded. ``as_of_time``,
+  ``since_time`` and ``until_time`` (a ``datetime`` or ISO-8601 text, no zone: UTC)
+  name them by commit time instead (``persist.commit_times``); a ts and its time
+  together are :class:`~upsert_core.errors.InvalidUsage`, a time before the earliest
+  readable commit :class:`~upsert_core.errors.NotReadable`.
 - Rows are typed with the schema of the state the read started from: schemas only
   append columns, so it covers every row the read returns; a column a row predates is
   null.
@@ -40,6 +44,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -50,6 +55,7 @@ from upsert_core.ingest.shard_config import ShardIngestConfig
 from upsert_core.landing import ARROW_TYPES, SourceSchema
 from upsert_core.landing.rows import decode_rows_to_table
 from upsert_core.persist.buckets import bucket_of_keys
+from upsert_core.persist.commit_times import as_of_ts, changes_ts
 from upsert_core.persist.read import check_snapshot_readable
 from upsert_core.persist.shard import READ_ATTEMPTS, Shard
 from upsert_core.persist.state import ShardState
@@ -96,9 +102,14 @@ class ShardTable:
 
     # --- reads --------------------------------------------------------------------------
 
-    def to_batches(self, as_of: int | None = None) -> pa.RecordBatchReader:
-        """The snapshot as of ``as_of`` (default: the newest readable time), streamed."""
+    def to_batches(
+        self, as_of: int | None = None, *, as_of_time: datetime | str | None = None
+    ) -> pa.RecordBatchReader:
+        """The snapshot as of ``as_of`` (default: the newest readable time), streamed;
+        ``as_of_time`` (instead of ``as_of``) reads as of the greatest ts committed at or
+        before that time (``persist.commit_times``)."""
         state = self.shard.state()
+        as_of = as_of_ts(state, as_of, as_of_time)
         pinned = state.upper - 1 if as_of is None else as_of
         check_snapshot_readable(state, pinned)  # NotReadable now, at the call
         schema = ShardIngestConfig.read(state.config).schema
@@ -213,9 +224,12 @@ class ShardTable:
         merged = _in_buckets(self.shard.snapshot(as_of), buckets, wanted)
         yield from self._decoded(schema, merged)
 
-    def snapshot(self, as_of: int | None = None) -> pa.Table:
-        """The snapshot as of ``as_of`` (default: the newest readable time)."""
-        return self.to_batches(as_of).read_all()
+    def snapshot(
+        self, as_of: int | None = None, *, as_of_time: datetime | str | None = None
+    ) -> pa.Table:
+        """The snapshot as of ``as_of`` or ``as_of_time`` (default: the newest readable
+        time; see :meth:`to_batches`)."""
+        return self.to_batches(as_of, as_of_time=as_of_time).read_all()
 
     def change_columns(self) -> tuple[str, str]:
         """The names :meth:`changes` gives the change's time and diff: ``("__ts",
@@ -223,11 +237,19 @@ class ShardTable:
         (:func:`change_columns`)."""
         return change_columns(self.source_schema())
 
-    def changes(self, since: int | None = None, until: int | None = None) -> pa.Table:
+    def changes(
+        self, since: int | None = None, until: int | None = None, *,
+        since_time: datetime | str | None = None, until_time: datetime | str | None = None,
+    ) -> pa.Table:
         """Consolidated updates with ``since <= ts < until`` (defaults: the shard's since
         and upper): the row's columns plus the change's time and diff (int64), named
-        ``__ts`` and ``__diff`` unless the shard has such a column (:meth:`change_columns`)."""
-        lower = self.shard.state().since if since is None else since
+        ``__ts`` and ``__diff`` unless the shard has such a column (:meth:`change_columns`).
+        ``since_time``/``until_time`` (instead of ``since``/``until``) stand for the first
+        ts committed at or after that time, or the upper when none is
+        (``persist.commit_times``)."""
+        state = self.shard.state()
+        since, until = changes_ts(state, since, until, since_time, until_time)
+        lower = state.since if since is None else since
         batches = self.shard.changes(lower, until)
         schema = self.source_schema()
         tables = [decode_changes_batch(schema, batch) for batch in batches]
