@@ -77,9 +77,10 @@ def _decoded(
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
     shard = open_shard(args)
+    as_of = _as_of(shard, args)
     if args.format == "parquet":
-        return _snapshot_parquet(shard, args)
-    batches = shard.snapshot(args.as_of)  # raises NotReadable now, not mid-output
+        return _snapshot_parquet(shard, as_of, args)
+    batches = shard.snapshot(as_of)  # raises NotReadable now, not mid-output
     schema = shard_schema(shard)
     with row_writer(args.format, _columns(schema), args.out) as writer:
         for rows, _ts, diffs in _decoded(schema, batches):
@@ -89,13 +90,22 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _snapshot_parquet(shard: Shard, args: argparse.Namespace) -> int:
+def _as_of(shard: Shard, args: argparse.Namespace) -> int | None:
+    """``--as-of``, or the ts ``--as-of-time`` stands for (``persist.commit_times``)."""
+    from upsert_core.persist.commit_times import as_of_ts  # heavy: the persist layer
+
+    if args.as_of_time is None:
+        return args.as_of  # no state read needed
+    return as_of_ts(shard.state(), args.as_of, args.as_of_time, ("--as-of", "--as-of-time"))
+
+
+def _snapshot_parquet(shard: Shard, as_of: int | None, args: argparse.Namespace) -> int:
     """Parquet straight from the typed Arrow read (``upsert_core.shard_table``)."""
     import pyarrow as pa
 
     from upsert_core.shard_table import ShardTable  # heavy: pyarrow
 
-    reader = ShardTable(shard).to_batches(args.as_of)  # raises NotReadable now
+    reader = ShardTable(shard).to_batches(as_of)  # raises NotReadable now
     columns = [(f.name, f.type) for f in reader.schema]
     with row_writer("parquet", columns, args.out) as writer:
         for batch in reader:
@@ -104,10 +114,16 @@ def _snapshot_parquet(shard: Shard, args: argparse.Namespace) -> int:
 
 
 def cmd_changes(args: argparse.Namespace) -> int:
+    from upsert_core.persist.commit_times import changes_ts  # heavy: the persist layer
+
     shard = open_shard(args)
     state = shard.state()
-    lower = state.since if args.since is None else args.since
-    batches = shard.changes(lower, args.until)
+    since, until = changes_ts(
+        state, args.since, args.until, args.since_time, args.until_time,
+        ("--since", "--until", "--since-time", "--until-time"),
+    )
+    lower = state.since if since is None else since
+    batches = shard.changes(lower, until)
     schema = shard_schema(shard)
     names = [name for name, _ in _columns(schema)]
 

@@ -28,7 +28,7 @@ from typing import NoReturn
 from orchestration.cli.commands import run
 from orchestration.cli.config import debug_enabled
 from upsert_core.errors import UpsertPlatformError
-from upsert_core.read_times import parse_ts_text
+from upsert_core.read_times import parse_time_text, parse_ts_text
 from upsert_core.redact import redact_url
 
 PROG = "upsertctl"
@@ -78,6 +78,13 @@ def _integer(text: str) -> int:
     if value is None:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}")
     return value
+
+
+def _time(text: str) -> str:
+    """An ISO-8601 time (no zone: UTC), kept as text: ``persist.commit_times`` resolves it."""
+    if parse_time_text(text) is None:
+        raise argparse.ArgumentTypeError(f"not an ISO-8601 time: {text!r}")
+    return text
 
 
 _non_negative = _int_at_least(0)
@@ -174,8 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--buckets", type=_integer, metavar="N",
-        help="upsert state buckets of a new shard (default 4; fixed once set): about one "
-        "bucket's state is in memory at a time, see the README [UPSERT_BUCKETS]",
+        help="upsert state buckets of a new shard (default: 4, or about one per 256 MiB of "
+        "state the first file brings, up to 256; fixed once set): a few buckets' state is "
+        "in memory at a time, see the README [UPSERT_BUCKETS]",
     )
     p.add_argument(
         "--engine",
@@ -187,13 +195,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     p = command("snapshot", "the consolidated rows as of a time, one per live key")
-    p.add_argument("--as-of", type=_non_negative, metavar="TS", help="default: the latest")
+    when = p.add_mutually_exclusive_group()
+    when.add_argument("--as-of", type=_non_negative, metavar="TS", help="default: the latest")
+    when.add_argument("--as-of-time", type=_time, metavar="T",
+                      help="the greatest ts committed at or before T (ISO-8601; no zone: UTC)")
     p.add_argument("--format", choices=("jsonl", "parquet", "csv"), default="jsonl")
     p.add_argument("--out", metavar="PATH", help="write to PATH instead of stdout")
 
     p = command("changes", "consolidated updates with since <= ts < until")
-    p.add_argument("--since", type=_non_negative, metavar="TS", help="default: the shard's since")
-    p.add_argument("--until", type=_non_negative, metavar="TS", help="default: the shard's upper")
+    lower = p.add_mutually_exclusive_group()
+    lower.add_argument("--since", type=_non_negative, metavar="TS",
+                       help="default: the shard's since")
+    lower.add_argument("--since-time", type=_time, metavar="T",
+                       help="the first ts committed at or after T (ISO-8601; no zone: UTC)")
+    upper = p.add_mutually_exclusive_group()
+    upper.add_argument("--until", type=_non_negative, metavar="TS",
+                       help="default: the shard's upper")
+    upper.add_argument("--until-time", type=_time, metavar="T",
+                       help="the first ts committed at or after T, else the upper (ISO-8601)")
     p.add_argument("--format", choices=("jsonl",), default="jsonl")
     p.add_argument("--out", metavar="PATH", help="write to PATH instead of stdout")
 
