@@ -33,6 +33,7 @@ from typing import Literal, Protocol
 import numpy as np
 import pyarrow as pa
 
+from upsert_core.errors import ConfigError
 from upsert_core.ingest.buckets import split_rows
 from upsert_core.ingest.outcome import BucketResult, FileOutcome
 from upsert_core.ingest.shard_api import IngestShard
@@ -46,7 +47,7 @@ from upsert_core.ingest.tasks import (
     read_file_streamed,
     run_bucket,
 )
-from upsert_core.landing.chunks import streams
+from upsert_core.landing.chunks import chunk_rows, stream_threshold, streams
 from upsert_core.persist.location import Blob
 
 
@@ -90,9 +91,21 @@ def memory_budget() -> int:
     may take. One bucket always runs, whatever its size; 0 spills every row to disk and
     drains one bucket at a time."""
     text = os.environ.get(MEMORY_ENV, "").strip()
-    if text.isascii() and text.isdigit():
-        return int(text) << 20
-    return DEFAULT_MEMORY_MB << 20
+    if not text:
+        return DEFAULT_MEMORY_MB << 20
+    if not (text.isascii() and text.isdigit()):
+        raise ConfigError(f"{MEMORY_ENV} must be a whole number of MiB (>= 0), got {text!r}")
+    return int(text) << 20
+
+
+def check_streaming_settings() -> None:
+    """Raise :class:`ConfigError` for a malformed streaming setting
+    (``UPSERT_INGEST_MEMORY_MB``, ``UPSERT_STREAM_BYTES``, ``UPSERT_STREAM_CHUNK_ROWS``),
+    so the ingest refuses before it commits anything rather than at its first large
+    file."""
+    memory_budget()
+    stream_threshold()
+    chunk_rows()
 
 
 class InProcessEngine:

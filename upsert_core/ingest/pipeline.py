@@ -55,7 +55,7 @@ from upsert_core.errors import (
     LandingFileChanged,
     WriterFenced,
 )
-from upsert_core.ingest.engine import Engine, InProcessEngine
+from upsert_core.ingest.engine import Engine, InProcessEngine, check_streaming_settings
 from upsert_core.ingest.maintenance import auto_maintenance_from_env, maintain_after_ingest
 from upsert_core.ingest.options import IngestRequest, buckets_for_first_file, resolve_options
 from upsert_core.ingest.outcome import FileOutcome
@@ -318,6 +318,7 @@ def ingest(
     # Settings are checked before anything is ingested (a bad one must not fail the run
     # after its files are committed).
     maintain = auto_maintenance_from_env() if options.maintain is None else options.maintain
+    check_streaming_settings()
     state = shard.state()
     resolve_options(state.config, options)
     todo = pending(list_landing(landing_url), state.ingested_files.keys())

@@ -2,12 +2,13 @@
 
 A file read in chunks (``landing.chunks``) is validated and bucketed chunk by chunk. The
 rows are held in memory while they fit ``memory_limit`` bytes; from the chunk that
-would exceed it on, every bucket's rows are appended to one Arrow IPC stream file per
-bucket, in a private temporary directory (``UPSERT_SPILL_DIR``, else the system's
-temporary directory, made on first use). Once the whole file is read, each bucket's
-rows are read back when its drain starts, so the ingest holds at most ``memory_limit``
-plus one chunk while reading and the buckets being drained while draining, never the
-whole file.
+would exceed it on, each chunk's rows of a bucket are written as one Arrow IPC stream
+file (opened, written and closed at once, so a shard of thousands of buckets never
+holds a descriptor per bucket), in a private temporary directory (``UPSERT_SPILL_DIR``,
+else the system's temporary directory, made on first use and named after this
+process). Once the whole file is read, each bucket's rows are read back when its drain
+starts, so the ingest holds at most ``memory_limit`` plus one chunk while reading and
+the buckets being drained while draining, never the whole file.
 
 Invariants:
 
@@ -15,19 +16,23 @@ Invariants:
   columns they were added with (``ROWS_SCHEMA`` plus any value columns); when chunks
   came with different extra columns, with the base schema's columns only, so the drain
   sees what the whole-file read gives it.
-- :meth:`BucketSpill.add` is called from one thread; :meth:`finish` closes the writers,
-  after which :meth:`table` may be called from several threads (each reads its own
-  file).
-- :meth:`close` removes every file, whatever happened (also via ``with``).
+- :meth:`BucketSpill.add` is called from one thread; once it is done, :meth:`table`
+  may be called from several threads (each reads its own files).
+- :meth:`close` removes every file, whatever happened (also via ``with``). A process
+  killed before it could (the kernel's answer to running out of memory) leaves its
+  directory behind: the next spill in the same parent directory removes every
+  ``upsert-spill-<host id>.<pid>-*`` directory of this host whose process is no longer
+  running.
 - A spill that cannot be written (a full disk) raises :class:`IngestError` naming the
   directory and ``UPSERT_SPILL_DIR``; the file then fails as a whole.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import tempfile
-import threading
 from types import TracebackType
 
 import numpy as np
@@ -35,8 +40,10 @@ import pyarrow as pa
 
 from upsert_core.errors import IngestError
 from upsert_core.ingest.buckets import split_rows
+from upsert_core.persist.keys import host_id
 
 SPILL_DIR_ENV = "UPSERT_SPILL_DIR"
+_PREFIX = "upsert-spill-"
 
 
 class BucketSpill:
@@ -46,23 +53,18 @@ class BucketSpill:
         self, schema: pa.Schema, directory: str | None = None, memory_limit: int = 0
     ) -> None:
         self.schema = schema
+        self.memory_limit = memory_limit
         self._where = directory
         self._dir: tempfile.TemporaryDirectory[str] | None = None
-        self.memory_limit = memory_limit
         self._held: dict[int, list[pa.Table]] = {}
         self._held_bytes = 0
-        self._writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
-        self._sinks: dict[int, pa.NativeFile] = {}
+        self._spilling = False
         self._files: dict[int, list[str]] = {}
+        self._written = 0
         self._chunk_schema: pa.Schema | None = None
-        self._generation = 0
         self._mixed = False
         self.bytes: dict[int, int] = {}
         self.rows: dict[int, int] = {}
-        self._lock = threading.Lock()
-
-    def _path(self, bucket: int) -> str:
-        return os.path.join(self._directory(), f"{bucket:05d}-{self._generation}.arrows")
 
     def add(self, rows: pa.Table) -> None:
         """Append ``rows`` (the base schema's columns first, with their ``bucket``, then
@@ -72,69 +74,59 @@ class BucketSpill:
         if self._chunk_schema is None:
             self._chunk_schema = rows.schema
         elif rows.schema != self._chunk_schema:
-            # Chunks with other extra columns (values kept for some, not all): the
-            # buckets come back with the base columns only; open new files.
-            self.finish()
-            self._generation += 1
-            self._chunk_schema, self._mixed = rows.schema, True
+            self._mixed = True  # chunks with other extra columns: base columns only
         buckets = np.asarray(rows.column("bucket").to_numpy(), dtype=np.int64)
         groups = split_rows(rows, buckets)
-        per_row = rows.nbytes / rows.num_rows  # a group is a slice: its nbytes may not be
+        per_row = rows.nbytes / rows.num_rows
         for bucket, group in groups.items():
             self.bytes[bucket] = self.bytes.get(bucket, 0) + int(per_row * group.num_rows)
             self.rows[bucket] = self.rows.get(bucket, 0) + group.num_rows
-        if not self._files and self._held_bytes + rows.nbytes <= self.memory_limit:
+        if not self._spilling and self._held_bytes + rows.nbytes <= self.memory_limit:
             for bucket, group in groups.items():
                 self._held.setdefault(bucket, []).append(group)
             self._held_bytes += rows.nbytes
             return
+        self._spilling = True
         held, self._held, self._held_bytes = self._held, {}, 0
         for bucket, tables in held.items():
-            for table in tables:
-                self._write(bucket, table)
+            self._write(bucket, pa.concat_tables(tables) if len(tables) > 1 else tables[0])
         for bucket, group in groups.items():
             self._write(bucket, group)
 
     def _write(self, bucket: int, group: pa.Table) -> None:
-        if self._mixed:  # one schema per file: the base columns from the change on
-            group = group.select(self.schema.names)
         directory = self._directory()
+        path = os.path.join(directory, f"{bucket:05d}-{self._written:08d}.arrows")
+        self._written += 1
         try:
-            writer = self._writers.get(bucket)
-            if writer is None:
-                path = self._path(bucket)
-                sink = pa.OSFile(path, "wb")
-                self._files.setdefault(bucket, []).append(path)
-                self._sinks[bucket] = sink
-                writer = pa.ipc.new_stream(sink, group.schema)
-                self._writers[bucket] = writer
-            writer.write_table(group)
+            with pa.OSFile(path, "wb") as sink, pa.ipc.new_stream(sink, group.schema) as out:
+                out.write_table(group)
         except (OSError, pa.ArrowException) as exc:
             raise IngestError(
                 f"cannot spill validated rows to {directory}: {exc}; set "
                 f"{SPILL_DIR_ENV} to a directory with room for the file's rows"
             ) from exc
+        self._files.setdefault(bucket, []).append(path)
 
     def _directory(self) -> str:
-        """The private spill directory, made on first use."""
+        """The private spill directory, made on first use (after sweeping the ones
+        killed processes left behind)."""
         if self._dir is None:
-            where = self._where or os.environ.get(SPILL_DIR_ENV) or None
+            where = self._where or os.environ.get(SPILL_DIR_ENV) or tempfile.gettempdir()
             try:
-                self._dir = tempfile.TemporaryDirectory(prefix="upsert-spill-", dir=where)
+                _sweep_orphans(where)
+                self._dir = tempfile.TemporaryDirectory(
+                    prefix=f"{_PREFIX}{host_id()}.{os.getpid()}-", dir=where
+                )
             except OSError as exc:
                 raise IngestError(
-                    f"cannot make a directory to spill validated rows to in "
-                    f"{where or tempfile.gettempdir()}: {exc}; set {SPILL_DIR_ENV} to a "
-                    "writable directory with room for the file's rows"
+                    f"cannot make a directory to spill validated rows to in {where}: "
+                    f"{exc}; set {SPILL_DIR_ENV} to a writable directory with room for "
+                    "the file's rows"
                 ) from exc
         return self._dir.name
 
     def finish(self) -> None:
-        """Close every bucket's file (no more :meth:`add`)."""
-        with self._lock:
-            for bucket in list(self._writers):
-                self._writers.pop(bucket).close()
-                self._sinks.pop(bucket).close()
+        """No more :meth:`add` (kept for callers; every file is already closed)."""
 
     def buckets(self) -> list[int]:
         """The buckets that have rows, in order."""
@@ -154,7 +146,6 @@ class BucketSpill:
 
     def close(self) -> None:
         """Remove every file."""
-        self.finish()
         self._held.clear()
         if self._dir is not None:
             self._dir.cleanup()
@@ -167,6 +158,30 @@ class BucketSpill:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _sweep_orphans(parent: str) -> None:
+    """Remove ``upsert-spill-<host id>.<pid>-*`` directories in ``parent`` made on this
+    host (``keys.host_id``: where pids mean something) whose process is gone."""
+    mine = f"{_PREFIX}{host_id()}."
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(parent):
+            if not (entry.name.startswith(mine) and entry.is_dir(follow_symlinks=False)):
+                continue
+            pid_text = entry.name[len(mine):].split("-", 1)[0]
+            if not pid_text.isdigit() or _running(int(pid_text)):
+                continue
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
 
 
 __all__ = ["SPILL_DIR_ENV", "BucketSpill"]

@@ -18,8 +18,10 @@ Invariants:
   ``IngestError("<file>: <problem>")`` like :func:`read_batch` (possibly after earlier
   chunks were yielded: the caller discards what it made of them).
 - A local file that changed while it was read raises :class:`LandingFileChanged` after
-  its last chunk (its version and size are checked once the reading is done), so the
-  caller never commits rows of a file that was being rewritten.
+  its last chunk (its version and size are checked once the reading is done), or
+  instead of a read error (a file still being written reads as damaged Parquet), so
+  the caller never commits rows of a file that was being rewritten and leaves it
+  pending. A file deleted or moved meanwhile is changed too.
 - :func:`streams` decides by suffix and listed size only (no read): Parquet files of at
   least ``UPSERT_STREAM_BYTES`` (default 256 MiB; 0 streams every Parquet file).
 """
@@ -33,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from upsert_core.errors import IngestError
+from upsert_core.errors import ConfigError, IngestError, LandingFileChanged
 from upsert_core.landing.batch import Column, RawBatch, SourceKind
 from upsert_core.landing.listing import LandingFile
 
@@ -48,7 +50,7 @@ def _env_int(name: str, default: int, minimum: int) -> int:
     if not text:
         return default
     if not (text.isascii() and text.isdigit()) or int(text) < minimum:
-        raise IngestError(f"{name} must be an integer >= {minimum}, got {text!r}")
+        raise ConfigError(f"{name} must be an integer >= {minimum}, got {text!r}")
     return int(text)
 
 
@@ -80,9 +82,28 @@ def parquet_chunks(file: LandingFile, rows_per_chunk: int | None = None) -> Iter
         except OSError as exc:
             raise IngestError(f"{file.name}: cannot read file: {exc}") from exc
     with source:
-        yield from _chunks(file.name, source, rows_per_chunk)
+        try:
+            yield from _chunks(file.name, source, rows_per_chunk)
+        except IngestError:
+            # A file still being written reads as damaged: say it changed, if it did.
+            if path is not None:
+                _check_unchanged(file, path)
+            raise
         if path is not None:
-            file.check_local_version(os.stat(path))
+            _check_unchanged(file, path)
+
+
+def _check_unchanged(file: LandingFile, path: os.PathLike[str] | str) -> None:
+    """:class:`LandingFileChanged` if the local file is not the version listed (also
+    when it was deleted or moved since)."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise LandingFileChanged(
+            f"{file.name}: changed while being ingested (deleted or moved: {exc}); "
+            "still being written?"
+        ) from exc
+    file.check_local_version(st)
 
 
 def _chunks(name: str, source: pa.NativeFile, rows_per_chunk: int) -> Iterator[RawBatch]:
