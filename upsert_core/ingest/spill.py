@@ -40,7 +40,7 @@ import pyarrow as pa
 
 from upsert_core.errors import IngestError
 from upsert_core.ingest.buckets import split_rows
-from upsert_core.persist.keys import host_id
+from upsert_core.persist.keys import host_id, pid_running
 
 SPILL_DIR_ENV = "UPSERT_SPILL_DIR"
 _PREFIX = "upsert-spill-"
@@ -169,19 +169,9 @@ def _sweep_orphans(parent: str) -> None:
             if not (entry.name.startswith(mine) and entry.is_dir(follow_symlinks=False)):
                 continue
             pid_text = entry.name[len(mine):].split("-", 1)[0]
-            if not pid_text.isdigit() or _running(int(pid_text)):
+            if not pid_text.isdigit() or pid_running(int(pid_text)):
                 continue
             shutil.rmtree(entry.path, ignore_errors=True)
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    return True
 
 
 __all__ = ["SPILL_DIR_ENV", "BucketSpill"]

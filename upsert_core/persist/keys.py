@@ -172,10 +172,11 @@ def process_is_dead(token: str) -> bool:
     if match is None:
         return False
     pid = int(match.group("pid"))
-    return match.group("host") == host_id() and pid != os.getpid() and not _pid_running(pid)
+    return match.group("host") == host_id() and pid != os.getpid() and not pid_running(pid)
 
 
-def _pid_running(pid: int) -> bool:
+def pid_running(pid: int) -> bool:
+    """Whether process ``pid`` runs here (in this PID namespace); True when unsure."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
