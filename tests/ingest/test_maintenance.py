@@ -17,6 +17,7 @@ from upsert_core.ingest.maintenance import (
     replay_floor,
 )
 from upsert_core.persist.retention import RETENTION_KEEP
+from upsert_core.persist.state import COMMIT_TIME_PREFIX
 from upsert_core.persist.testing import unreferenced_blobs
 
 from .helpers import change_rows, memory_shard, snapshot_rows, write_jsonl
@@ -91,6 +92,11 @@ def test_a_stored_retention_is_applied_after_each_ingest(tmp_path: Path, scope: 
     assert shard.state().since > 0
     _matches(shard, model)
     assert shard.inspect()["retention"] == 2
+    # The commit times of ts below since went with them (kept: since .. upper - 1).
+    state = shard.state()
+    kept = sorted(int(n[len(COMMIT_TIME_PREFIX):]) for n in state.config
+                  if n.startswith(COMMIT_TIME_PREFIX))
+    assert kept == list(range(state.since, state.upper))
     shard.set_retention(None)
     assert shard.retention() is None and RETENTION_KEEP not in shard.state().config
 

@@ -38,6 +38,7 @@ from upsert_core.errors import ConfigError, UpsertPlatformError
 from upsert_core.ingest.part_typer import part_typer
 from upsert_core.ingest.shard_config import ShardIngestConfig
 from upsert_core.ingest.tasks import MAX_REPLAY_BATCHES, Base
+from upsert_core.persist.commit_times import with_since
 from upsert_core.persist.gc import retained_since
 from upsert_core.persist.retention import stored_retention
 from upsert_core.persist.shard import Shard
@@ -116,7 +117,9 @@ def _advance_keeping(keep: int) -> Callable[[ShardState], ShardState | None]:
 
     def advance(state: ShardState) -> ShardState | None:
         since = retained_since(state, retained(state, keep))
-        return None if since == state.since else state.evolve(since=since)
+        # with_since: the commit times of ts left wholly below the new since go too,
+        # as when GC advances it.
+        return None if since == state.since else with_since(state, since)
 
     return advance
 
