@@ -17,12 +17,16 @@ Options: ``shard`` (required); ``consensus`` / ``blob`` (store URLs; default: as
 JVM start in local mode, the server's under Spark Connect; :func:`read_shard` resolves
 them here and passes them on); ``read``: ``snapshot`` (default) or ``changes``;
 ``asOf`` (snapshot time, default the newest readable); ``since`` / ``until`` (changes,
-default the shard's since and upper); ``partitions`` (read tasks, default 4).
+default the shard's since and upper); ``asOfTime`` / ``sinceTime`` / ``untilTime``
+(instead of those: an ISO-8601 time, no zone meaning UTC, standing for the greatest ts
+committed at or before it, or the first committed at or after it, else the upper; see
+``persist.commit_times``); ``partitions`` (read tasks, default 4).
 
 Invariants:
 
-- The time is pinned when the read is planned (``asOf``, or ``since``/``until``), so
-  every task reads the same version: a DataFrame never mixes two. A time outside
+- The time is pinned when the read is planned (``asOf``, or ``since``/``until``; a
+  commit time is resolved to its ts then, and a ts option with its time option is
+  refused), so every task reads the same version: a DataFrame never mixes two. A time outside
   ``[since, upper)`` fails at ``load()`` with the shard's :class:`NotReadable` message.
   So is the schema: tasks decode with the columns Spark was told at planning, whatever
   columns later ingests add. A changes task refuses (``NotReadable``) when GC moved the
@@ -53,6 +57,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
@@ -66,10 +71,11 @@ from resources.task_env import apply_env, driver_env
 from upsert_core.errors import ConfigError, NotReadable
 from upsert_core.ingest.shard_config import ShardIngestConfig
 from upsert_core.landing import SourceSchema
+from upsert_core.persist.commit_times import as_of_ts, changes_ts
 from upsert_core.persist.read import check_changes_readable, check_snapshot_readable
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.state import ShardState
-from upsert_core.read_times import parse_ts_text, require_ts
+from upsert_core.read_times import parse_ts_text, require_time, require_ts
 from upsert_core.shard_table import (
     BucketSelection,
     changes_schema,
@@ -161,12 +167,16 @@ def plan_read(options: Mapping[str, str]) -> ReadPlan:
                     schema_json=_schema_json(state), planned_since=state.since,
                     buckets=_buckets(state), env=tuple(sorted(driver_env().items())))
     if read == SNAPSHOT:
-        as_of = _int_option(lowered, "asof")
+        as_of = as_of_ts(state, _int_option(lowered, "asof"), lowered.get("asoftime"),
+                         ("asOf", "asOfTime"))
         as_of = state.upper - 1 if as_of is None else as_of
         check_snapshot_readable(state, as_of)
         return ReadPlan(**{**plan.__dict__, "as_of": as_of})
-    since = _int_option(lowered, "since")
-    until = _int_option(lowered, "until")
+    since, until = changes_ts(
+        state, _int_option(lowered, "since"), _int_option(lowered, "until"),
+        lowered.get("sincetime"), lowered.get("untiltime"),
+        ("since", "until", "sinceTime", "untilTime"),
+    )
     since = state.since if since is None else since
     until = state.upper if until is None else until
     check_changes_readable(state, since, until)
@@ -314,20 +324,36 @@ def read_shard(
     changes: bool = False,
     since: int | None = None,
     until: int | None = None,
+    as_of_time: datetime | str | None = None,
+    since_time: datetime | str | None = None,
+    until_time: datetime | str | None = None,
 ) -> DataFrame:
     """The shard as a DataFrame, its stores resolved in THIS process as ``upsertctl``
-    would (so the read needs no environment on the Spark side)."""
+    would (so the read needs no environment on the Spark side). ``as_of_time``,
+    ``since_time`` and ``until_time`` (a ``datetime`` or ISO-8601 text, no zone: UTC)
+    name the times by commit time, as the options ``asOfTime`` and friends do."""
     for name, value in (("as_of", as_of), ("since", since), ("until", until)):
         if value is not None:
             require_ts(value, name)  # 2.5 or True is refused here, not rounded by a task
+    times: dict[str, str | None] = {}
+    for name, option, moment in (("as_of_time", "asOfTime", as_of_time),
+                                 ("since_time", "sinceTime", since_time),
+                                 ("until_time", "untilTime", until_time)):
+        # As exact UTC text, so the planning process reads the same instant.
+        times[option] = None if moment is None else _utc_text(require_time(moment, name))
     config = resolve(consensus, blob)
     register(spark)
     options: dict[str, Any] = {"shard": shard, "consensus": config.consensus_url,
                                "blob": config.blob_url, "read": CHANGES if changes else SNAPSHOT,
                                "asOf": as_of, "since": since, "until": until,
-                               "partitions": partitions}
+                               "partitions": partitions, **times}
     reader = spark.read.format(FORMAT)
     for key, value in options.items():
         if value is not None:
             reader = reader.option(key, str(value))
     return reader.load()
+
+
+def _utc_text(us: int) -> str:
+    """UTC microseconds since the epoch as ISO-8601 text with its zone."""
+    return (datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=us)).isoformat()
