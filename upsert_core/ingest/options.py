@@ -1,7 +1,7 @@
 """Ingest options: what a caller asks for, and the options a shard is fixed to.
 
 The options that shape a shard's contents (key columns, order column, delete-marker
-column, order scope) and the number of state buckets are fixed by the shard's first
+column, order scope, envelope) and the number of state buckets are fixed by the shard's first
 committed ingest and stored in its config next to the source schema. Later ingests may
 omit any of them.
 
@@ -13,6 +13,9 @@ Invariants:
 - The stored config is the single source of truth once present; defaults apply only to
   a shard that has never committed an ingest.
 - Value checks (``IngestRequest.value_checks``) are per request, never stored.
+- ``--envelope debezium`` (``landing.debezium``): the order defaults to ``source.lsn``
+  and the delete marker is the envelope's own column, so a request naming
+  ``deleted_col`` for such a shard (new or stored) is refused with :class:`ConfigError`.
 - A new shard's bucket count, when the request names none, follows its first file's
   listed size (:func:`buckets_for_first_file`): about :data:`TARGET_BUCKET_BYTES` of
   upsert state per bucket, at least :data:`DEFAULT_BUCKETS`, a power of two, at most
@@ -39,6 +42,8 @@ from upsert_core.ingest.shard_config import (
     parse_order_scope,
 )
 from upsert_core.landing import SourceSchema, ValueCheck
+from upsert_core.landing.debezium import DEFAULT_ORDER as DEBEZIUM_ORDER
+from upsert_core.landing.debezium import DELETE_MARKER, Envelope, parse_envelope
 from upsert_core.persist.leases import DEFAULT_LEASE_DURATION_MS
 from upsert_core.persist.parts import DEFAULT_INLINE_THRESHOLD
 
@@ -69,6 +74,9 @@ class IngestRequest:
     deleted_col: str | None = None
     order_scope: str | OrderScope | None = None
     buckets: int | None = None
+    envelope: str | Envelope | None = None
+    """``plain`` or ``debezium`` (``landing.debezium``), fixed per shard; None: the
+    shard's (a new shard: plain)."""
     inline_threshold: int = DEFAULT_INLINE_THRESHOLD
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     writer_lease_ms: int = field(default_factory=lambda: writer_lease_ms_from_env())
@@ -187,15 +195,25 @@ def resolve_options(
     key = None if request.key is None else tuple(request.key)
     scope = None if request.order_scope is None else parse_order_scope(request.order_scope)
     buckets = None if request.buckets is None else check_buckets(request.buckets)
+    envelope = None if request.envelope is None else parse_envelope(request.envelope)
     stored = config if isinstance(config, ShardIngestConfig) else ShardIngestConfig.read(config)
+    debezium = (
+        envelope if stored.options is None or envelope is not None else stored.options.envelope
+    ) is Envelope.DEBEZIUM
+    if debezium and request.deleted_col is not None:
+        raise ConfigError(
+            f"--deleted-col {request.deleted_col} is refused with --envelope debezium: "
+            "the event's op says what is deleted"
+        )
     if stored.options is None:
         schema = SourceSchema(
             key=key or DEFAULT_KEY,
-            order=request.order or DEFAULT_ORDER,
-            deleted=request.deleted_col or DEFAULT_DELETED,
+            order=request.order or (DEBEZIUM_ORDER if debezium else DEFAULT_ORDER),
+            deleted=DELETE_MARKER if debezium else request.deleted_col or DEFAULT_DELETED,
         )
         return ShardOptions(
-            schema, scope or OrderScope.BATCH, buckets or DEFAULT_BUCKETS
+            schema, scope or OrderScope.BATCH, buckets or DEFAULT_BUCKETS,
+            envelope or Envelope.PLAIN,
         )
     schema = stored.options.schema
     stored_scope = stored.options.order_scope
@@ -209,6 +227,9 @@ def resolve_options(
         conflicts.append(f"--order-scope {scope.value} (shard has {stored_scope.value})")
     if buckets is not None and buckets != stored_buckets:
         conflicts.append(f"--buckets {buckets} (shard has {stored_buckets})")
+    stored_envelope = stored.options.envelope
+    if envelope is not None and envelope is not stored_envelope:
+        conflicts.append(f"--envelope {envelope.value} (shard has {stored_envelope.value})")
     if conflicts:
         raise ConfigError("conflicting ingest options: " + "; ".join(conflicts))
     return stored.options

@@ -108,6 +108,7 @@ class FileRead:
     new_blobs: list[str] = field(default_factory=list)
     file_error: str | None = None  # a file-level problem: "<file>: <problem>"
     changed: str | None = None  # the file changed while being read: "<file>: <how>"
+    skipped: int = 0  # Debezium events that change nothing (op t/m; landing.debezium)
 
     def to_json(self) -> str:
         eb = self.error_batch
@@ -123,6 +124,7 @@ class FileRead:
                 "new_blobs": self.new_blobs,
                 "file_error": self.file_error,
                 "changed": self.changed,
+                "skipped": self.skipped,
             }
         )
 
@@ -141,6 +143,7 @@ class FileRead:
             new_blobs=list(obj["new_blobs"]),
             file_error=obj["file_error"],
             changed=obj.get("changed"),
+            skipped=int(obj.get("skipped", 0)),
         )
 
 

@@ -119,6 +119,7 @@ def plan_file(
         history=dict(stored.history),
         writer_id=writer_id,
         value_checks=request.value_checks,
+        envelope=options.envelope.value,
     )
 
 
@@ -201,6 +202,7 @@ def _file_report(task: FileTask, outcome: FileOutcome, seconds: float, attempt: 
         seconds=seconds,
         rehydrated_buckets=tuple(b.bucket for b in outcome.buckets if b.rehydrated),
         attempts=attempt,
+        skipped=read.skipped,
     )
 
 

@@ -25,6 +25,8 @@ class FileReport:
     seconds: float
     rehydrated_buckets: tuple[int, ...] = ()
     attempts: int = 1
+    skipped: int = 0
+    """Debezium events that change nothing and are not error rows (op t/m)."""
 
 
 @dataclass
@@ -59,6 +61,10 @@ class IngestReport:
         return sum(f.errors for f in self.files)
 
     @property
+    def skipped(self) -> int:
+        return sum(f.skipped for f in self.files)
+
+    @property
     def bytes_written(self) -> int:
         return sum(f.bytes_written for f in self.files)
 
@@ -73,6 +79,7 @@ class IngestReport:
             "inserts": self.inserts,
             "retractions": self.retractions,
             "errors": self.errors,
+            "skipped": self.skipped,
             "bytes_written": self.bytes_written,
             "seconds": self.seconds,
         }
@@ -100,6 +107,7 @@ class IngestReport:
                     "seconds": round(f.seconds, 6),
                     "rehydrated_buckets": list(f.rehydrated_buckets),
                     "attempts": f.attempts,
+                    "skipped": f.skipped,
                 }
                 for f in self.files
             ],

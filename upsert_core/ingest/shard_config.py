@@ -12,6 +12,9 @@ The entries (what existing shards hold; names and formats never change):
   and the typed columns); ``ingest.order_scope``: ``batch`` or ``global``;
   ``ingest.buckets``: the bucket count in decimal. Together the shard's
   :class:`ShardOptions`, fixed by its first ingest commit (``ingest.options``).
+  ``ingest.envelope``: ``debezium`` for a shard whose files are Debezium change events
+  (``landing.debezium``); absent means ``plain``, and a plain shard never writes it (so
+  its commits' state diffs are what they always were).
 - ``blobref.checkpoint.<b>``: the blob key of bucket ``b``'s checkpoint, "" for an empty
   state. The :data:`~upsert_core.persist.state.BLOB_REF_PREFIX` is how the persist
   layer (GC, checks) finds the blobs a state references.
@@ -64,11 +67,13 @@ from types import MappingProxyType
 from upsert_core.drain import OrderScope
 from upsert_core.errors import ConfigError
 from upsert_core.landing import SourceSchema
+from upsert_core.landing.debezium import Envelope, parse_envelope
 from upsert_core.persist.state import BLOB_REF_PREFIX
 
 CONFIG_SCHEMA = "ingest.schema"
 CONFIG_ORDER_SCOPE = "ingest.order_scope"
 CONFIG_BUCKETS = "ingest.buckets"
+CONFIG_ENVELOPE = "ingest.envelope"
 CONFIG_CHECKPOINT_UPPER = "checkpoint.upper"
 CHECKPOINT_REF_PREFIX = f"{BLOB_REF_PREFIX}checkpoint."
 CHECKPOINT_BASE_PREFIX = "checkpoint.base."
@@ -133,6 +138,7 @@ class ShardOptions:
     schema: SourceSchema
     order_scope: OrderScope
     buckets: int
+    envelope: Envelope = Envelope.PLAIN
 
 
 def _frozen(mapping: Mapping[int, str]) -> Mapping[int, str]:
@@ -213,6 +219,8 @@ class ShardIngestConfig:
             out[CONFIG_SCHEMA] = self.options.schema.to_json()
             out[CONFIG_ORDER_SCOPE] = self.options.order_scope.value
             out[CONFIG_BUCKETS] = str(self.options.buckets)
+            if self.options.envelope is not Envelope.PLAIN:
+                out[CONFIG_ENVELOPE] = self.options.envelope.value
         # Each bucket's reference, then its base: the order commits always wrote.
         for bucket, ref in self.checkpoint_refs.items():
             out[checkpoint_ref_name(bucket)] = ref
@@ -254,7 +262,8 @@ def _read_options(config: Mapping[str, str]) -> ShardOptions | None:
         buckets = check_buckets(int(config.get(CONFIG_BUCKETS, str(DEFAULT_BUCKETS))))
     except ValueError as exc:
         raise ConfigError(f"malformed stored bucket count: {exc}") from exc
-    return ShardOptions(schema, scope, buckets)
+    envelope = parse_envelope(config.get(CONFIG_ENVELOPE, Envelope.PLAIN.value))
+    return ShardOptions(schema, scope, buckets, envelope)
 
 
 def _decimal(text: str) -> int | None:

@@ -180,6 +180,8 @@ class FileTask:
     history: dict[int, str] = field(default_factory=dict)
     writer_id: str | None = None
     value_checks: tuple[ValueCheck, ...] = ()
+    envelope: str = "plain"
+    """``plain`` or ``debezium``: how the file's rows are laid out (``landing.debezium``)."""
 
     @property
     def scope(self) -> OrderScope:
@@ -328,11 +330,12 @@ def _canonical_floats(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | p
 def _read_file(task: FileTask, blob: Blob, *, write_errors: bool) -> tuple[FileRead, pa.Table]:
     try:
         schema = SourceSchema.from_json(task.schema_json)
-        batch = validate_file(task.file, schema, task.value_checks)
+        batch = validate_file(task.file, schema, task.value_checks, task.envelope)
     except UpsertPlatformError as exc:
         return _file_error(task.file.name, exc), ROWS_SCHEMA.empty_table()
     read = FileRead(
-        schema_json=batch.schema.to_json(), rows_read=batch.total_rows, good_rows=len(batch)
+        schema_json=batch.schema.to_json(), rows_read=batch.total_rows, good_rows=len(batch),
+        skipped=batch.skipped,
     )
     if not _record_errors(task, blob, read, batch.errors_to_arrow(), write_errors):
         return read, ROWS_SCHEMA.empty_table()

@@ -11,7 +11,9 @@ Invariants:
 - ``kind`` says how to interpret the values: ``typed`` columns are Arrow arrays whose
   Arrow type is the file's column type (Parquet); ``text`` columns are Arrow string
   arrays whose values still have to be parsed (CSV); ``json`` columns are lists of the
-  Python values ``json.loads`` produced (JSON Lines).
+  Python values ``json.loads`` produced (JSON Lines). ``column_kinds`` overrides
+  ``kind`` for single columns (a Debezium event's values of a logical type arrive as
+  ``typed`` Arrow arrays among ``json`` columns; ``landing.debezium``).
 """
 
 from __future__ import annotations
@@ -54,6 +56,11 @@ class RawBatch:
     columns: dict[str, Column]
     positions: npt.NDArray[np.int64]
     errors: list[RowError] = field(default_factory=list)
+    column_kinds: dict[str, SourceKind] = field(default_factory=dict)
+
+    def kind_of(self, column: str) -> SourceKind:
+        """How to interpret ``column``'s values (``column_kinds``, else ``kind``)."""
+        return self.column_kinds.get(column, self.kind)
 
     @property
     def num_rows(self) -> int:

@@ -69,11 +69,30 @@ def read_parquet(name: str, data: bytes) -> RawBatch:
 
 def read_jsonl(name: str, data: bytes) -> RawBatch:
     """JSON Lines, parsed line by line so one bad line costs one row, not the file."""
-    if data.startswith(_BOM):
-        data = data[len(_BOM) :]
     objects: list[dict[str, object]] = []
     positions: list[int] = []
     errors: list[RowError] = []
+    for number, obj in json_lines(name, data, errors):
+        if not isinstance(obj, dict):
+            kind = type(obj).__name__
+            errors.append(RowError(name, number, f"JSON line is not an object (got {kind})"))
+            continue
+        objects.append(obj)
+        positions.append(number)
+    names: dict[str, None] = {}
+    for obj in objects:
+        for key in obj:
+            if key not in names:
+                names[key] = None
+    columns: dict[str, Column] = {col: [obj.get(col) for obj in objects] for col in names}
+    return RawBatch(name, SourceKind.JSON, columns, np.array(positions, dtype=np.int64), errors)
+
+
+def json_lines(name: str, data: bytes, errors: list[RowError]) -> Iterator[tuple[int, object]]:
+    """``(line number, parsed value)`` of every non-blank line that parses as strict JSON
+    (module docstring); a line that does not is appended to ``errors`` instead."""
+    if data.startswith(_BOM):
+        data = data[len(_BOM) :]
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()  # the newline that ends the last line does not start another
@@ -95,23 +114,16 @@ def read_jsonl(name: str, data: bytes) -> RawBatch:
         except (ValueError, RecursionError) as exc:  # JSONDecodeError, ours
             errors.append(RowError(name, number, f"malformed JSON line: {_short(str(exc))}"))
             continue
-        if not isinstance(obj, dict):
-            kind = type(obj).__name__
-            errors.append(RowError(name, number, f"JSON line is not an object (got {kind})"))
-            continue
-        if b"\\u" in line and not all(is_utf8(col) for col in obj):
+        if b"\\u" in line and not _keys_utf8(obj):
             # An escaped lone surrogate ("\ud800") decodes, but is no UTF-8 column name.
             errors.append(RowError(name, number, "malformed JSON line: a key is not UTF-8"))
             continue
-        objects.append(obj)
-        positions.append(number)
-    names: dict[str, None] = {}
-    for obj in objects:
-        for key in obj:
-            if key not in names:
-                names[key] = None
-    columns: dict[str, Column] = {col: [obj.get(col) for obj in objects] for col in names}
-    return RawBatch(name, SourceKind.JSON, columns, np.array(positions, dtype=np.int64), errors)
+        yield number, obj
+
+
+def _keys_utf8(value: object) -> bool:
+    """Whether every key of ``value`` (an object's own keys) is UTF-8."""
+    return not isinstance(value, dict) or all(is_utf8(k) for k in value)
 
 
 def read_csv(name: str, data: bytes) -> RawBatch:

@@ -68,6 +68,7 @@ from upsert_core.landing.convert import (
     file_type,
     split_invalid_utf8,
 )
+from upsert_core.landing.debezium import Envelope, parse_envelope, read_debezium
 from upsert_core.landing.listing import LandingFile
 from upsert_core.landing.readers import read_batch
 from upsert_core.landing.rows import encode_row
@@ -103,6 +104,8 @@ class ValidatedBatch:
     values: pa.Table | None = None
     """The good rows' typed values (columns ``schema.names``, ``ARROW_TYPES``), row ``i``
     the values ``row_values[i]`` encodes; None when not kept (rows encoded one by one)."""
+    skipped: int = 0
+    """Debezium events that change nothing and are not error rows (``op`` ``t``/``m``)."""
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -147,9 +150,18 @@ class ValidatedBatch:
 
 
 def validate_file(
-    file: LandingFile, schema: SourceSchema, value_checks: tuple[ValueCheck, ...] = ()
+    file: LandingFile,
+    schema: SourceSchema,
+    value_checks: tuple[ValueCheck, ...] = (),
+    envelope: str = Envelope.PLAIN,
 ) -> ValidatedBatch:
-    """Read and validate one landing file."""
+    """Read and validate one landing file; with ``envelope`` ``debezium`` its events are
+    first translated into plain rows (:mod:`~upsert_core.landing.debezium`)."""
+    if parse_envelope(envelope) is Envelope.DEBEZIUM:
+        events = read_debezium(file, schema)
+        batch = validate_batch(events.raw, schema, value_checks)
+        batch.skipped = events.skipped
+        return batch
     return validate_batch(read_batch(file), schema, value_checks)
 
 
@@ -182,7 +194,9 @@ def validate_batch(
         if name == schema.deleted:
             continue
         current = schema.type_of(name)
-        typ, conversion = file_type(col, raw.kind, name, file, current, schema.role(name))
+        typ, conversion = file_type(
+            col, raw.kind_of(name), name, file, current, schema.role(name)
+        )
         batch_types.append((name, typ))
         if typ is not None and conversion is not None:
             done[name] = (typ, conversion)
@@ -199,7 +213,9 @@ def validate_batch(
             arrays[name] = pa.nulls(n, type=ARROW_TYPES[typ])
             continue
         cached = done.get(name)
-        arr, bad = cached[1] if cached and cached[0] is typ else convert(col, raw.kind, typ)
+        arr, bad = (
+            cached[1] if cached and cached[0] is typ else convert(col, raw.kind_of(name), typ)
+        )
         for i in np.flatnonzero(bad).tolist():
             problems.setdefault(i, []).append(
                 f"column {name!r}: cannot convert {describe(col, i)} to {typ}"
@@ -220,7 +236,7 @@ def validate_batch(
     deletes = np.zeros(n, dtype=np.bool_)
     marker = columns.get(schema.deleted)
     if marker is not None:
-        deletes, bad_marker = convert_deleted(marker, raw.kind)
+        deletes, bad_marker = convert_deleted(marker, raw.kind_of(schema.deleted))
         for i in np.flatnonzero(bad_marker).tolist():
             problems.setdefault(i, []).append(
                 f"delete marker {schema.deleted!r} is not a boolean or 'true'/'false': "

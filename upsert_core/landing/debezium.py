@@ -1,0 +1,338 @@
+"""Debezium change events (``--envelope debezium``): one JSON Lines file of events ->
+the plain rows validation already knows (a :class:`RawBatch`).
+
+Each line is an event object, or Kafka Connect's wrapper ``{"schema": ..., "payload":
+EVENT}``. The translation runs BEFORE validation, so row numbers, error rows, typing and
+the upsert semantics are the plain path's, unchanged.
+
+Invariants:
+
+- Every line of the file is accounted for exactly once: a row (positions: its line
+  number), a :class:`RowError` (file, line number, reason), a skipped event (``op``
+  ``t`` or ``m``: counted in ``skipped``, not an error) or a tombstone (a line ``null``,
+  or a wrapper whose payload is null: nothing at all). Blank lines are skipped but
+  counted, as in plain JSON Lines.
+- ``op`` ``c``, ``r``, ``u``: the row is ``after`` (every field of it, a field named
+  ``__deleted`` included: it is an ordinary column), with the order value and the
+  delete marker false. ``op`` ``d``: only the key columns, read from ``before``, with the
+  order value and the delete marker true.
+- The delete marker column is :data:`DELETE_MARKER`, a name the translation alone
+  writes: a field of ``after``/``before`` of that name, or named like the order, is an
+  error row, never confused with the envelope's own columns.
+- The order value is the event field the order names, a dot reaching inside
+  (``source.lsn``, ``ts_ms``); it is a column of the batch named by the order, like a
+  plain file's order column, and so is stored in the shard's rows (see README).
+- The key and order columns are in the batch whenever it has rows, so a missing key or
+  order in an event is a null key or order (an error row from validation), never a
+  file-level "missing column".
+- Where the wrapper's ``schema`` gives a field of ``after``/``before`` a logical type
+  (:data:`LOGICAL_TYPES`), its value is read as that type and the column is a typed
+  (Arrow) column of the batch; every other column holds the JSON values, typed by the
+  JSON Lines rules. A value that does not read as its logical type (not exactly), or a
+  non-null value without a logical type in a column other events give one (or another
+  one), is an error row.
+- ``Decimal`` has no column type here: it is read as float64 when the float reads back
+  as the same decimal at its scale (as Parquet decimals are), else it is an error row.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import decimal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+import pyarrow as pa
+
+from upsert_core.errors import ConfigError, IngestError
+from upsert_core.landing.batch import Column, RawBatch, RowError, SourceKind, is_utf8
+from upsert_core.landing.listing import LandingFile
+from upsert_core.landing.readers import json_lines
+from upsert_core.landing.schema import ARROW_TYPES, LogicalType, SourceSchema
+
+
+class Envelope(StrEnum):
+    """How a batch file's rows are laid out (``--envelope``)."""
+
+    PLAIN = "plain"
+    DEBEZIUM = "debezium"
+
+
+def parse_envelope(value: str | Envelope) -> Envelope:
+    """An envelope given as ``plain`` or ``debezium`` (any case, spaces around)."""
+    if isinstance(value, Envelope):
+        return value
+    try:
+        return Envelope(value.strip().lower())
+    except ValueError:
+        raise ConfigError(f"--envelope must be 'plain' or 'debezium', got {value!r}") from None
+
+
+DEFAULT_ORDER = "source.lsn"
+DELETE_MARKER = "(debezium delete)"
+"""The delete-marker column of a Debezium shard's schema; only the envelope sets it."""
+
+_ROW_OPS = frozenset({"c", "r", "u"})
+_SKIPPED_OPS = frozenset({"t", "m"})
+
+LOGICAL_TYPES: dict[str, LogicalType] = {
+    "io.debezium.time.Date": LogicalType.DATE,
+    "io.debezium.time.Timestamp": LogicalType.TIMESTAMP,
+    "io.debezium.time.MicroTimestamp": LogicalType.TIMESTAMP,
+    "io.debezium.time.NanoTimestamp": LogicalType.TIMESTAMP,
+    "io.debezium.time.ZonedTimestamp": LogicalType.TIMESTAMP,
+    "org.apache.kafka.connect.data.Timestamp": LogicalType.TIMESTAMP,
+    "org.apache.kafka.connect.data.Date": LogicalType.DATE,
+    "org.apache.kafka.connect.data.Decimal": LogicalType.FLOAT64,
+}
+"""The logical types read, and the column type each lands in."""
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_EPOCH_DATE = dt.date(1970, 1, 1)
+_MICROS_PER = {
+    "io.debezium.time.Timestamp": 1000,
+    "org.apache.kafka.connect.data.Timestamp": 1000,
+    "io.debezium.time.MicroTimestamp": 1,
+}
+
+
+@dataclass
+class DebeziumBatch:
+    """One file's events as plain rows (``raw``), and the events skipped (``t``/``m``)."""
+
+    raw: RawBatch
+    skipped: int = 0
+
+
+class _Unreadable(ValueError):
+    """A value that does not read as its logical type."""
+
+
+def read_debezium(file: LandingFile, schema: SourceSchema) -> DebeziumBatch:
+    """Read one landing file of Debezium events (JSON Lines only, for now)."""
+    if file.suffix != ".jsonl":
+        raise IngestError(
+            f"{file.name}: --envelope debezium reads JSON Lines (.jsonl) files only"
+        )
+    return translate_jsonl(file.name, file.read_bytes(), schema.key, schema.order)
+
+
+def translate_jsonl(
+    name: str, data: bytes, key: tuple[str, ...], order: str
+) -> DebeziumBatch:
+    """The events of a JSON Lines file as plain rows (module docstring)."""
+    errors: list[RowError] = []
+    skipped = 0
+    rows: list[tuple[int, dict[str, object], dict[str, str]]] = []
+    for number, line in json_lines(name, data, errors):
+        try:
+            event = _translate(line, key, order)
+        except _Unreadable as exc:
+            errors.append(RowError(name, number, str(exc)))
+            continue
+        if event is None:
+            continue
+        if event == "skipped":
+            skipped += 1
+            continue
+        rows.append((number, *event))
+
+    # A column is typed by the logical type the first event naming one gives it.
+    logical: dict[str, str] = {}
+    for _, _, types in rows:
+        for col, type_name in types.items():
+            logical.setdefault(col, type_name)
+    kept: list[tuple[int, dict[str, object]]] = []
+    for number, row, types in rows:
+        problem = _mismatch(row, types, logical)
+        if problem is not None:
+            errors.append(RowError(name, number, problem))
+            continue
+        kept.append((number, row))
+
+    names: dict[str, None] = {}
+    for _, row in kept:
+        for col in row:
+            names.setdefault(col, None)
+    if kept:
+        for col in (*key, order, DELETE_MARKER):
+            names.setdefault(col, None)
+    columns: dict[str, Column] = {}
+    kinds: dict[str, SourceKind] = {}
+    for col in names:
+        values = [row.get(col) for _, row in kept]
+        if col in logical:
+            columns[col] = pa.array(values, type=ARROW_TYPES[LOGICAL_TYPES[logical[col]]])
+            kinds[col] = SourceKind.TYPED
+        else:
+            columns[col] = values
+    positions = np.array([number for number, _ in kept], dtype=np.int64)
+    errors.sort(key=lambda e: e.row)
+    raw = RawBatch(name, SourceKind.JSON, columns, positions, errors, column_kinds=kinds)
+    return DebeziumBatch(raw, skipped)
+
+
+def _mismatch(row: dict[str, object], types: dict[str, str], logical: dict[str, str]) -> str | None:
+    """Why ``row`` does not fit the file's typed columns (None: it does)."""
+    for col, value in row.items():
+        want = logical.get(col)
+        if want is None or value is None:
+            continue
+        have = types.get(col)
+        if have is None or LOGICAL_TYPES[have] is not LOGICAL_TYPES[want]:
+            what = "a value without a logical type" if have is None else have
+            return f"column {col!r}: {what} where other events give it {want}"
+    return None
+
+
+def _translate(
+    line: object, key: tuple[str, ...], order: str
+) -> tuple[dict[str, object], dict[str, str]] | str | None:
+    """One line -> (row, {column: logical type name}), ``"skipped"``, or None (a
+    tombstone); raises :class:`_Unreadable` for an error row."""
+    if line is None:
+        return None
+    field_schemas: Mapping[str, object] = {}
+    event = line
+    if isinstance(line, dict) and "payload" in line and set(line) <= {"schema", "payload"}:
+        event = line["payload"]
+        if event is None:
+            return None  # the wrapper of a Kafka tombstone
+        field_schemas = _field_schemas(line.get("schema"))
+    if not isinstance(event, dict):
+        raise _Unreadable(f"Debezium event is not an object (got {type(event).__name__})")
+    if "op" not in event or event["op"] is None:
+        raise _Unreadable("Debezium event has no 'op'")
+    op = event["op"]
+    if op in _SKIPPED_OPS:
+        return "skipped"
+    if op not in _ROW_OPS and op != "d":
+        raise _Unreadable(f"Debezium event has an unknown op {_short(op)}")
+    side = "after" if op in _ROW_OPS else "before"
+    image = event.get(side)
+    if not isinstance(image, dict):
+        raise _Unreadable(f"Debezium event with op {op!r} lacks {side!r}")
+    if op == "d":
+        image = {col: image.get(col) for col in key}
+    row: dict[str, object] = {}
+    types: dict[str, str] = {}
+    schemas = field_schemas.get(side)
+    fields = schemas if isinstance(schemas, dict) else {}
+    for col, value in image.items():
+        if not is_utf8(col):
+            raise _Unreadable(f"malformed JSON line: a field of {side!r} is not UTF-8")
+        if col in (order, DELETE_MARKER):
+            raise _Unreadable(
+                f"field {col!r} of {side!r} is named like the envelope's "
+                + ("order" if col == order else "delete marker")
+            )
+        type_name, parameters = fields.get(col, (None, {}))
+        if type_name is not None and value is not None:
+            row[col] = _logical_value(col, value, type_name, parameters)
+            types[col] = type_name
+        else:
+            row[col] = value
+    order_value = _reach(event, order)
+    if isinstance(order_value, dict | list):
+        raise _Unreadable(f"order {order!r} is not a number or a timestamp: {_short(order_value)}")
+    row[order] = order_value
+    row[DELETE_MARKER] = op == "d"
+    return row, types
+
+
+def _reach(event: Mapping[str, object], path: str) -> object:
+    """The field ``path`` names in ``event`` (a dot reaching inside); None if absent.
+    A field whose own name has the dots (``{"source.lsn": 1}``) is taken first."""
+    if path in event:
+        return event[path]
+    head, dot, rest = path.partition(".")
+    inner = event.get(head) if dot else None
+    return _reach(inner, rest) if isinstance(inner, dict) else None
+
+
+def _field_schemas(schema: object) -> dict[str, dict[str, tuple[str, Mapping[str, object]]]]:
+    """``{"after"|"before": {field: (logical type name, parameters)}}`` for the fields
+    the Kafka Connect ``schema`` gives a logical type this module reads."""
+    out: dict[str, dict[str, tuple[str, Mapping[str, object]]]] = {}
+    if not isinstance(schema, dict) or not isinstance(schema.get("fields"), list):
+        return out
+    for side in schema["fields"]:
+        if not isinstance(side, dict) or side.get("field") not in ("after", "before"):
+            continue
+        fields: dict[str, tuple[str, Mapping[str, object]]] = {}
+        for entry in side.get("fields") or ():
+            if not isinstance(entry, dict):
+                continue
+            type_name, col = entry.get("name"), entry.get("field")
+            if isinstance(col, str) and type_name in LOGICAL_TYPES:
+                parameters = entry.get("parameters")
+                fields[col] = (str(type_name), parameters if isinstance(parameters, dict) else {})
+        out[str(side["field"])] = fields
+    return out
+
+
+def _logical_value(
+    col: str, value: object, type_name: str, parameters: Mapping[str, object]
+) -> object:
+    try:
+        return _read_logical(value, type_name, parameters)
+    except (_Unreadable, ValueError, OverflowError, ArithmeticError, binascii.Error):
+        raise _Unreadable(
+            f"column {col!r}: cannot read {_short(value)} as {type_name}"
+        ) from None
+
+
+def _read_logical(value: object, type_name: str, parameters: Mapping[str, object]) -> object:
+    target = LOGICAL_TYPES[type_name]
+    if target is LogicalType.FLOAT64:
+        return _decimal(value, parameters)
+    if type_name == "io.debezium.time.ZonedTimestamp":
+        if not isinstance(value, str):
+            raise _Unreadable(type_name)
+        parsed = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        if parsed.tzinfo is None:
+            raise _Unreadable(type_name)
+        return parsed.astimezone(dt.UTC)
+    if type(value) is not int:
+        raise _Unreadable(type_name)
+    if target is LogicalType.DATE:
+        return _EPOCH_DATE + dt.timedelta(days=value)
+    if type_name == "io.debezium.time.NanoTimestamp":
+        micros, rest = divmod(value, 1000)
+        if rest:
+            raise _Unreadable(type_name)  # not a whole number of microseconds
+    else:
+        micros = value * _MICROS_PER[type_name]
+    return _EPOCH + dt.timedelta(microseconds=micros)
+
+
+def _decimal(value: object, parameters: Mapping[str, object]) -> float:
+    """A Connect ``Decimal`` (base64 of the big-endian two's-complement unscaled value,
+    or a JSON number with ``decimal.format=NUMERIC``) as float64, exactly or not at all."""
+    if type(value) is float:
+        return value
+    if type(value) is int:
+        exact, scale = decimal.Decimal(value), 0
+    elif isinstance(value, str):
+        scale = int(str(parameters.get("scale", "0")))
+        unscaled = int.from_bytes(base64.b64decode(value, validate=True), "big", signed=True)
+        exact = decimal.Decimal(unscaled).scaleb(-scale)
+    else:
+        raise _Unreadable("Decimal")
+    result = float(exact)
+    if not np.isfinite(result):
+        raise _Unreadable("Decimal")
+    # As for Parquet decimals: exact when the float reads back as the same decimal at
+    # the column's scale, else not representable in float64.
+    if decimal.Decimal(result).quantize(decimal.Decimal(1).scaleb(-scale)) != exact:
+        raise _Unreadable("Decimal")
+    return result
+
+
+def _short(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
