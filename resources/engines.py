@@ -120,7 +120,7 @@ class LazySparkEngine:
             found = preflight(task, shard)
             if found is not None:
                 return found  # no session for a file Spark would refuse anyway
-            from resources.spark_ingest import SparkEngine  # heavy: pyspark
+            from resources.spark_ingest import SparkEngine, failure_line  # heavy: pyspark
 
             before = _active_session()
             try:
@@ -128,9 +128,8 @@ class LazySparkEngine:
             except UpsertPlatformError:
                 raise
             except Exception as exc:  # noqa: BLE001 - one line for the user, not a trace
-                text = str(exc).strip()
-                first = text.splitlines()[0] if text else type(exc).__name__
-                raise IngestError(f"{task.file.name}: no Spark session: {first}") from exc
+                raise IngestError(f"{task.file.name}: no Spark session: {failure_line(exc)}"
+                                  ) from exc
             self.spark, self.created = spark, spark is not before
             self._engine = SparkEngine(spark)
             self.local_server = _uses_local_server()

@@ -377,7 +377,7 @@ class SparkEngine:
             master = master_of(self.spark)
             slices = self._slices(task, master)
         except Exception as exc:  # noqa: BLE001 - e.g. a Connect server that went away
-            raise IngestError(f"{task.file.name}: Spark does not answer: {_first_line(exc)}"
+            raise IngestError(f"{task.file.name}: Spark does not answer: {failure_line(exc)}"
                               ) from exc
         # Claims need one filesystem shared by every task: tasks on this host only.
         claims = None
@@ -391,7 +391,7 @@ class SparkEngine:
             )
             results: list[str] = [r["result"] for r in rows]
         except Exception as exc:  # noqa: BLE001 - a failed job is one line for the user
-            raise IngestError(f"{task.file.name}: the Spark job failed: {_first_line(exc)}"
+            raise IngestError(f"{task.file.name}: the Spark job failed: {failure_line(exc)}"
                               ) from exc
         finally:
             if claims is not None:
@@ -399,9 +399,35 @@ class SparkEngine:
         return outcome_of(task, results)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+TRACEBACK = "Traceback (most recent call last):"
+WHERE_ONLY = ("An error occurred while calling", "An exception was thrown from the Python worker")
+
+
+def failure_line(exc: BaseException) -> str:
+    """What a failure says, in one line: its first line, followed by its cause when the
+    first line only says where it happened (py4j's "An error occurred while calling
+    o58.collectToPython.", pyspark's "An exception was thrown from the Python worker:").
+    The cause is the Python traceback's last line (``ValueError: ...``), else the Java
+    exception on the next line. SUBTLE: the JVM's own account of a failed job is in its
+    log, not on stderr (``resources/spark_session.py``), so this line is all a user sees.
+    """
+    lines = [line.rstrip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    first = lines[0].strip()
+    if not first.startswith(WHERE_ONLY) or len(lines) == 1:
+        return first
+    stripped = [line.strip() for line in lines]
+    cause = stripped[1].lstrip(":").strip()
+    starts = [i for i, line in enumerate(stripped) if line.endswith(TRACEBACK)]
+    if starts:
+        for line in lines[starts[0] + 1:]:
+            if line[:1].isspace():
+                if line.strip().startswith("at "):  # the JVM's frames after the traceback
+                    break
+                continue  # a frame of the traceback
+            cause = line.strip()
+    return f"{first} {cause}"
 
 
 def claims_are_shared(spark: SparkSession, master: str) -> bool:

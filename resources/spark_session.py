@@ -32,6 +32,16 @@ Invariants:
   default; the hourly id means a closed id is never reused). ``UPSERT_SPARK_SHARED_SESSION=0``
   or an explicit ``session_id`` in the URL opts out.
 - ``getOrCreate`` semantics: a second call returns the running session.
+- Spark's own output stays off the user's terminal unless asked for: a driver JVM this
+  process starts (``local[*]``, ``SPARK_MASTER``) writes its stdout and stderr (the
+  JVM's ``WARNING: Using incubator modules``, log4j's lines, Python workers' stderr) to
+  ``$UPSERT_HOME/spark/driver.log`` (appended; moved to ``driver.log.1`` past
+  :data:`MAX_DRIVER_LOG_BYTES`), through pyspark's ``launch_gateway`` hook for exactly
+  that. ``UPSERT_SPARK_LOG=1`` leaves them on stderr, as Spark prints them. Errors are
+  not hidden: a job's failure reaches the caller as its exception (the CLI prints its
+  one line), and a JVM that does not start is an error quoting the end of its output.
+  A Connect session starts no JVM here (a Connect server's output is its own log's:
+  ``resources/connect_server.py``).
 - On a non-local master (a standalone or other cluster), executors do not inherit the
   driver's environment: ``PYTHONPATH`` is passed on as ``spark.executorEnv.PYTHONPATH``
   with this checkout first, so tasks import the same code as the driver. Explicit
@@ -57,12 +67,16 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from upsert_core.errors import ConfigError
+from upsert_core.stores import upsert_home
 
 DEFAULT_SHUFFLE_PARTITIONS = 8
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ENV_REMOTE = "SPARK_REMOTE"
 ENV_MASTER = "SPARK_MASTER"
 ENV_SHARED = "UPSERT_SPARK_SHARED_SESSION"
+ENV_SPARK_LOG = "UPSERT_SPARK_LOG"
+DRIVER_LOG = "driver.log"
+MAX_DRIVER_LOG_BYTES = 8 * 1024 * 1024
 DEFAULT_MASTER = "local[*]"
 SHARED_SESSION_SECONDS = 3600
 
@@ -150,9 +164,11 @@ def get_spark(
     ui: bool = False,
     shuffle_partitions: int = DEFAULT_SHUFFLE_PARTITIONS,
     conf: Mapping[str, str] | None = None,
+    log: Path | None = None,
 ) -> SparkSession:
     """A SparkSession for ``remote``/``master``, else ``SPARK_REMOTE``, else
-    ``SPARK_MASTER``, else ``local[*]``."""
+    ``SPARK_MASTER``, else ``local[*]``. A driver JVM this call starts writes its output
+    to ``log`` (default :func:`driver_log`) unless ``UPSERT_SPARK_LOG`` is on."""
     prepare_environment()
     target = spark_target(master, remote)
     sql = {
@@ -179,10 +195,75 @@ def get_spark(
         settings.update(executor_env(os.environ))
     settings.update(conf or {})
     with _without(ENV_REMOTE):
+        if not spark_log_shown():
+            start_driver_quietly(target.url, settings, log or driver_log())
         builder = SparkSession.builder.master(target.url)
         for key, value in settings.items():
             builder = builder.config(key, value)
         return builder.getOrCreate()
+
+
+def spark_log_shown(env: Mapping[str, str] | None = None) -> bool:
+    """``UPSERT_SPARK_LOG`` set to something other than empty/0/false/no: Spark's own
+    output goes to stderr (module docstring)."""
+    env = os.environ if env is None else env
+    return env.get(ENV_SPARK_LOG, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def driver_log(env: Mapping[str, str] | None = None) -> Path:
+    """Where a driver JVM started by :func:`get_spark` writes its output."""
+    return upsert_home(env) / "spark" / DRIVER_LOG
+
+
+def start_driver_quietly(master: str, settings: Mapping[str, str], log: Path) -> None:
+    """Start this process's driver JVM with ``settings`` (what ``spark-submit`` gets from
+    the builder) and its stdout and stderr appended to ``log``, and its SparkContext; the
+    builder then attaches to both. Nothing when this process has a JVM already (its
+    output goes where it went). A JVM that does not start is an error whose first line
+    quotes the end of what it wrote."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if getattr(SparkContext, "_gateway", None) is not None:
+        return
+    conf = SparkConf(loadDefaults=False).setMaster(master).setAll(list(settings.items()))
+    log.parent.mkdir(parents=True, exist_ok=True)
+    _rotate(log)
+    with log.open("ab") as out:
+        when = time.strftime("%Y-%m-%d %H:%M:%S")
+        out.write(f"--- {when} pid {os.getpid()}: Spark driver on {master}\n".encode())
+        out.flush()
+        start = out.tell()
+        try:
+            gateway = launch_gateway(conf, popen_kwargs={"stdout": out, "stderr": out})
+        except Exception as exc:
+            said = _tail(log, start)
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise RuntimeError(f"{first} Spark said: {said or '(nothing)'} (its output:"
+                               f" {log}; UPSERT_SPARK_LOG=1 shows it on stderr)") from exc
+    SparkContext(conf=conf, gateway=gateway)
+
+
+def _rotate(log: Path) -> None:
+    """Move ``log`` to ``<log>.1`` once it holds :data:`MAX_DRIVER_LOG_BYTES`."""
+    try:
+        if log.stat().st_size >= MAX_DRIVER_LOG_BYTES:
+            log.replace(log.with_name(log.name + ".1"))
+    except OSError:  # none yet, or another process moved it first
+        pass
+
+
+def _tail(log: Path, start: int, lines: int = 4, chars: int = 800) -> str:
+    """The last ``lines`` non-empty lines written to ``log`` after offset ``start``, as
+    one line."""
+    try:
+        with log.open("rb") as handle:
+            handle.seek(start)
+            text = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    said = [line.strip() for line in text.splitlines() if line.strip()]
+    return " | ".join(said[-lines:])[-chars:]
 
 
 def is_connect(spark: SparkSession) -> bool:

@@ -16,10 +16,12 @@ def plat() -> Iterator[Platform]:
 
 
 @pytest.fixture(scope="session")
-def spark_session() -> Iterator[object]:
+def spark_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     from resources.spark_session import get_spark
 
-    session = get_spark("local[2]", app_name="upsert-dagster-tests", shuffle_partitions=4)
+    log = tmp_path_factory.mktemp("spark") / "driver.log"  # not ./.upsert of the checkout
+    session = get_spark("local[2]", app_name="upsert-dagster-tests", shuffle_partitions=4,
+                        log=log)
     try:
         yield session
     finally:

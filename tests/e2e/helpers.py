@@ -209,6 +209,19 @@ def write_csv(root: Path, name: str, text: str) -> Path:
     return path
 
 
+# --- Spark's own output ---------------------------------------------------------------------
+
+SPARK_NOISE = ("WARNING: Using incubator modules", "log4j", "WARN NativeCodeLoader",
+               "Setting default log level", "WARN Utils", "ERROR TaskSetManager")
+
+
+def spark_noise(text: str) -> list[str]:
+    """The lines of ``text`` that Spark's JVM printed (what stays off stderr by default),
+    and lines of a JVM stack trace."""
+    return [line for line in text.splitlines()
+            if any(n in line for n in SPARK_NOISE) or line.startswith("\tat ")]
+
+
 # --- comparing outputs --------------------------------------------------------------------
 
 

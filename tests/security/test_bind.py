@@ -92,6 +92,8 @@ def _get_spark(monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> _RecordingBuil
 
     _Session.builder = builder  # type: ignore[attr-defined]
     monkeypatch.setattr(spark_session, "SparkSession", _Session)
+    # The driver JVM the builder attaches to (started with its output in a log): none.
+    monkeypatch.setattr(spark_session, "start_driver_quietly", lambda *args: None)
     assert spark_session.get_spark(**kwargs) == "session"
     return builder
 

@@ -16,9 +16,10 @@ from upsert_core.errors import ConfigError
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     master = os.environ.get("SPARK_MASTER", "local[2]")  # a cluster when one is configured
-    session = get_spark(master, app_name="upsert-tests", shuffle_partitions=4)
+    log = tmp_path_factory.mktemp("spark") / "driver.log"  # not ./.upsert of the checkout
+    session = get_spark(master, app_name="upsert-tests", shuffle_partitions=4, log=log)
     try:
         yield session
     finally:

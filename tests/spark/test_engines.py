@@ -89,6 +89,9 @@ def test_upsertctl_with_nothing_pending_needs_no_java(tmp_path: Path) -> None:
     failed = spark_cli.ingest(landing, rc=None)
     assert failed.rc != 0 and cli.inspect()["upper"] == 1
     assert failed.error_line().startswith("upsertctl: error: 2.jsonl: no Spark session: ")
+    # Why, on that one line: the JVM's own words are in its log, not on stderr.
+    assert "no-java/bin/java: No such file or directory" in failed.error_line(), failed.err
+    assert (tmp_path / "home" / "spark" / "driver.log").exists()
 
 
 def test_an_engine_stops_only_a_session_it_created() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.helpers import Cli, write_jsonl
+from tests.e2e.helpers import Cli, spark_noise, write_jsonl
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -39,11 +39,14 @@ def test_one_server_is_started_reused_and_stopped(tmp_path: Path) -> None:
     assert cli.run("spark", "status").json()["running"] is False  # status starts nothing
     write_jsonl(landing, "1.jsonl", [{"key": k, "offset": 1, "v": "a"} for k in range(20)])
     try:
-        cli.ingest(landing)
+        started = cli.ingest(landing)
         first = cli.run("spark", "status").json()
         assert first["running"] and first["url"].startswith("sc://127.0.0.1:")
         write_jsonl(landing, "2.jsonl", [{"key": 1, "offset": 2, "v": "b"}])
-        cli.ingest(landing)
+        attached = cli.ingest(landing)
+        # The server's JVM output is its log's, never the commands' stderr (issue 23).
+        assert spark_noise(started.err + attached.err) == [], started.err + attached.err
+        assert "log4j" in (cli.home / "spark" / "connect-server.log").read_text()
         second = cli.run("spark", "status").json()
         assert second["pid"] == first["pid"]  # the same server, attached to again
         rows = {r["key"]: r["v"] for r in cli.snapshot()}

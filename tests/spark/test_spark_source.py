@@ -122,6 +122,32 @@ def test_format_option_path_and_bad_options(
             read_shard(spark, "t", consensus=consensus, blob=blob, **kwargs)
 
 
+def test_read_shard_registers_the_data_source_once_per_session(
+    spark: SparkSession, stores: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each registration replaced the previous one, and Spark logged "replaced a
+    previously registered data source" on every ``read_shard`` (issue 23)."""
+    import weakref
+
+    import resources.spark_source as spark_source
+
+    consensus, blob = stores
+    registration = type(spark.dataSource)
+    calls: list[str] = []
+    real = registration.register
+
+    def counted(self: Any, source: Any) -> Any:
+        calls.append(source.name())
+        return real(self, source)
+
+    monkeypatch.setattr(spark_source, "_registered", weakref.WeakSet(),  # a fresh session
+                        raising=False)
+    monkeypatch.setattr(registration, "register", counted)
+    for as_of in (1, 2, 3):
+        assert read_shard(spark, "t", as_of=as_of, consensus=consensus, blob=blob).count() > 0
+    assert calls == ["upsert"]
+
+
 CONNECT_READ = """
 import json, sys
 from pyspark.sql import SparkSession
