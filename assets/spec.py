@@ -34,6 +34,7 @@ class SourceSpec:
     order: str | None = None
     deleted_col: str | None = None
     order_scope: str | None = None
+    envelope: str | None = None
     gc_cron: str = DEFAULT_GC_CRON
     gc_retain: int | None = None
     sensor_interval_s: int = DEFAULT_SENSOR_INTERVAL_S
@@ -47,7 +48,7 @@ class SourceSpec:
         """The ingest options (``None`` = the shard's stored option or the default)."""
         return IngestRequest(
             key=self.key, order=self.order, deleted_col=self.deleted_col,
-            order_scope=self.order_scope, value_checks=self.checks,
+            order_scope=self.order_scope, envelope=self.envelope, value_checks=self.checks,
         )
 
     @property

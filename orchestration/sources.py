@@ -15,6 +15,7 @@ the working directory; else, when running from a checkout, the one at its root):
         order: offset
         deleted_col: __deleted
         order_scope: batch
+        envelope: plain                 # or debezium: Debezium change events (JSON Lines)
         gc_cron: "0 * * * *"            # rollup_gc schedule
         gc_retain: null                 # rollup_gc --retain, >= 1 (null: the shard's stored
                                         # retention, `upsertctl retention`; else all history)
@@ -75,7 +76,7 @@ _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 __all__ = ["SourceSpec", "load_sources", "merge_sources", "parse_source", "env_source"]
 
 _FIELDS = {
-    "name", "landing", "shard", "key", "order", "deleted_col", "order_scope", "gc_cron",
+    "name", "landing", "shard", "key", "order", "deleted_col", "order_scope", "envelope", "gc_cron",
     "gc_retain", "sensor_interval_s", "description", "owners", "tags", "checks",
 }
 _OWNER = re.compile(r"^(team:[A-Za-z0-9_.-]+|[^@\s]+@[^@\s]+\.[^@\s]+)$")
@@ -192,6 +193,7 @@ def parse_source(entry: object, where: str, env: Mapping[str, str]) -> SourceSpe
         order=_opt_str(entry, "order", where, env),
         deleted_col=_opt_str(entry, "deleted_col", where, env),
         order_scope=_opt_str(entry, "order_scope", where, env),
+        envelope=_opt_str(entry, "envelope", where, env),
         gc_cron=_opt_str(entry, "gc_cron", where, env) or DEFAULT_GC_CRON,
         gc_retain=retain,
         sensor_interval_s=interval,

@@ -64,6 +64,7 @@ def request_from_args(args: argparse.Namespace) -> IngestRequest:
         deleted_col=_column(args.deleted_col, "--deleted-col"),
         order_scope=args.order_scope,
         buckets=_buckets(args),
+        envelope=getattr(args, "envelope", None),
     )
 
 

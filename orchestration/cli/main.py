@@ -176,6 +176,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--deleted-col", metavar="COL", help="delete marker column (default __deleted)")
     p.add_argument("--order-scope", choices=("batch", "global"), help="default batch")
     p.add_argument(
+        "--envelope", choices=("plain", "debezium"),
+        help="default plain; debezium: each JSON line is a Debezium change event (the order "
+        "then names an event field, default source.lsn)",
+    )
+    p.add_argument(
         "--json", action="store_true",
         help="print the run's report as one JSON object on stdout (files, counts, uppers)",
     )

@@ -32,7 +32,8 @@ def summary_line(report: IngestReport) -> str:
         f"ingested {len(report.files)} file(s) into shard {report.shard!r}: "
         f"{report.rows_read} row(s) read, {report.inserts} insert(s), "
         f"{report.retractions} retraction(s), {report.errors} error row(s); "
-        f"upper {report.start_upper} -> {report.upper} (seqno {report.seqno})"
+        + (f"{report.skipped} Debezium event(s) skipped (op t/m); " if report.skipped else "")
+        + f"upper {report.start_upper} -> {report.upper} (seqno {report.seqno})"
         + _maintenance(report)
     )
 

@@ -60,3 +60,16 @@ def test_an_unknown_envelope_is_refused() -> None:
         resolve_options({}, IngestRequest(envelope="avro"))
     with pytest.raises(ConfigError, match="--envelope must be"):
         ShardIngestConfig.read({**_stored(IngestRequest()), CONFIG_ENVELOPE: "avro"})
+
+
+def test_sources_yaml_declares_the_envelope() -> None:
+    from orchestration.sources import parse_source
+
+    spec = parse_source({"name": "cdc", "landing": "/l", "key": "id", "envelope": "debezium"},
+                        "sources.yaml", {})
+    request = spec.request()
+    assert request.envelope == "debezium"
+    options = resolve_options({}, request)
+    assert options.envelope is Envelope.DEBEZIUM and options.schema.key == ("id",)
+    plain = parse_source({"name": "p", "landing": "/l"}, "sources.yaml", {})
+    assert plain.request().envelope is None

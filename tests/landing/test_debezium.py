@@ -209,7 +209,8 @@ def test_a_value_not_of_its_logical_type_is_an_error_row(
     field: dict[str, Any], value: Any, why: str
 ) -> None:
     fields = [{"field": "id", "type": "int32"}, {"field": "x", **field}]
-    line = {"schema": _connect_schema(fields), "payload": _event("c", 1, after={"id": 1, "x": value})}
+    payload = _event("c", 1, after={"id": 1, "x": value})
+    line = {"schema": _connect_schema(fields), "payload": payload}
     rows, batch = _rows([line, _event("c", 2, after={"id": 2})])
     assert len(rows) == 1, why
     [error] = batch.raw.errors
@@ -222,7 +223,8 @@ def test_a_decimal_that_a_float_holds_at_its_scale_is_read() -> None:
               {"field": "x", "type": "bytes", "name": "org.apache.kafka.connect.data.Decimal",
                "parameters": {"scale": "1"}}]
     one_tenth = base64.b64encode(b"\x01").decode()
-    line = {"schema": _connect_schema(fields), "payload": _event("c", 1, after={"id": 1, "x": one_tenth})}
+    payload = _event("c", 1, after={"id": 1, "x": one_tenth})
+    line = {"schema": _connect_schema(fields), "payload": payload}
     rows, _ = _rows([line])
     assert rows[0]["x"] == 0.1
 
