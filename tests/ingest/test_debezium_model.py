@@ -136,3 +136,22 @@ def test_generated_event_streams_match_model(
     assert skipped == expected_skipped
     assert shard.state().num_errors() == 0
     assert_matches(shard, model, len(batches))
+
+
+@pytest.mark.parametrize("stream_bytes", ["0", ""])  # streamed in chunks, or read whole
+def test_a_parquet_file_is_refused_with_debezium(
+    stream_bytes: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import pyarrow as pa
+
+    from upsert_core.errors import UpsertPlatformError
+
+    from .helpers import write_parquet
+
+    monkeypatch.setenv("UPSERT_STREAM_BYTES", stream_bytes)
+    shard = memory_shard()
+    write_parquet(tmp_path, "0001.parquet", pa.table({"id": [1], "source.lsn": [1]}))
+    with pytest.raises(UpsertPlatformError,
+                       match=r"0001.parquet: --envelope debezium reads JSON Lines"):
+        ingest(shard, str(tmp_path), IngestRequest(key=("id",), envelope="debezium"))
+    assert shard.state().upper == 0

@@ -356,6 +356,10 @@ def read_file_streamed(
         errors: list[RowError] = []
         rows_read = good = 0
         try:
+            if task.envelope != "plain":  # refused as when not streamed (landing.debezium)
+                raise IngestError(
+                    f"{name}: --envelope debezium reads JSON Lines (.jsonl) files only"
+                )
             schema = SourceSchema.from_json(task.schema_json)
             for raw in parquet_chunks(task.file):
                 batch = validate_batch(raw, schema, task.value_checks)
