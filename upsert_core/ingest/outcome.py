@@ -48,6 +48,7 @@ class BucketResult:
     checkpoint: str | None = None  # config value for blobref.checkpoint.<bucket>; "" = empty
     base: str | None = None  # config value for checkpoint.base.<bucket> (tasks.Base)
     tombstones: str | None = None  # blobref.tombstones.<bucket>; None = unchanged
+    live_after: int | None = None  # live rows of a rebuilt bucket after the file
     loaded: str = ""  # where the state came from: cache|checkpoint|new|rehydrated[+replay]
     inserts: int = 0
     retractions: int = 0
@@ -65,6 +66,7 @@ class BucketResult:
                 "checkpoint": self.checkpoint,
                 "base": self.base,
                 "tombstones": self.tombstones,
+                "live_after": self.live_after,
                 "loaded": self.loaded,
                 "inserts": self.inserts,
                 "retractions": self.retractions,
@@ -85,6 +87,7 @@ class BucketResult:
             checkpoint=obj["checkpoint"],
             base=obj.get("base"),
             tombstones=obj.get("tombstones"),
+            live_after=obj.get("live_after"),
             loaded=str(obj.get("loaded", "")),
             inserts=int(obj["inserts"]),
             retractions=int(obj["retractions"]),

@@ -160,6 +160,7 @@ def _commit_request(task: FileTask, options: ShardOptions, outcome: FileOutcome)
         checkpoint_bases={r.bucket: r.base for r in outcome.buckets if r.base is not None},
         tombstone_refs=_tombstones_after(task, options, outcome),
         live_rows=_live_rows_after(task, outcome),
+        live_rows_unknown=True,  # written only when the count is not known
         # SUBTLE: the nonce was minted when the task was planned, so the engine could
         # tag its cached states with it before the commit that makes them valid.
         commit_nonce=task.commit_nonce,
@@ -183,10 +184,17 @@ def _live_rows_after(task: FileTask, outcome: FileOutcome) -> int | None:
     state = task.shard_state
     if state is None:
         return None
-    before = 0 if state.upper == 0 else live_rows(state.config)
-    if before is None:
-        return None
-    return before + sum(b.inserts - b.retractions for b in outcome.buckets)
+    # Only a count an ingest commit recorded for this very upper is the count before
+    # this file: after a commit made outside the ingest it is an older upper's.
+    before = ShardIngestConfig.read(state.config).live_rows_at(state.upper)
+    if before is not None:
+        return before + sum(b.inserts - b.retractions for b in outcome.buckets)
+    # Unknown before, but when every bucket was rebuilt from the shard (checkpoints
+    # stale: all run), their rebuilt states count the rows exactly.
+    rebuilt = {b.bucket: b.live_after for b in outcome.buckets}
+    if len(rebuilt) == task.buckets and all(n is not None for n in rebuilt.values()):
+        return sum(n for n in rebuilt.values() if n is not None)
+    return None
 
 
 def _file_report(task: FileTask, outcome: FileOutcome, seconds: float, attempt: int) -> FileReport:

@@ -79,6 +79,7 @@ CHECKPOINT_REF_PREFIX = f"{BLOB_REF_PREFIX}checkpoint."
 CHECKPOINT_BASE_PREFIX = "checkpoint.base."
 TOMBSTONES_REF_PREFIX = f"{BLOB_REF_PREFIX}tombstones."
 CONFIG_LIVE_ROWS = "stats.live_rows"
+LIVE_ROWS_UNKNOWN = "unknown"
 CONFIG_COMMIT_NONCE = "ingest.commit"
 CONFIG_HISTORY = "ingest.history"
 
@@ -162,6 +163,9 @@ class ShardIngestConfig:
     checkpoint_bases: Mapping[int, str] = field(default_factory=dict)
     tombstone_refs: Mapping[int, str] = field(default_factory=dict)
     live_rows: int | None = None
+    live_rows_unknown: bool = False
+    """Write ``stats.live_rows`` as unknown (when ``live_rows`` is None): a commit that
+    cannot know the count must not leave an older one standing for its upper."""
     commit_nonce: str | None = None
     history: Mapping[int, str] = field(default_factory=dict)
 
@@ -187,11 +191,9 @@ class ShardIngestConfig:
         stored count is an older upper's, and a shard first ingested before the count
         was kept has none.
 
-        SUBTLE: not detected: an ingest commit that follows a commit made outside the
-        ingest carries the stored count forward (``pipeline._live_rows_after`` adds its
-        own changes to it), so rows that commit added or removed are missing from every
-        later count. Only the ingest and maintenance (which moves no upper) commit to
-        shards the CLI and Dagster write.
+        An ingest commit that follows a commit made outside the ingest cannot know the
+        count (that commit's rows were never counted): it records it as unknown
+        (``pipeline._live_rows_after``), so no older count stands for a later upper.
         """
         if upper == 0:
             return 0
@@ -234,6 +236,8 @@ class ShardIngestConfig:
             out[CONFIG_CHECKPOINT_UPPER] = str(self.checkpoint_upper)
         if self.live_rows is not None:
             out[CONFIG_LIVE_ROWS] = str(self.live_rows)
+        elif self.live_rows_unknown:
+            out[CONFIG_LIVE_ROWS] = LIVE_ROWS_UNKNOWN
         if self.commit_nonce is not None:
             out[CONFIG_COMMIT_NONCE] = self.commit_nonce
         if self.history:

@@ -49,6 +49,7 @@ import numpy as np
 import pyarrow as pa
 
 from upsert_core.columnar import ColumnarState, drain_to_upper
+from upsert_core.columnar.merge import fold
 from upsert_core.drain import OrderScope
 from upsert_core.errors import (
     IngestError,
@@ -472,6 +473,13 @@ def run_bucket(
     return result
 
 
+def _live_rows_of(state: ColumnarState) -> int:
+    """Keys of ``state`` with a row (tombstones are not rows)."""
+    if state.orders is None:
+        return len(state)
+    return int(len(state) - fold(state).rows.null_count)
+
+
 def _keeps_base(task: FileTask, base: Base, pending: int, result: BucketResult) -> bool:
     """Whether the bucket may keep its base (the updates since it get replayed)."""
     return (
@@ -531,6 +539,10 @@ def _run_bucket(
             if key:
                 result.new_blobs.append(key)
                 result.bytes_written += size
+        if result.rehydrated is not None:
+            # A bucket rebuilt from the shard knows its live rows exactly (the ingest's
+            # running count may not: see pipeline._live_rows_after).
+            result.live_after = _live_rows_of(state)
         if not drained.applied and result.rehydrated is None:
             result.checkpoint, new_base = ref, base
         elif _keeps_base(task, base, pending, result):
