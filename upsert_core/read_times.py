@@ -51,13 +51,32 @@ def parse_ts_text(text: str) -> int | None:
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
+_FRACTION = re.compile(r"T\d\d:?\d\d:?\d\d[.,](\d+)")
+
+
 def parse_time_text(text: str) -> datetime | None:
-    """The instant ISO-8601 ``text`` names (no zone: UTC), else None."""
+    """The instant ISO-8601 ``text`` names (no zone: UTC), else None. Times are kept to
+    the microsecond: a fraction with a non-zero digit past the sixth is refused (None),
+    since Python would drop it silently and move the time."""
+    text = text.strip()
+    fraction = _FRACTION.search(text)
+    if fraction is not None and len(fraction.group(1)) > 6:
+        if fraction.group(1)[6:].strip("0"):
+            return None
+        start, end = fraction.span(1)
+        text = text[:start] + fraction.group(1)[:6] + text[end:]
     try:
-        value = datetime.fromisoformat(text.strip())
+        value = datetime.fromisoformat(text)
     except ValueError:
         return None
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def _why(text: str) -> str:
+    fraction = _FRACTION.search(text.strip())
+    if fraction is not None and len(fraction.group(1)) > 6:
+        return " (times are kept to the microsecond: no digit past the sixth of a second)"
+    return ""
 
 
 def require_time(value: object, name: str) -> int:
@@ -66,7 +85,7 @@ def require_time(value: object, name: str) -> int:
     if isinstance(value, str):
         parsed = parse_time_text(value)
         if parsed is None:
-            raise InvalidUsage(f"{name} must be an ISO-8601 time, got {value!r}")
+            raise InvalidUsage(f"{name} must be an ISO-8601 time, got {value!r}{_why(value)}")
         value = parsed
     if not isinstance(value, datetime):
         raise InvalidUsage(

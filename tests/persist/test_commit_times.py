@@ -317,3 +317,23 @@ def test_resolution_equals_an_oracle(
         expected = min(after) if after else upper
         assert resolve_since_time(state, t) == expected
         assert resolve_until_time(state, t) == expected
+
+
+def test_times_are_kept_to_the_microsecond() -> None:
+    # Review: a 7th fraction digit was dropped silently, moving a since-time 100 ns
+    # after a commit back onto it (its row was returned).
+    from upsert_core.read_times import parse_time_text
+
+    assert parse_time_text("2026-01-01T00:00:00.123456000Z") == datetime(
+        2026, 1, 1, 0, 0, 0, 123456, tzinfo=UTC)
+    assert parse_time_text("2026-01-01T00:00:00.0000001Z") is None
+    with pytest.raises(InvalidUsage, match="kept to the microsecond"):
+        require_time("2026-01-01T00:00:00.0000001Z", "since_time")
+
+
+def test_a_since_time_on_a_shard_with_no_commits_reads_nothing() -> None:
+    # Review: an initialised shard without commits refused --since-time; upper (0) is
+    # the answer, an empty read, as for --since 0.
+    shard = new_shard(Clock())
+    assert resolve_since_time(shard.state(), us(BASE_MS)) == 0
+    assert resolve_until_time(shard.state(), us(BASE_MS)) == 0

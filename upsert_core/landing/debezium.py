@@ -41,6 +41,7 @@ import base64
 import binascii
 import datetime as dt
 import decimal
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -208,6 +209,8 @@ def _translate(
     if "op" not in event or event["op"] is None:
         raise _Unreadable("Debezium event has no 'op'")
     op = event["op"]
+    if not isinstance(op, str):  # a list or object is no op (and not hashable)
+        raise _Unreadable(f"Debezium event has an unknown op {_short(op)}")
     if op in _SKIPPED_OPS:
         return "skipped"
     if op not in _ROW_OPS and op != "d":
@@ -293,7 +296,13 @@ def _read_logical(value: object, type_name: str, parameters: Mapping[str, object
     if type_name == "io.debezium.time.ZonedTimestamp":
         if not isinstance(value, str):
             raise _Unreadable(type_name)
-        parsed = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        text = value.strip()
+        fraction = _FRACTION.search(text)
+        if fraction is not None and fraction.group(1)[6:].strip("0"):
+            # Python keeps six fraction digits and would drop the rest silently; a
+            # value this column cannot hold exactly is not read (an error row).
+            raise _Unreadable(type_name)
+        parsed = dt.datetime.fromisoformat(_trim_fraction(text).replace("Z", "+00:00"))
         if parsed.tzinfo is None:
             raise _Unreadable(type_name)
         return parsed.astimezone(dt.UTC)
@@ -308,6 +317,19 @@ def _read_logical(value: object, type_name: str, parameters: Mapping[str, object
     else:
         micros = value * _MICROS_PER[type_name]
     return _EPOCH + dt.timedelta(microseconds=micros)
+
+
+_FRACTION = re.compile(r"T\d\d:\d\d:\d\d[.,](\d+)")
+
+
+def _trim_fraction(text: str) -> str:
+    """``text`` with its fraction of a second cut to six digits (only zeros go: the
+    caller refused any other digit past the sixth)."""
+    match = _FRACTION.search(text)
+    if match is None or len(match.group(1)) <= 6:
+        return text
+    start, end = match.span(1)
+    return text[:start] + match.group(1)[:6] + text[end:]
 
 
 def _decimal(value: object, parameters: Mapping[str, object]) -> float:
@@ -327,8 +349,12 @@ def _decimal(value: object, parameters: Mapping[str, object]) -> float:
     if not np.isfinite(result):
         raise _Unreadable("Decimal")
     # As for Parquet decimals: exact when the float reads back as the same decimal at
-    # the column's scale, else not representable in float64.
-    if decimal.Decimal(result).quantize(decimal.Decimal(1).scaleb(-scale)) != exact:
+    # the column's scale, else not representable in float64. The comparison is exact:
+    # a context wide enough for any float64 at any scale (the default 28 digits made
+    # a Decimal(38, 18) that a float holds exactly fail as unreadable).
+    wide = decimal.Context(prec=1100)
+    back = decimal.Decimal(result).quantize(decimal.Decimal(1).scaleb(-scale), context=wide)
+    if back.compare(exact, context=wide) != 0:
         raise _Unreadable("Decimal")
     return result
 

@@ -166,7 +166,10 @@ def resolve_as_of_time(state: ShardState, us: int) -> int:
 
 
 def resolve_since_time(state: ShardState, us: int, option: str = "since time") -> int:
-    """The first readable ts committed at or after ``us``, else ``upper``."""
+    """The first readable ts committed at or after ``us``, else ``upper`` (also when
+    nothing was ever committed: an empty read, as ``since 0`` is)."""
+    if state.upper == 0:
+        return 0
     steps = _readable_steps_from(state, us, option)
     for step in steps:
         if step.ms * 1000 >= us:
