@@ -13,4 +13,4 @@ echo "[tests] ruff + mypy on upsert_core" >&2
 .venv/bin/ruff check upsert_core
 .venv/bin/mypy upsert_core
 echo "[tests] pytest" >&2
-exec .venv/bin/python -m pytest -p no:cacheprovider "$@"
+exec .venv/bin/python -m pytest -p no:cacheprovider --durations=25 "$@"
