@@ -156,7 +156,6 @@ def test_the_spill_keeps_rows_whose_extra_columns_change(limit: int) -> None:
         spill.add(rows(4, 0, True))
         spill.add(rows(4, 4, False))  # values not kept for this chunk
         spill.add(rows(4, 8, True))
-        spill.finish()
         for bucket in (0, 1):
             table = spill.table(bucket)
             assert table.schema == ROWS_SCHEMA

@@ -149,7 +149,6 @@ class InProcessEngine:
             outcome = FileOutcome(read=read)
             if read.file_error is not None or read.changed is not None:
                 return outcome
-            spill.finish()
             order = sorted({*spill.buckets(), *task.forced_buckets()})
             largest = max(spill.bytes.values(), default=0)
             workers = max(1, min(self.threads, memory_budget() // max(1, DRAIN_FACTOR * largest)))

@@ -125,9 +125,6 @@ class BucketSpill:
                 ) from exc
         return self._dir.name
 
-    def finish(self) -> None:
-        """No more :meth:`add` (kept for callers; every file is already closed)."""
-
     def buckets(self) -> list[int]:
         """The buckets that have rows, in order."""
         return sorted(self.rows)
