@@ -1,34 +1,46 @@
-"""The shard summary every surface shows: ``upsertctl inspect`` (and ``--json``),
+"""The shard summary every surface shows: ``upsertctl inspect``,
 ``open_shard(...).inspect()`` and the shard metadata of Dagster's assets.
 
 :func:`shard_summary` is ``Shard.inspect()`` (the persist layer's state and storage
-figures) plus what only the ingest records: ``live_rows``.
+figures) plus what only the ingest records: ``live_rows`` and the shard's ingest
+options (``key``, ``order``, ``deleted_col``, ``order_scope``, ``envelope``,
+``buckets``) with its ``columns``.
 
 Invariants:
 
+- One source: the CLI and the Python API print this dict as it is (JSON), so both
+  show the same names with the same values; neither adds a field of its own.
 - ``live_rows`` is the number of live rows at the summary's ``upper`` when the shard's
   config records it for exactly that upper
   (:meth:`~upsert_core.ingest.shard_config.ShardIngestConfig.live_rows_at`), else None
   (JSON ``null``): never a number that may belong to another upper, and never estimated.
   It follows ``live_diffs`` in the summary.
+- The option fields are always present: None (``null``) before the shard's first
+  ingest committed its options, and ``columns`` is then ``{}``. ``columns`` maps each
+  column, in schema order, to its type in the platform's type names (``int64``,
+  ``float64``, ``string``, ``bool``, ``timestamp``, ``date``, ``binary``).
 - Cheap and read-only: a consensus read, no part is read (a count that is not recorded
   is not computed by reading the shard; ``snapshot`` counts rows).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from upsert_core.ingest.shard_config import recorded_live_rows
+from upsert_core.ingest.shard_config import ShardIngestConfig, recorded_live_rows
 
 if TYPE_CHECKING:
     from upsert_core.persist.shard import Shard
 
 LIVE_ROWS = "live_rows"
+OPTION_FIELDS = ("key", "order", "deleted_col", "order_scope", "envelope", "buckets",
+                 "columns")
 
 
 def shard_summary(shard: Shard) -> dict[str, object]:
-    """``shard.inspect()`` with ``live_rows`` after ``live_diffs`` (module docstring)."""
+    """``shard.inspect()`` with ``live_rows`` after ``live_diffs``, then the shard's
+    ingest options and columns (module docstring)."""
     info = shard.inspect()
     upper = info["upper"]
     assert isinstance(upper, int)
@@ -36,11 +48,30 @@ def shard_summary(shard: Shard) -> dict[str, object]:
     # count is the count at the config's checkpoint.upper, so asking for ``upper``
     # either finds it for that very upper or says unknown (an ingest committed
     # in between: a rare None, never a wrong count).
-    live = recorded_live_rows(shard.state().config, upper)
+    config = shard.state().config
+    live = recorded_live_rows(config, upper)
     out: dict[str, object] = {}
     for name, value in info.items():
         out[name] = value
         if name == "live_diffs":
             out[LIVE_ROWS] = live
     out.setdefault(LIVE_ROWS, live)
+    out.update(_options(config))
     return out
+
+
+def _options(config: Mapping[str, str]) -> dict[str, object]:
+    """The option fields of the summary (all None, and no columns, before any ingest)."""
+    options = ShardIngestConfig.read(config).options
+    if options is None:
+        return {name: ({} if name == "columns" else None) for name in OPTION_FIELDS}
+    schema = options.schema
+    return {
+        "key": list(schema.key),
+        "order": schema.order,
+        "deleted_col": schema.deleted,
+        "order_scope": options.order_scope.value,
+        "envelope": options.envelope.value,
+        "buckets": options.buckets,
+        "columns": {name: str(typ) for name, typ in schema.columns},
+    }

@@ -264,17 +264,13 @@ class ShardTable:
         return pa.Table.from_pylist(rows, schema=ERRORS_SCHEMA)
 
     def inspect(self) -> dict[str, object]:
-        """The same summary as ``upsertctl inspect``, with ``columns`` as it prints them:
-        ``{name: type}`` in the platform's type names (``int64``, ``float64``,
-        ``string``, ``bool``, ``timestamp``, ``date``, ``binary``), the ones every surface
-        uses. ``live_rows`` is null when the shard does not record it for its upper
-        (``upsert_core.shard_summary``)."""
-        info = shard_summary(self.shard)
-        schema = self.source_schema()
-        info["columns"] = {} if schema is None else {
-            name: str(typ) for name, typ in schema.columns
-        }
-        return info
+        """The summary ``upsertctl inspect`` prints, field for field
+        (``upsert_core.shard_summary``): state and storage figures, ``live_rows`` (null
+        when the shard does not record it for its upper), the ingest options (``key``,
+        ``order``, ``deleted_col``, ``order_scope``, ``envelope``, ``buckets``) and
+        ``columns`` as ``{name: type}`` in the platform's type names (``int64``,
+        ``float64``, ``string``, ``bool``, ``timestamp``, ``date``, ``binary``)."""
+        return shard_summary(self.shard)
 
 
 @dataclass(frozen=True)

@@ -146,3 +146,37 @@ def test_rows_added_outside_the_ingest_are_counted_again_after_the_rebuild(
     ingest(shard, str(landing), IngestRequest())
     assert upsert_core.open_shard("s").snapshot().num_rows == LIVE + 2
     assert _surfaces(shard, home) == [LIVE + 2] * 3
+
+
+def test_python_inspect_reports_what_upsertctl_inspect_prints_field_by_field(
+    home: Path,
+) -> None:
+    """One vocabulary, one source (issue 23): the options, buckets and columns too."""
+    landing = home.parent / "landing"
+    landing.mkdir()
+    write_jsonl(landing, "000.jsonl", [
+        {"region": "eu", "id": 1, "seq": 3, "gone": False, "v": "a", "x": 1.5},
+        {"region": "us", "id": 2, "seq": 4, "gone": True},
+    ])
+    cli = Cli(home)
+    cli.ingest(landing, "--key", "region,id", "--order", "seq", "--deleted-col", "gone",
+               "--order-scope", "global", "--buckets", "8")
+    printed = cli.inspect()
+    python = upsert_core.open_shard("s").inspect()
+    assert list(python) == list(printed)  # the same fields, in the same order
+    for name, value in printed.items():
+        assert python[name] == value, name
+    assert {name: printed[name] for name in ("key", "order", "deleted_col", "order_scope",
+                                             "envelope", "buckets")} == {
+        "key": ["region", "id"], "order": "seq", "deleted_col": "gone",
+        "order_scope": "global", "envelope": "plain", "buckets": 8}
+    assert printed["columns"] == {"region": "string", "id": "int64", "seq": "int64",
+                                  "v": "string", "x": "float64"}
+
+
+def test_a_shard_without_an_ingest_has_null_options_on_both_surfaces(home: Path) -> None:
+    Shard.open(*open_stores(resolve(None, None)), "s")
+    printed = Cli(home).inspect()
+    assert upsert_core.open_shard("s").inspect() == printed
+    assert [printed[name] for name in ("key", "order", "order_scope", "buckets")] == [None] * 4
+    assert printed["columns"] == {}
