@@ -138,20 +138,13 @@ def test_generated_event_streams_match_model(
     assert_matches(shard, model, len(batches))
 
 
-@pytest.mark.parametrize("stream_bytes", ["0", ""])  # streamed in chunks, or read whole
-def test_a_parquet_file_is_refused_with_debezium(
-    stream_bytes: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    import pyarrow as pa
-
+def test_a_csv_file_is_refused_with_debezium(tmp_path: Path) -> None:
     from upsert_core.errors import UpsertPlatformError
 
-    from .helpers import write_parquet
-
-    monkeypatch.setenv("UPSERT_STREAM_BYTES", stream_bytes)
     shard = memory_shard()
-    write_parquet(tmp_path, "0001.parquet", pa.table({"id": [1], "source.lsn": [1]}))
+    (tmp_path / "0001.csv").write_text("id,source.lsn\n1,1\n")
     with pytest.raises(UpsertPlatformError,
-                       match=r"0001.parquet: --envelope debezium reads JSON Lines"):
+                       match=r"0001.csv: --envelope debezium reads JSON Lines \(.jsonl\) and"
+                             r" Parquet"):
         ingest(shard, str(tmp_path), IngestRequest(key=("id",), envelope="debezium"))
     assert shard.state().upper == 0

@@ -261,11 +261,12 @@ def test_deletes_read_logical_key_types_from_before() -> None:
 
 def test_other_file_formats_are_refused(tmp_path: Any) -> None:
     from upsert_core.landing import list_landing
-    from upsert_core.landing.debezium import read_debezium
+    from upsert_core.landing.debezium_parquet import read_debezium
 
     (tmp_path / "a.csv").write_text("id\n1\n")
     [file] = list_landing(str(tmp_path))
-    with pytest.raises(IngestError, match="a.csv: --envelope debezium reads JSON Lines"):
+    with pytest.raises(IngestError, match="a.csv: --envelope debezium reads JSON Lines .* and "
+                                          "Parquet"):
         read_debezium(file, SourceSchema(key=KEY, order=ORDER, deleted=DELETE_MARKER))
 
 

@@ -14,10 +14,14 @@ Invariants:
   Python values ``json.loads`` produced (JSON Lines). ``column_kinds`` overrides
   ``kind`` for single columns (a Debezium event's values of a logical type arrive as
   ``typed`` Arrow arrays among ``json`` columns; ``landing.debezium``).
+- ``metadata`` is the file's own key-value metadata where its format has some (a
+  Parquet footer's, e.g. the Avro schema ``parquet-avro`` writers record), else empty;
+  every chunk of a file read in chunks carries the file's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TypeAlias
@@ -57,6 +61,7 @@ class RawBatch:
     positions: npt.NDArray[np.int64]
     errors: list[RowError] = field(default_factory=list)
     column_kinds: dict[str, SourceKind] = field(default_factory=dict)
+    metadata: Mapping[bytes, bytes] = field(default_factory=dict)
 
     def kind_of(self, column: str) -> SourceKind:
         """How to interpret ``column``'s values (``column_kinds``, else ``kind``)."""

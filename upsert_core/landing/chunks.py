@@ -13,7 +13,8 @@ Invariants:
 
 - The chunks together are exactly the rows :func:`read_batch` returns, in order, with
   the same row numbers (positions count from 1 over the whole file) and the same
-  column names and types (every chunk has every column the file declares).
+  column names and types (every chunk has every column the file declares), and the
+  file's key-value metadata.
 - A file that cannot be read as Parquet, or has duplicate column names, raises one
   ``IngestError("<file>: <problem>")`` like :func:`read_batch` (possibly after earlier
   chunks were yielded: the caller discards what it made of them).
@@ -110,6 +111,7 @@ def _chunks(name: str, source: pa.NativeFile, rows_per_chunk: int) -> Iterator[R
     try:
         parquet = pq.ParquetFile(source)
         names = parquet.schema_arrow.names
+        metadata = dict(parquet.schema_arrow.metadata or {})
         batches = parquet.iter_batches(batch_size=rows_per_chunk, use_threads=True)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for bad files
         raise IngestError(f"{name}: unreadable or truncated Parquet file: {exc}") from exc
@@ -130,7 +132,7 @@ def _chunks(name: str, source: pa.NativeFile, rows_per_chunk: int) -> Iterator[R
                 yield RawBatch(name, SourceKind.TYPED,
                                {col: empty.column(i).combine_chunks()
                                 for i, col in enumerate(names)},
-                               np.zeros(0, np.int64))
+                               np.zeros(0, np.int64), metadata=metadata)
             return
         n = batch.num_rows
         if n == 0:
@@ -138,7 +140,7 @@ def _chunks(name: str, source: pa.NativeFile, rows_per_chunk: int) -> Iterator[R
         columns: dict[str, Column] = {col: batch.column(i) for i, col in enumerate(names)}
         positions = np.arange(start + 1, start + n + 1, dtype=np.int64)
         start += n
-        yield RawBatch(name, SourceKind.TYPED, columns, positions)
+        yield RawBatch(name, SourceKind.TYPED, columns, positions, metadata=metadata)
 
 
 __all__ = ["chunk_rows", "parquet_chunks", "stream_threshold", "streams"]

@@ -1,5 +1,6 @@
 """Debezium change events (``--envelope debezium``): one JSON Lines file of events ->
-the plain rows validation already knows (a :class:`RawBatch`).
+the plain rows validation already knows (a :class:`RawBatch`). Parquet files of events:
+:mod:`~upsert_core.landing.debezium_parquet`, which follows this module's rules.
 
 Each line is an event object, or Kafka Connect's wrapper ``{"schema": ..., "payload":
 EVENT}``. The translation runs BEFORE validation, so row numbers, error rows, typing and
@@ -49,11 +50,10 @@ from enum import StrEnum
 import numpy as np
 import pyarrow as pa
 
-from upsert_core.errors import ConfigError, IngestError
+from upsert_core.errors import ConfigError
 from upsert_core.landing.batch import Column, RawBatch, RowError, SourceKind, is_utf8
-from upsert_core.landing.listing import LandingFile
 from upsert_core.landing.readers import json_lines
-from upsert_core.landing.schema import ARROW_TYPES, LogicalType, SourceSchema
+from upsert_core.landing.schema import ARROW_TYPES, LogicalType
 
 
 class Envelope(StrEnum):
@@ -92,7 +92,7 @@ LOGICAL_TYPES: dict[str, LogicalType] = {
 }
 """The logical types read, and the column type each lands in."""
 
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _EPOCH_DATE = dt.date(1970, 1, 1)
 _MICROS_PER = {
     "io.debezium.time.Timestamp": 1000,
@@ -109,17 +109,8 @@ class DebeziumBatch:
     skipped: int = 0
 
 
-class _Unreadable(ValueError):
+class Unreadable(ValueError):
     """A value that does not read as its logical type."""
-
-
-def read_debezium(file: LandingFile, schema: SourceSchema) -> DebeziumBatch:
-    """Read one landing file of Debezium events (JSON Lines only, for now)."""
-    if file.suffix != ".jsonl":
-        raise IngestError(
-            f"{file.name}: --envelope debezium reads JSON Lines (.jsonl) files only"
-        )
-    return translate_jsonl(file.name, file.read_bytes(), schema.key, schema.order)
 
 
 def translate_jsonl(
@@ -132,7 +123,7 @@ def translate_jsonl(
     for number, line in json_lines(name, data, errors):
         try:
             event = _translate(line, key, order)
-        except _Unreadable as exc:
+        except Unreadable as exc:
             errors.append(RowError(name, number, str(exc)))
             continue
         if event is None:
@@ -194,7 +185,7 @@ def _translate(
     line: object, key: tuple[str, ...], order: str
 ) -> tuple[dict[str, object], dict[str, str]] | str | None:
     """One line -> (row, {column: logical type name}), ``"skipped"``, or None (a
-    tombstone); raises :class:`_Unreadable` for an error row."""
+    tombstone); raises :class:`Unreadable` for an error row."""
     if line is None:
         return None
     field_schemas: Mapping[str, object] = {}
@@ -205,20 +196,20 @@ def _translate(
             return None  # the wrapper of a Kafka tombstone
         field_schemas = _field_schemas(line.get("schema"))
     if not isinstance(event, dict):
-        raise _Unreadable(f"Debezium event is not an object (got {type(event).__name__})")
+        raise Unreadable(f"Debezium event is not an object (got {type(event).__name__})")
     if "op" not in event or event["op"] is None:
-        raise _Unreadable("Debezium event has no 'op'")
+        raise Unreadable("Debezium event has no 'op'")
     op = event["op"]
     if not isinstance(op, str):  # a list or object is no op (and not hashable)
-        raise _Unreadable(f"Debezium event has an unknown op {_short(op)}")
+        raise Unreadable(f"Debezium event has an unknown op {short(op)}")
     if op in _SKIPPED_OPS:
         return "skipped"
     if op not in _ROW_OPS and op != "d":
-        raise _Unreadable(f"Debezium event has an unknown op {_short(op)}")
+        raise Unreadable(f"Debezium event has an unknown op {short(op)}")
     side = "after" if op in _ROW_OPS else "before"
     image = event.get(side)
     if not isinstance(image, dict):
-        raise _Unreadable(f"Debezium event with op {op!r} lacks {side!r}")
+        raise Unreadable(f"Debezium event with op {op!r} lacks {side!r}")
     if op == "d":
         image = {col: image.get(col) for col in key}
     row: dict[str, object] = {}
@@ -227,21 +218,21 @@ def _translate(
     fields = schemas if isinstance(schemas, dict) else {}
     for col, value in image.items():
         if not is_utf8(col):
-            raise _Unreadable(f"malformed JSON line: a field of {side!r} is not UTF-8")
+            raise Unreadable(f"malformed JSON line: a field of {side!r} is not UTF-8")
         if col in (order, DELETE_MARKER):
-            raise _Unreadable(
+            raise Unreadable(
                 f"field {col!r} of {side!r} is named like the envelope's "
                 + ("order" if col == order else "delete marker")
             )
         type_name, parameters = fields.get(col, (None, {}))
         if type_name is not None and value is not None:
-            row[col] = _logical_value(col, value, type_name, parameters)
+            row[col] = logical_value(col, value, type_name, parameters)
             types[col] = type_name
         else:
             row[col] = value
     order_value = _reach(event, order)
     if isinstance(order_value, dict | list):
-        raise _Unreadable(f"order {order!r} is not a number or a timestamp: {_short(order_value)}")
+        raise Unreadable(f"order {order!r} is not a number or a timestamp: {short(order_value)}")
     row[order] = order_value
     row[DELETE_MARKER] = op == "d"
     return row, types
@@ -278,14 +269,14 @@ def _field_schemas(schema: object) -> dict[str, dict[str, tuple[str, Mapping[str
     return out
 
 
-def _logical_value(
+def logical_value(
     col: str, value: object, type_name: str, parameters: Mapping[str, object]
 ) -> object:
     try:
         return _read_logical(value, type_name, parameters)
-    except (_Unreadable, ValueError, OverflowError, ArithmeticError, binascii.Error):
-        raise _Unreadable(
-            f"column {col!r}: cannot read {_short(value)} as {type_name}"
+    except (Unreadable, ValueError, OverflowError, ArithmeticError, binascii.Error):
+        raise Unreadable(
+            f"column {col!r}: cannot read {short(value)} as {type_name}"
         ) from None
 
 
@@ -295,28 +286,28 @@ def _read_logical(value: object, type_name: str, parameters: Mapping[str, object
         return _decimal(value, parameters)
     if type_name == "io.debezium.time.ZonedTimestamp":
         if not isinstance(value, str):
-            raise _Unreadable(type_name)
+            raise Unreadable(type_name)
         text = value.strip()
         fraction = _FRACTION.search(text)
         if fraction is not None and fraction.group(1)[6:].strip("0"):
             # Python keeps six fraction digits and would drop the rest silently; a
             # value this column cannot hold exactly is not read (an error row).
-            raise _Unreadable(type_name)
+            raise Unreadable(type_name)
         parsed = dt.datetime.fromisoformat(_trim_fraction(text).replace("Z", "+00:00"))
         if parsed.tzinfo is None:
-            raise _Unreadable(type_name)
+            raise Unreadable(type_name)
         return parsed.astimezone(dt.UTC)
     if type(value) is not int:
-        raise _Unreadable(type_name)
+        raise Unreadable(type_name)
     if target is LogicalType.DATE:
         return _EPOCH_DATE + dt.timedelta(days=value)
     if type_name == "io.debezium.time.NanoTimestamp":
         micros, rest = divmod(value, 1000)
         if rest:
-            raise _Unreadable(type_name)  # not a whole number of microseconds
+            raise Unreadable(type_name)  # not a whole number of microseconds
     else:
         micros = value * _MICROS_PER[type_name]
-    return _EPOCH + dt.timedelta(microseconds=micros)
+    return EPOCH + dt.timedelta(microseconds=micros)
 
 
 _FRACTION = re.compile(r"T\d\d:\d\d:\d\d[.,](\d+)")
@@ -344,10 +335,10 @@ def _decimal(value: object, parameters: Mapping[str, object]) -> float:
         unscaled = int.from_bytes(base64.b64decode(value, validate=True), "big", signed=True)
         exact = decimal.Decimal(unscaled).scaleb(-scale)
     else:
-        raise _Unreadable("Decimal")
+        raise Unreadable("Decimal")
     result = float(exact)
     if not np.isfinite(result):
-        raise _Unreadable("Decimal")
+        raise Unreadable("Decimal")
     # As for Parquet decimals: exact when the float reads back as the same decimal at
     # the column's scale, else not representable in float64. The comparison is exact:
     # a context wide enough for any float64 at any scale (the default 28 digits made
@@ -355,10 +346,10 @@ def _decimal(value: object, parameters: Mapping[str, object]) -> float:
     wide = decimal.Context(prec=1100)
     back = decimal.Decimal(result).quantize(decimal.Decimal(1).scaleb(-scale), context=wide)
     if back.compare(exact, context=wide) != 0:
-        raise _Unreadable("Decimal")
+        raise Unreadable("Decimal")
     return result
 
 
-def _short(value: object, limit: int = 60) -> str:
+def short(value: object, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

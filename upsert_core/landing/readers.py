@@ -64,7 +64,8 @@ def read_parquet(name: str, data: bytes) -> RawBatch:
         col: table.column(col).combine_chunks() for col in column_names
     }
     positions = np.arange(1, table.num_rows + 1, dtype=np.int64)
-    return RawBatch(name, SourceKind.TYPED, columns, positions)
+    metadata = dict(table.schema.metadata or {})
+    return RawBatch(name, SourceKind.TYPED, columns, positions, metadata=metadata)
 
 
 def read_jsonl(name: str, data: bytes) -> RawBatch:

@@ -41,7 +41,7 @@ checks, declared, run on the converted columns once they exist.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -59,6 +59,7 @@ from upsert_core.codec import (
 )
 from upsert_core.errors import CodecError, IngestError
 from upsert_core.landing.batch import Column, RawBatch, RowError
+from upsert_core.landing.chunks import parquet_chunks
 from upsert_core.landing.convert import (
     Conversion,
     convert,
@@ -68,7 +69,8 @@ from upsert_core.landing.convert import (
     file_type,
     split_invalid_utf8,
 )
-from upsert_core.landing.debezium import Envelope, parse_envelope, read_debezium
+from upsert_core.landing.debezium import Envelope, parse_envelope
+from upsert_core.landing.debezium_parquet import debezium_chunks, read_debezium
 from upsert_core.landing.listing import LandingFile
 from upsert_core.landing.readers import read_batch
 from upsert_core.landing.rows import encode_row
@@ -163,6 +165,30 @@ def validate_file(
         batch.skipped = events.skipped
         return batch
     return validate_batch(read_batch(file), schema, value_checks)
+
+
+def validate_chunks(
+    file: LandingFile,
+    schema: SourceSchema,
+    value_checks: tuple[ValueCheck, ...] = (),
+    envelope: str = Envelope.PLAIN,
+) -> Iterator[ValidatedBatch]:
+    """:func:`validate_file` for a Parquet file read in chunks (``landing.chunks``): each
+    chunk validated against the schema the one before left, its events first translated
+    with ``envelope`` ``debezium`` (each batch's ``skipped`` counts its chunk's). Row
+    numbers count over the whole file; a file-level problem raises from the chunk where
+    it is found (the caller discards what it made of the earlier ones)."""
+    if parse_envelope(envelope) is Envelope.DEBEZIUM:
+        for events in debezium_chunks(file, schema):
+            batch = validate_batch(events.raw, schema, value_checks)
+            batch.skipped = events.skipped
+            schema = batch.schema
+            yield batch
+        return
+    for raw in parquet_chunks(file):
+        batch = validate_batch(raw, schema, value_checks)
+        schema = batch.schema
+        yield batch
 
 
 def validate_batch(
