@@ -42,6 +42,10 @@ Invariants:
   one line), and a JVM that does not start is an error quoting the end of its output.
   A Connect session starts no JVM here (a Connect server's output is its own log's:
   ``resources/connect_server.py``).
+- A driver JVM whose start is interrupted (Ctrl-C, or Dagster's SIGTERM of a run turned
+  into an interrupt) is killed before the interrupt goes on: pyspark starts it ignoring
+  SIGINT and deletes the file it would report its port in, so its main thread dies
+  while its gateway thread keeps it alive for good, an orphan nobody else would stop.
 - On a non-local master (a standalone or other cluster), executors do not inherit the
   driver's environment: ``PYTHONPATH`` is passed on as ``spark.executorEnv.PYTHONPATH``
   with this checkout first, so tasks import the same code as the driver. Explicit
@@ -54,8 +58,10 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
+import subprocess
 import sys
 import time
 import uuid
@@ -63,6 +69,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import SparkSession
 
@@ -235,13 +242,47 @@ def start_driver_quietly(master: str, settings: Mapping[str, str], log: Path) ->
         out.flush()
         start = out.tell()
         try:
-            gateway = launch_gateway(conf, popen_kwargs={"stdout": out, "stderr": out})
+            with _killed_unless_started():
+                gateway = launch_gateway(conf, popen_kwargs={"stdout": out, "stderr": out})
         except Exception as exc:
             said = _tail(log, start)
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise RuntimeError(f"{first} Spark said: {said or '(nothing)'} (its output:"
                                f" {log}; UPSERT_SPARK_LOG=1 shows it on stderr)") from exc
     SparkContext(conf=conf, gateway=gateway)
+
+
+@contextmanager
+def _killed_unless_started() -> Iterator[None]:
+    """Around ``launch_gateway``: if it raises anything (an interrupt included), kill
+    the JVM it started (module docstring). pyspark passes no handle to its process
+    back on failure, so the launch runs with ``pyspark.java_gateway.Popen`` recording
+    the processes it starts, under ``SparkContext._lock`` (every launch of a gateway in
+    this process holds it, so no other launch sees the recorder)."""
+    import pyspark.java_gateway as java_gateway
+    from pyspark import SparkContext
+
+    started: list[subprocess.Popen[bytes]] = []
+    real = java_gateway.Popen
+
+    def recording(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        proc = real(*args, **kwargs)
+        started.append(proc)
+        return proc
+
+    with SparkContext._lock:
+        java_gateway.Popen = recording  # type: ignore[assignment,misc]
+        try:
+            yield
+        except BaseException:
+            for proc in started:
+                if proc.poll() is None:
+                    proc.kill()  # it never served: nothing of it to flush
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(10)
+            raise
+        finally:
+            java_gateway.Popen = real  # type: ignore[misc]
 
 
 def _rotate(log: Path) -> None:
