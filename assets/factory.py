@@ -48,9 +48,13 @@ Invariants:
   concurrency pool :func:`shard_pool` (``upsert-shard-<shard>``, limit 1 in
   ``deploy/dagster.yaml`` and ``deploy/dagster-dev.yaml``), so runs of one shard do not
   race. Should another writer win a race anyway, ``upsert_state`` fails with
-  ``ConcurrentModification`` and its :data:`RACE_RETRY_POLICY` re-runs the step (shown
-  as a retry in the UI); the ingest is idempotent, so the retry applies only what is
-  still pending. File-level problems are not retried.
+  ``ConcurrentModification`` and requests a retry (:data:`RACE_RETRY_POLICY`'s count and
+  delays, shown as a retry in the UI); the ingest is idempotent, so the retry applies
+  only what is still pending. File-level problems are not retried, and neither is an
+  interrupt (Ctrl-C, SIGTERM, a terminated run): the policy is not attached to the
+  asset, since Dagster retries an interrupted step under a retry policy, and so a run
+  stopped while it ingested restarted the ingest, with a new Spark driver that the
+  signal had not reached.
 - A file-level problem fails the run with the pipeline's one-line message; files before
   it stay committed.
 """
@@ -77,6 +81,7 @@ from dagster import (
     MaterializeResult,
     MetadataValue,
     RetryPolicy,
+    RetryRequested,
     asset,
 )
 from pydantic import Field
@@ -121,7 +126,8 @@ from upsert_core.shard_table import ShardTable
 
 #: Retries of ``upsert_state`` after a lost race (``ConcurrentModification``) or a landing
 #: file that changed while read (``LandingFileChanged``): 1 s, 2 s,
-#: 4 s apart (+-jitter). Other failures are not retried (``Failure(allow_retries=False)``).
+#: 4 s apart (+-jitter), requested by the step (``RetryRequested``). Not the asset's
+#: ``retry_policy``: Dagster applies one to interrupts too (module docstring).
 RACE_RETRY_POLICY = RetryPolicy(max_retries=3, delay=1.0, backoff=Backoff.EXPONENTIAL,
                                 jitter=Jitter.PLUS_MINUS)
 SNAPSHOT, STATE, OUTPUT, GC = "source_snapshot", "upsert_state", "output_shard", "rollup_gc"
@@ -166,9 +172,15 @@ def shard_pool(shard: str) -> str:
     return f"upsert-shard-{shard}"
 
 
-def _failure(exc: UpsertPlatformError, *, retry: bool = False) -> Failure:
+def _failure(exc: UpsertPlatformError) -> Failure:
     return Failure(description=str(exc), metadata={"error": MetadataValue.text(str(exc))},
-                   allow_retries=retry)
+                   allow_retries=False)
+
+
+def _race_retry(retries_so_far: int) -> RetryRequested:
+    """Another attempt of the step, as :data:`RACE_RETRY_POLICY` spaces them."""
+    return RetryRequested(max_retries=RACE_RETRY_POLICY.max_retries,
+                          seconds_to_wait=RACE_RETRY_POLICY.calculate_delay(retries_so_far + 1))
 
 
 def _ingested(consensus: ConsensusResource, blob_store: BlobStoreResource,
@@ -294,7 +306,6 @@ def build_source_assets(
     @asset(name=STATE, partitions_def=partitions, deps=[snapshot_key],
            kinds={"spark", *shard_kinds}, **catalog,
            key_prefix=prefix, group_name=spec.name, pool=pool, backfill_policy=backfill,
-           retry_policy=RACE_RETRY_POLICY,
            description=f"{about}Ingest (Spark) of the pending files through the partition into"
                        f" shard {spec.shard!r}, with the bucketed upsert state.")
     def upsert_state(
@@ -339,10 +350,10 @@ def build_source_assets(
                                dict(shard.state().ingested_files), [], committed)
             if isinstance(exc, ConcurrentModification):
                 context.log.warning(f"lost a race on shard {spec.shard!r}; retrying: {exc}")
-                raise _failure(exc, retry=True) from exc
+                raise _race_retry(context.retry_number) from exc
             if isinstance(exc, LandingFileChanged):  # probably still being written
                 context.log.warning(f"a landing file changed while read; retrying: {exc}")
-                raise _failure(exc, retry=True) from exc
+                raise _race_retry(context.retry_number) from exc
             raise _failure(exc) from exc
         for warning in result.warnings:
             context.log.warning(warning)

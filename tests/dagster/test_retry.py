@@ -6,6 +6,7 @@ get."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -13,8 +14,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 import yaml
-from dagster import AssetKey, DagsterEventType
+from dagster import AssetKey, DagsterEventType, DagsterRunStatus
+from dagster._core.errors import DagsterExecutionInterruptedError
 
+from assets import factory
 from assets.factory import shard_pool
 from resources.stores import SqliteConsensus
 from tests.dagster.helpers import Platform, shard_contents
@@ -73,6 +76,40 @@ def test_lost_race_is_retried_by_the_retry_policy(plat: Platform) -> None:
     assert shard_contents(plat.shard()) == shard_contents(reference)
     key = AssetKey(["feed", "upsert_state"])
     assert plat.instance.get_materialized_partitions(key) == set(names)
+
+
+def test_an_interrupted_ingest_is_not_retried(
+    plat: Platform, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C or SIGTERM reaching a run (Dagster raises DagsterExecutionInterruptedError in
+    the step) stops it: a retry policy on the asset made Dagster restart the interrupted
+    ingest, so a stopped ``dagster dev`` kept a run going, with a new Spark driver the
+    signal had not reached (issue 23)."""
+    names = plat.write_batches(["b-01.jsonl"])
+    spec = plat.spec()
+    plat.add_partitions(spec, names)
+    ingest_through, calls = factory.ingest_through, []
+
+    def interrupted_once(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise DagsterExecutionInterruptedError
+        return ingest_through(*args, **kwargs)
+
+    monkeypatch.setattr(factory, "ingest_through", interrupted_once)
+    from orchestration.definitions import build_definitions
+
+    defs = build_definitions([spec], plat.resources())
+    with contextlib.suppress(DagsterExecutionInterruptedError):
+        defs.resolve_job_def("feed_ingest").execute_in_process(
+            partition_key=names[0], instance=plat.instance, raise_on_error=False)
+    assert calls == [1]  # one attempt, no retry
+    [run] = plat.instance.get_runs()
+    assert run.status == DagsterRunStatus.FAILURE
+    types = {e.dagster_event.event_type for e in plat.instance.all_logs(run.run_id)
+             if e.dagster_event is not None}
+    assert DagsterEventType.STEP_UP_FOR_RETRY not in types
+    assert not plat.instance.get_materialized_partitions(AssetKey(["feed", "upsert_state"]))
 
 
 def test_the_checks_cover_what_the_first_attempt_committed(
