@@ -2,8 +2,8 @@
 ``open_shard(...).inspect()`` and the shard metadata of Dagster's assets.
 
 :func:`shard_summary` is ``Shard.inspect()`` (the persist layer's state and storage
-figures) plus what only the ingest records: ``live_rows`` and the shard's ingest
-options (``key``, ``order``, ``deleted_col``, ``order_scope``, ``envelope``,
+figures) plus what only the ingest records: ``live_rows``, ``rewritten_files`` and the
+shard's ingest options (``key``, ``order``, ``deleted_col``, ``order_scope``, ``envelope``,
 ``buckets``) with its ``columns``.
 
 Invariants:
@@ -19,6 +19,8 @@ Invariants:
   ingest committed its options, and ``columns`` is then ``{}``. ``columns`` maps each
   column, in schema order, to its type in the platform's type names (``int64``,
   ``float64``, ``string``, ``bool``, ``timestamp``, ``date``, ``binary``).
+- ``rewritten_files`` (after ``ingested_files``) lists the names the last ingest found
+  rewritten under an ingested name (``ingest.ledger``), ``[]`` when none.
 - Cheap and read-only: a consensus read, no part is read (a count that is not recorded
   is not computed by reading the shard; ``snapshot`` counts rows).
 """
@@ -28,12 +30,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from upsert_core.ingest.ledger import rewritten_files
 from upsert_core.ingest.shard_config import ShardIngestConfig, recorded_live_rows
 
 if TYPE_CHECKING:
     from upsert_core.persist.shard import Shard
 
 LIVE_ROWS = "live_rows"
+REWRITTEN_FILES = "rewritten_files"
 OPTION_FIELDS = ("key", "order", "deleted_col", "order_scope", "envelope", "buckets",
                  "columns")
 
@@ -51,11 +55,15 @@ def shard_summary(shard: Shard) -> dict[str, object]:
     config = shard.state().config
     live = recorded_live_rows(config, upper)
     out: dict[str, object] = {}
+    rewritten = rewritten_files(config)
     for name, value in info.items():
         out[name] = value
         if name == "live_diffs":
             out[LIVE_ROWS] = live
+        elif name == "ingested_files":
+            out[REWRITTEN_FILES] = rewritten
     out.setdefault(LIVE_ROWS, live)
+    out.setdefault(REWRITTEN_FILES, rewritten)
     out.update(_options(config))
     return out
 

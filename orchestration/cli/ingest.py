@@ -101,7 +101,8 @@ def ingest_landing(
     finally:
         printer.close()
     for warning in report.warnings:
-        sys.stderr.write(f"warning: {warning}\n")
+        if warning not in printer.warned:  # not printed as it came
+            sys.stderr.write(f"warning: {warning}\n")
     return report
 
 

@@ -58,6 +58,7 @@ class ProgressPrinter:
         self.out = sys.stderr if out is None else out
         self.bar = self.out.isatty() if bar is None else bar
         self._drawn = False
+        self.warned: list[str] = []  # warnings printed as they came (``warning`` events)
 
     def _clear(self) -> None:
         if self._drawn:
@@ -80,6 +81,9 @@ class ProgressPrinter:
     def __call__(self, event: ProgressEvent) -> None:
         if event.kind == "start":
             self._line(f"{event.total} pending file(s)")
+        elif event.kind == "warning" and event.message is not None:
+            self._line(f"warning: {event.message}")
+            self.warned.append(event.message)
         elif event.kind == "file_started" and self.bar:
             self._draw(event.index, event.total, event.file or "")
         elif event.kind == "file_done" and event.report is not None:

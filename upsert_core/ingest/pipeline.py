@@ -30,6 +30,11 @@ Invariants:
   pending file (``IngestReport.pending``) wait for the next run, which lists them
   afresh. Later files wait because files are applied in name order, and applying them
   first would give the changed file a later timestamp than files that sort after it.
+- A file is recorded with its name: its ledger record (size, content digest, listed
+  version; ``ingest.ledger``) is in the same compare-and-append. Every run first names
+  each listed file rewritten under an ingested name in a warning (a progress event as
+  well, so it shows even if the run then fails) and records them as the last run's
+  ``rewritten_files``; such a file is never ingested again.
 - Hidden files (``_temporary/``, ``.crc``, ...) are never listed, so never ingested;
   a file with a bad name is listed with its problem and stops the run at that file.
 - The run is a registered writer (``persist.writers``): it registers a fresh writer id
@@ -56,6 +61,7 @@ from upsert_core.errors import (
     WriterFenced,
 )
 from upsert_core.ingest.engine import Engine, InProcessEngine, check_streaming_settings
+from upsert_core.ingest.ledger import find_rewritten, rewritten_transition, with_ledger
 from upsert_core.ingest.maintenance import auto_maintenance_from_env, maintain_after_ingest
 from upsert_core.ingest.options import IngestRequest, buckets_for_first_file, resolve_options
 from upsert_core.ingest.outcome import FileOutcome
@@ -266,7 +272,11 @@ def _ingest_one(
             _delete_new_blobs(shard.blob, outcome)
             message = outcome.read.file_error or f"{file.name}: {outcome.failure}"
             raise IngestError(message)
-        commit = _commit_request(task, options, outcome)
+        try:  # the file's ledger record commits with its name (ingest.ledger)
+            commit = with_ledger(_commit_request(task, options, outcome), file)
+        except IngestError:  # changed since it was read (LandingFileChanged) or unreadable
+            _delete_new_blobs(shard.blob, outcome)
+            raise
         # SUBTLE: two writers can build byte-identical batches (inline parts, same file
         # at the same ts); ``append`` then reports the loser's request as "already
         # applied". A per-attempt nonce in the config (``task.commit_nonce``, fresh per
@@ -312,6 +322,21 @@ def _ingest_one(
     )
 
 
+def _note_rewritten(
+    shard: IngestShard, files: list[LandingFile], state: ShardState, report: IngestReport,
+    notify: Progress,
+) -> None:
+    """Warn of every listed file rewritten under an ingested name, and record their names
+    as the last ingest's (``ingest.ledger``; a state change only when they change)."""
+    found, unreadable = find_rewritten(files, state)
+    report.rewritten = [r.name for r in found]
+    for text in [*(r.warning() for r in found), *unreadable]:
+        report.warnings.append(text)
+        notify(ProgressEvent("warning", 0, 0, message=text))
+    if isinstance(shard, Shard):
+        shard.machine.apply(rewritten_transition(report.rewritten))
+
+
 def ingest(
     shard: IngestShard,
     landing_url: str,
@@ -331,12 +356,14 @@ def ingest(
     check_streaming_settings()
     state = shard.state()
     resolve_options(state.config, options)
-    todo = pending(list_landing(landing_url), state.ingested_files.keys())
+    files = list_landing(landing_url)
+    todo = pending(files, state.ingested_files.keys())
     if through is not None:
         todo = [f for f in todo if f.name <= through]
     report = IngestReport(shard=shard.shard_id, start_upper=state.upper)
     total = len(todo)
     notify(ProgressEvent("start", 0, total))
+    _note_rewritten(shard, files, state, report, notify)
     if not todo:
         report.upper, report.seqno = state.upper, state.seqno
         notify(ProgressEvent("done", total, total))

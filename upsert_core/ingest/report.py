@@ -42,6 +42,9 @@ class IngestReport:
     warnings: list[str] = field(default_factory=list)
     rehydrations: list[str] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)  # left for the next run (changed)
+    rewritten: list[str] = field(default_factory=list)
+    """Listed files rewritten under a name already ingested (``ingest.ledger``): each is
+    also named in ``warnings``, and never ingested again."""
     maintenance: dict[str, object] | None = None  # ingest.maintenance, when it ran
 
     @property
@@ -88,7 +91,8 @@ class IngestReport:
     def to_dict(self) -> dict[str, object]:
         """The report as plain JSON-ready data (``upsertctl ingest --json``): the shard,
         uppers and seqno, totals, one entry per committed file, and the lists of files
-        ingested by someone else, left pending, warnings and rehydrations."""
+        ingested by someone else, left pending, found rewritten (``rewritten_files``),
+        warnings and rehydrations."""
         return {
             "shard": self.shard,
             "start_upper": self.start_upper,
@@ -113,22 +117,25 @@ class IngestReport:
             ],
             "ingested_elsewhere": list(self.ingested_elsewhere),
             "pending": list(self.pending),
+            "rewritten_files": list(self.rewritten),
             "warnings": list(self.warnings),
             "rehydrations": list(self.rehydrations),
             "maintenance": self.maintenance,
         }
 
 
-ProgressKind = Literal["start", "file_started", "file_done", "file_skipped", "done"]
+ProgressKind = Literal["start", "warning", "file_started", "file_done", "file_skipped", "done"]
 
 
 @dataclass(frozen=True)
 class ProgressEvent:
     """A progress notification. ``index``/``total`` count pending files (1-based index);
-    ``file`` is set for per-file events and ``report`` for ``file_done``."""
+    ``file`` is set for per-file events, ``report`` for ``file_done`` and ``message``
+    for ``warning`` (as soon as it is known: also in the report's ``warnings``)."""
 
     kind: ProgressKind
     index: int
     total: int
     file: str | None = None
     report: FileReport | None = None
+    message: str | None = None

@@ -35,6 +35,11 @@ The entries (what existing shards hold; names and formats never change):
 - ``ingest.commit``: the nonce of the latest ingest commit; ``ingest.history``: JSON
   ``{"<upper>": "<nonce>"}`` of the last :data:`HISTORY_LENGTH` ingest commits, in
   ascending upper order (see ``ingest.statecache``).
+- ``ingest.file.<name>``: the ledger record of ingested landing file ``name`` (size,
+  content digest, listed version; JSON), committed with the name; absent for files
+  ingested before records were kept. ``ingest.rewritten_files``: a JSON list of the
+  names the last ingest found rewritten, absent when none (``ingest.ledger`` reads and
+  writes both; :meth:`ShardIngestConfig.read` never parses them).
 
 Invariants:
 
@@ -83,6 +88,9 @@ LIVE_ROWS_UNKNOWN = "unknown"
 CONFIG_COMMIT_NONCE = "ingest.commit"
 CONFIG_HISTORY = "ingest.history"
 
+CONFIG_FILE_PREFIX = "ingest.file."
+CONFIG_REWRITTEN = "ingest.rewritten_files"
+
 HISTORY_LENGTH = 16
 """Ingest commits ``ingest.history`` remembers."""
 
@@ -99,6 +107,11 @@ def checkpoint_ref_name(bucket: int) -> str:
 def checkpoint_base_name(bucket: int) -> str:
     """The config entry describing bucket ``bucket``'s checkpoint base (``tasks.Base``)."""
     return f"{CHECKPOINT_BASE_PREFIX}{bucket}"
+
+
+def file_record_name(name: str) -> str:
+    """The config entry holding ingested file ``name``'s ledger record (``ingest.ledger``)."""
+    return f"{CONFIG_FILE_PREFIX}{name}"
 
 
 def tombstones_ref_name(bucket: int) -> str:

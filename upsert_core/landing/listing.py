@@ -31,6 +31,11 @@ Invariants:
   (``size`` -1, no version) is read as it is.
 - :class:`LandingFile` holds only strings and an int, so it pickles cheaply into a
   Spark task; it opens its bytes on demand, one file at a time.
+- :meth:`LandingFile.fingerprint` is the size and ``xxh3_128:<hex>`` of the bytes of
+  the version listed (the same pinning as :meth:`LandingFile.read_bytes`; read in pieces, so memory
+  stays small). A process remembers the digest of the last few versions it read whole,
+  keyed by location, size and version, so the ingest that just read a file does not
+  read it again to fingerprint it; a file listed without a version is always read.
 """
 
 from __future__ import annotations
@@ -38,17 +43,48 @@ from __future__ import annotations
 import functools
 import os
 import stat
+import threading
 import unicodedata
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+import xxhash
+
 from upsert_core.errors import ConfigError, IngestError, LandingFileChanged
 from upsert_core.redact import redact_url
 
 SUFFIXES: tuple[str, ...] = (".parquet", ".jsonl", ".csv")
+DIGEST_ALGORITHM = "xxh3_128"
+_DIGEST_PIECE = 8 << 20
+_DIGESTS_KEPT = 16
+_digests: OrderedDict[tuple[str, int, str], tuple[int, str]] = OrderedDict()
+_digests_lock = threading.Lock()
+
+
+def digest_bytes(data: bytes) -> str:
+    """The content digest of ``data``: ``xxh3_128:<32 hex digits>``."""
+    return f"{DIGEST_ALGORITHM}:{xxhash.xxh3_128_hexdigest(data)}"
+
+
+def _remember(file: LandingFile, size: int, digest: str) -> None:
+    if not file.version:
+        return
+    with _digests_lock:
+        _digests[(file.url, file.size, file.version)] = (size, digest)
+        _digests.move_to_end((file.url, file.size, file.version))
+        while len(_digests) > _DIGESTS_KEPT:
+            _digests.popitem(last=False)
+
+
+def _remembered(file: LandingFile) -> tuple[int, str] | None:
+    if not file.version:
+        return None
+    with _digests_lock:
+        return _digests.get((file.url, file.size, file.version))
 
 
 @dataclass(frozen=True, order=True)
@@ -84,7 +120,49 @@ class LandingFile:
             raise IngestError(f"{self.name}: cannot read file: {exc}") from exc
         if self.size >= 0 and len(data) != self.size:
             raise self._changed(f"listed with {self.size} bytes, read {len(data)}")
+        _remember(self, len(data), digest_bytes(data))
         return data
+
+    def fingerprint(self) -> tuple[int, str]:
+        """The size and ``xxh3_128:<hex>`` digest of the file's bytes, exactly as listed
+        (module docstring); raises as :meth:`read_bytes` does."""
+        if self.problem:
+            raise IngestError(self.problem)
+        known = _remembered(self)
+        if known is not None:
+            return known
+        hasher = xxhash.xxh3_128()
+        try:
+            size = self._digest_s3(hasher) if self.root.startswith("s3://") else (
+                self._digest_local(hasher))
+        except IngestError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every I/O failure becomes one clear line
+            raise IngestError(f"{self.name}: cannot read file: {exc}") from exc
+        if self.size >= 0 and size != self.size:
+            raise self._changed(f"listed with {self.size} bytes, read {size}")
+        digest = f"{DIGEST_ALGORITHM}:{hasher.hexdigest()}"
+        _remember(self, size, digest)
+        return size, digest
+
+    def _digest_local(self, hasher: Any) -> int:
+        size = 0
+        with _local_path(self.root, self.name).open("rb") as fh:
+            while piece := fh.read(_DIGEST_PIECE):
+                hasher.update(piece)
+                size += len(piece)
+            after = os.fstat(fh.fileno())
+        if self.version and _local_version(after) != self.version:
+            raise self._changed("replaced or modified since it was listed")
+        return size
+
+    def _digest_s3(self, hasher: Any) -> int:
+        body = self._get_s3()["Body"]
+        size = 0
+        while piece := body.read(_DIGEST_PIECE):
+            hasher.update(piece)
+            size += len(piece)
+        return size
 
     def local_path(self) -> Path | None:
         """The local path of the file (None on S3); :class:`IngestError` for a bad name."""
@@ -111,6 +189,11 @@ class LandingFile:
         return data
 
     def _read_s3(self) -> bytes:
+        data: bytes = self._get_s3()["Body"].read()
+        return data
+
+    def _get_s3(self) -> Any:
+        """The listed version of the object (``get_object`` pinned to its ETag)."""
         from botocore.exceptions import ClientError
 
         bucket, prefix = _split_s3(self.root)
@@ -123,8 +206,7 @@ class LandingFile:
             if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "412"):
                 raise self._changed(f"its ETag is no longer {self.version}") from exc
             raise
-        data: bytes = response["Body"].read()
-        return data
+        return response
 
     def _changed(self, how: str) -> LandingFileChanged:
         return LandingFileChanged(

@@ -1,0 +1,178 @@
+"""The ingested files' ledger: what each landing file was when it was ingested, so a file
+rewritten under a name the shard already ingested is noticed (CONTRACT, "Files
+rewritten under an ingested name").
+
+Storage, in the shard's config (entry names in :mod:`~upsert_core.ingest.shard_config`):
+
+- ``ingest.file.<name>``: :class:`FileRecord` as JSON, ``{"size": N, "digest":
+  "xxh3_128:<hex>", "version": V}`` (``version``: what the listing saw, the local inode
+  and modification time or the S3 ETag). Written by the compare-and-append that commits
+  the file's name (:func:`with_ledger`): a name and its record are one state transition.
+- ``ingest.rewritten_files``: a JSON list of the names the last ingest that listed the
+  landing found rewritten, in name order; absent when it found none
+  (:func:`record_rewritten`, a compare-and-set of that one entry, only when it changes).
+
+Invariants:
+
+- A file ingested before records were kept (no entry, or one that does not parse) is
+  never reported: older shards give no false alarms.
+- :func:`find_rewritten`: a listed file whose name was ingested is rewritten iff its
+  record exists and its content differs. A different size says so without reading; the
+  same size and the same version as recorded say it is unchanged without reading;
+  anything else (touched, copied over, uploaded again) is read, and its digest decides,
+  so a file touched without a change of content is silent. A file that cannot be read
+  now is not reported rewritten: the caller gets a warning instead.
+- A rewritten file is never ingested again: its name is ingested (``pending`` skips it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from upsert_core.errors import IngestError
+from upsert_core.ingest.shard_config import CONFIG_REWRITTEN, file_record_name
+from upsert_core.landing import LandingFile
+from upsert_core.persist.append import AppendRequest
+from upsert_core.persist.state import ShardState
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """One ingested file as it was: size in bytes, content digest, listed version."""
+
+    size: int
+    digest: str
+    version: str = ""
+
+    def encode(self) -> str:
+        return json.dumps({"size": self.size, "digest": self.digest, "version": self.version},
+                          separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, text: str | None) -> FileRecord | None:
+        """The record ``text`` encodes; None for no text or a malformed one."""
+        if not text:
+            return None
+        try:
+            raw = json.loads(text)
+        except ValueError:
+            return None
+        if not isinstance(raw, dict):
+            return None
+        size, digest, version = raw.get("size"), raw.get("digest"), raw.get("version", "")
+        if type(size) is not int or size < 0 or not isinstance(digest, str) or not digest:
+            return None
+        return cls(size, digest, version if isinstance(version, str) else "")
+
+
+def record_of(file: LandingFile) -> FileRecord:
+    """``file``'s record, of its bytes as listed (raises as ``LandingFile.read_bytes``)."""
+    size, digest = file.fingerprint()
+    return FileRecord(size, digest, file.version)
+
+
+def with_ledger(request: AppendRequest, file: LandingFile) -> AppendRequest:
+    """``request`` (which commits ``file``'s name) with ``file``'s record in the same
+    transition. Raises ``LandingFileChanged`` when the file is no longer the version
+    listed (and read), ``IngestError`` when it cannot be read."""
+    entry = {file_record_name(file.name): record_of(file).encode()}
+    return replace(request, config_updates={**request.config_updates, **entry})
+
+
+def recorded(state: ShardState, name: str) -> FileRecord | None:
+    """The record of ingested file ``name`` (None: none kept, or malformed)."""
+    return FileRecord.decode(state.config.get(file_record_name(name)))
+
+
+@dataclass(frozen=True)
+class Rewritten:
+    """A listed file whose content is not what was ingested under its name."""
+
+    name: str
+    ts: int
+    was: FileRecord
+    size: int
+
+    def warning(self) -> str:
+        sizes = (f"{self.was.size} bytes then, {self.size} now" if self.size != self.was.size
+                 else f"same size, {self.size} bytes, other content")
+        return (f"{self.name}: rewritten since it was ingested at ts {self.ts} ({sizes});"
+                " it is not ingested again: land the new content under a new name")
+
+
+def find_rewritten(
+    files: Iterable[LandingFile], state: ShardState
+) -> tuple[list[Rewritten], list[str]]:
+    """The listed files rewritten since they were ingested (module docstring), in name
+    order, and warnings for ingested files that could not be read to tell."""
+    found: list[Rewritten] = []
+    warnings: list[str] = []
+    for file in sorted(files, key=lambda f: f.name):
+        ts = state.ingested_files.get(file.name)
+        if ts is None or file.problem:
+            continue
+        was = recorded(state, file.name)
+        if was is None:
+            continue
+        if file.size >= 0 and file.size != was.size:
+            found.append(Rewritten(file.name, ts, was, file.size))
+            continue
+        if file.version and file.version == was.version:
+            continue
+        try:
+            now = record_of(file)
+        except IngestError as exc:
+            warnings.append(f"{file.name}: could not be read to compare it with the file"
+                            f" ingested at ts {ts}: {exc}")
+            continue
+        if now.digest != was.digest or now.size != was.size:
+            found.append(Rewritten(file.name, ts, was, now.size))
+    return found, warnings
+
+
+def rewritten_files(config: Mapping[str, str]) -> list[str]:
+    """The names the last ingest found rewritten ([] when none, or malformed)."""
+    text = config.get(CONFIG_REWRITTEN)
+    if not text:
+        return []
+    try:
+        names = json.loads(text)
+    except ValueError:
+        return []
+    if not isinstance(names, list):
+        return []
+    return [n for n in names if isinstance(n, str)]
+
+
+def rewritten_transition(names: Iterable[str]) -> Callable[[ShardState], ShardState | None]:
+    """A state transition storing ``names`` as the last ingest's rewritten files (None:
+    no change, when they are already stored)."""
+    wanted = sorted(set(names))
+
+    def store(state: ShardState) -> ShardState | None:
+        if rewritten_files(state.config) == wanted and (
+            bool(wanted) == (CONFIG_REWRITTEN in state.config)
+        ):
+            return None
+        config = dict(state.config)
+        if wanted:
+            config[CONFIG_REWRITTEN] = json.dumps(wanted)
+        else:
+            config.pop(CONFIG_REWRITTEN, None)
+        return state.evolve(config=config)
+
+    return store
+
+
+__all__ = [
+    "FileRecord",
+    "Rewritten",
+    "find_rewritten",
+    "record_of",
+    "recorded",
+    "rewritten_files",
+    "rewritten_transition",
+    "with_ledger",
+]
