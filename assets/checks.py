@@ -46,6 +46,12 @@ batch is never reported as published. Invariant: **a partition is published
 And ``error_rows_did_not_grow`` (WARN, with the ingest): the last ingest added rows to
 the error collection. Error rows are data, so this warns and never blocks.
 
+And ``landing_files_unchanged`` (non-blocking, with the ingest): fails naming every
+landing file the last ingest found rewritten under a name the shard already ingested
+(``upsert_core.ingest.ledger``: its size or content digest differs from the one recorded
+with its name). Such a file is never ingested again, so the shard does not hold its new
+content; the batches it did hold stay correct, so nothing is blocked.
+
 A failing check lists what it found in its ``problems`` metadata (the first
 :data:`MAX_SHOWN`); a passing one has no ``problems`` entry.
 """
@@ -70,6 +76,7 @@ from assets.metadata import PUBLISHED_UPPER, int_value, published_upper, run_ing
 from assets.spec import SourceSpec
 from resources.stores import BlobStoreResource, ConsensusResource, open_shard
 from upsert_core.errors import ShardNotFound, UpsertPlatformError
+from upsert_core.ingest.ledger import rewritten_files
 from upsert_core.ingest.verify import STATE as STATE_KIND
 from upsert_core.ingest.verify import check_new_batch, compare_state
 from upsert_core.persist import check
@@ -80,6 +87,7 @@ CONSOLIDATED = "shard_consolidated"
 STORAGE = "storage_invariants"
 STATE = "state_matches_shard"
 ERRORS = "error_rows_did_not_grow"
+REWRITTEN = "landing_files_unchanged"
 BLOCKING_CHECKS = (CONSOLIDATED, STORAGE, STATE)
 FULL_CONSOLIDATED = "full_shard_consolidated"
 FULL_STORAGE = "full_storage_invariants"
@@ -265,6 +273,21 @@ def _full_results(state_key: AssetKey, shard: Shard,
     )
 
 
+def _rewritten_result(state_key: AssetKey, shard: Shard) -> AssetCheckResult:
+    """``landing_files_unchanged``: what the last ingest found (module docstring)."""
+    names = rewritten_files(shard.state().config)
+    problems = [f"{name}: rewritten since it was ingested (size or content differs);"
+                " not ingested again" for name in names]
+    shown = ", ".join(names[:MAX_SHOWN]) + (" ..." if len(names) > MAX_SHOWN else "")
+    return AssetCheckResult(
+        check_name=REWRITTEN, asset_key=state_key, passed=not names,
+        description=None if not names else
+        f"{len(names)} landing file(s) rewritten under an ingested name: {shown}; the"
+        " shard keeps what was ingested: land new content under new names",
+        metadata={**_problems(problems), "rewritten_files": MetadataValue.json(names)},
+    )
+
+
 def build_checks(spec: SourceSpec, state_key: AssetKey,
                  output_key: AssetKey | None = None) -> AssetChecksDefinition:
     """The checks of one source's ``upsert_state`` (see the module docstring);
@@ -286,6 +309,9 @@ def build_checks(spec: SourceSpec, state_key: AssetKey,
                            " before the run plus its changes"),
             AssetCheckSpec(ERRORS, asset=state_key,
                            description="warns when the last ingest added error rows"),
+            AssetCheckSpec(REWRITTEN, asset=state_key, blocking=False,
+                           description="no landing file was rewritten under a name the"
+                           " shard already ingested (such a file is not ingested again)"),
             AssetCheckSpec(FULL_CONSOLIDATED, asset=state_key,
                            description="full history: changes consolidated at every"
                            " readable time; at most one live row per key (scheduled)"),
@@ -321,6 +347,8 @@ def build_checks(spec: SourceSpec, state_key: AssetKey,
             for result in _full_results(state_key, shard, spec.shard):
                 if result.check_name in selected:
                     yield result
+        if REWRITTEN in selected:
+            yield _rewritten_result(state_key, shard)
         if ERRORS in selected:
             new, total, since = _new_error_rows(context, state_key, shard)
             yield AssetCheckResult(

@@ -142,6 +142,9 @@ def shard_metadata(inspected: Mapping[str, object]) -> dict[str, Any]:
         meta["ingested_files"] = MetadataValue.int(len(files))
         if files:
             meta["last_file"] = MetadataValue.text(max(files))
+    rewritten = inspected.get("rewritten_files")
+    if isinstance(rewritten, list):  # what the last ingest found (upsert_core.ingest.ledger)
+        meta["rewritten_files"] = MetadataValue.int(len(rewritten))
     meta["shard"] = MetadataValue.text(str(inspected.get("shard")))
     return meta
 

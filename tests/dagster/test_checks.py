@@ -41,7 +41,8 @@ def _ingest_first_two(plat: Platform) -> list[str]:
     plat.add_partitions(plat.spec(), names)
     built, result, checks, _ = _run(plat, names[1])
     assert result.success and all(c.passed for c in checks.values())
-    assert set(checks) == {*BLOCKING_CHECKS, "error_rows_did_not_grow"}
+    assert set(checks) == {*BLOCKING_CHECKS, "error_rows_did_not_grow",
+                           "landing_files_unchanged"}
     assert checks["state_matches_shard"].metadata["touched_buckets"].value > 0
     assert {c.metadata["method"].value for c in checks.values() if c.check_name
             in BLOCKING_CHECKS} == {"batch"}
@@ -62,7 +63,8 @@ def test_passing_checks_show_no_problems_entry(plat: Platform) -> None:
     _, _, full, _ = _run(plat, None, job="feed_full_check")
     checks = [*blocking.values(), *full.values()]
     assert {c.check_name for c in checks} == {*BLOCKING_CHECKS, *FULL_CHECKS,
-                                              "error_rows_did_not_grow"}
+                                              "error_rows_did_not_grow",
+                                              "landing_files_unchanged"}
     assert all(c.passed for c in checks)
     assert [c.check_name for c in checks if "problems" in c.metadata] == []
 
@@ -280,6 +282,42 @@ def test_new_error_rows_warn_without_blocking(plat: Platform) -> None:
     assert warn.metadata["since_ts"].value == 2
     assert checks["storage_invariants"].metadata["new_error_parts"].value == 1
     assert built.key("output_shard") in materialized
+
+
+def test_a_rewritten_landing_file_fails_a_non_blocking_check_naming_it(plat: Platform) -> None:
+    names = plat.write_batches(["b-01.jsonl", "b-02.jsonl"])
+    plat.add_partitions(plat.spec(), names)
+    _, _, checks, _ = _run(plat, names[0])
+    assert checks["landing_files_unchanged"].passed is True
+    assert "problems" not in checks["landing_files_unchanged"].metadata
+
+    write_jsonl(plat.landing / "b-01.jsonl", [{"key": "a", "offset": 9, "v": "again"}])
+    built, result, checks, materialized = _run(plat, names[1])
+    assert result.success
+    check = checks["landing_files_unchanged"]
+    assert check.passed is False and check.severity == AssetCheckSeverity.ERROR
+    assert check.metadata["rewritten_files"].value == ["b-01.jsonl"]
+    assert "b-01.jsonl: rewritten since it was ingested" in _problems(check)
+    assert "b-01.jsonl" in (check.description or "")
+    assert built.key("output_shard") in materialized  # not blocking: b-02 is published
+    assert all(checks[name].passed for name in BLOCKING_CHECKS)
+    state = plat.shard().state()
+    assert state.ingested_files == {"b-01.jsonl": 0, "b-02.jsonl": 1}
+
+
+def test_a_shard_ingested_before_records_were_kept_passes_the_rewritten_check(
+    plat: Platform, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from upsert_core.ingest import pipeline
+
+    names = plat.write_batches(["b-01.jsonl", "b-02.jsonl"])
+    plat.add_partitions(plat.spec(), names)
+    with monkeypatch.context() as old:  # an older version recorded names only
+        old.setattr(pipeline, "with_ledger", lambda request, file: request)
+        _run(plat, names[0])
+    write_jsonl(plat.landing / "b-01.jsonl", [{"key": "a", "offset": 9, "v": "again"}])
+    _, result, checks, _ = _run(plat, names[1])
+    assert result.success and checks["landing_files_unchanged"].passed is True
 
 
 def test_output_shard_row_count_is_the_published_one(

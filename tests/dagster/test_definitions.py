@@ -37,6 +37,7 @@ def test_repository_definitions_load() -> None:
     }
     assert blocking == {"shard_consolidated": True, "storage_invariants": True,
                         "state_matches_shard": True, "error_rows_did_not_grow": False,
+                        "landing_files_unchanged": False,
                         "full_shard_consolidated": False, "full_storage_invariants": False,
                         "full_state_matches_shard": False}
     assert defs.resolve_job_def("demo_ingest") and defs.resolve_job_def("demo_rollup_gc")
