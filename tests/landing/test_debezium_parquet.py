@@ -185,6 +185,16 @@ def test_a_wrong_layout_is_a_file_error_naming_the_column(
     assert str(caught.value).startswith(message), str(caught.value)
 
 
+def test_a_key_typed_alike_in_before_and_after_is_read_as_one_column() -> None:
+    table = pa.table({
+        "op": ["c", "d"],
+        "after": pa.array([{"id": 1}, None], pa.struct([("id", pa.int32())])),
+        "before": pa.array([None, {"id": 2}], pa.struct([("id", pa.int64())])),
+        "source": pa.array([{"lsn": 1}, {"lsn": 2}]),
+    })
+    assert [r["id"] for r in _rows(_translate(table))] == [1, 2]
+
+
 def test_duplicate_fields_in_an_image_are_a_file_error() -> None:
     image = pa.StructArray.from_arrays([pa.array([1]), pa.array([2])], names=["id", "id"])
     table = pa.table({"op": ["c"], "after": image, "source": pa.array([{"lsn": 1}])})

@@ -66,7 +66,7 @@ from upsert_core.landing.debezium import (
 )
 from upsert_core.landing.listing import LandingFile
 from upsert_core.landing.readers import read_parquet
-from upsert_core.landing.schema import LogicalType, SourceSchema
+from upsert_core.landing.schema import LogicalType, SourceSchema, logical_type_of
 
 Mask = npt.NDArray[np.bool_]
 Why = Callable[[int], str]
@@ -245,16 +245,29 @@ def _merged(
             return present
         return pc.if_else(pa.array(keep), present, pa.scalar(None, present.type))
     if a.type != b.type:
-        if pa.types.is_null(b.type):
-            b = b.cast(a.type)
-        elif pa.types.is_null(a.type):
-            a = a.cast(b.type)
-        else:
-            raise IngestError(
-                f"{file}: key column {col!r} has type {a.type} in 'after' but {b.type} in"
-                " 'before'"
-            )
+        a, b = _same_type(file, col, a, b)
     return pc.if_else(pa.array(deletes), b, a)
+
+
+def _same_type(file: str, col: str, a: pa.Array, b: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """``after``'s and ``before``'s values of key column ``col`` as one type: either
+    one's, where both are of one column type (int32 and int64; a null column goes with
+    anything) and the other's values cast to it without a change; else a file-level
+    error naming the column."""
+    try:
+        alike = len({logical_type_of(a.type), logical_type_of(b.type)} - {None}) <= 1
+    except TypeError:  # a nested type: validation refuses it as a column anyway
+        alike = False
+    if alike:
+        for source, target in ((b, a.type), (a, b.type)):
+            try:
+                cast = source.cast(target)  # safe: refuses to change a value
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                continue
+            return (a, cast) if source is b else (cast, b)
+    raise IngestError(
+        f"{file}: key column {col!r} has type {a.type} in 'after' but {b.type} in 'before'"
+    )
 
 
 # --- columns -------------------------------------------------------------------------
