@@ -4,11 +4,11 @@ rewritten under an ingested name").
 
 Storage, in the shard's config (entry names in :mod:`~upsert_core.ingest.shard_config`):
 
-- ``ingest.file.<name>``: :class:`FileRecord` as JSON, ``{"size": N, "digest":
+- ``ledger.file.<name>``: :class:`FileRecord` as JSON, ``{"size": N, "digest":
   "xxh3_128:<hex>", "version": V}`` (``version``: what the listing saw, the local inode
   and modification time or the S3 ETag). Written by the compare-and-append that commits
   the file's name (:func:`with_ledger`): a name and its record are one state transition.
-- ``ingest.rewritten_files``: a JSON list of the names the last ingest that listed the
+- ``ledger.rewritten_files``: a JSON list of the names the last ingest that listed the
   landing found rewritten, in name order; absent when it found none
   (:func:`record_rewritten`, a compare-and-set of that one entry, only when it changes).
 

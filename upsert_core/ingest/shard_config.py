@@ -35,11 +35,11 @@ The entries (what existing shards hold; names and formats never change):
 - ``ingest.commit``: the nonce of the latest ingest commit; ``ingest.history``: JSON
   ``{"<upper>": "<nonce>"}`` of the last :data:`HISTORY_LENGTH` ingest commits, in
   ascending upper order (see ``ingest.statecache``).
-- ``ingest.file.<name>``: the ledger record of ingested landing file ``name`` (size,
+- ``ledger.file.<name>``: the ledger record of ingested landing file ``name`` (size,
   content digest, listed version; JSON), committed with the name; absent for files
-  ingested before records were kept. ``ingest.rewritten_files``: a JSON list of the
+  ingested before records were kept. ``ledger.rewritten_files``: a JSON list of the
   names the last ingest found rewritten, absent when none (``ingest.ledger`` reads and
-  writes both; :meth:`ShardIngestConfig.read` never parses them).
+  writes both; outside ``ingest.``, which :meth:`ShardIngestConfig.read` reads whole).
 
 Invariants:
 
@@ -88,8 +88,8 @@ LIVE_ROWS_UNKNOWN = "unknown"
 CONFIG_COMMIT_NONCE = "ingest.commit"
 CONFIG_HISTORY = "ingest.history"
 
-CONFIG_FILE_PREFIX = "ingest.file."
-CONFIG_REWRITTEN = "ingest.rewritten_files"
+CONFIG_FILE_PREFIX = "ledger.file."
+CONFIG_REWRITTEN = "ledger.rewritten_files"
 
 HISTORY_LENGTH = 16
 """Ingest commits ``ingest.history`` remembers."""
