@@ -25,6 +25,7 @@ from upsert_core.landing.validate import (
     ERRORS_ARROW_SCHEMA,
     ValidatedBatch,
     validate_batch,
+    validate_chunks,
     validate_file,
 )
 from upsert_core.landing.value_checks import (
@@ -64,5 +65,6 @@ __all__ = [
     "read_jsonl",
     "read_parquet",
     "validate_batch",
+    "validate_chunks",
     "validate_file",
 ]
