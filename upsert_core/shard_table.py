@@ -50,8 +50,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from upsert_core.errors import CorruptData, ShardNotFound
+from upsert_core.drain import OrderScope
+from upsert_core.errors import CorruptData, ShardNotFound, UpsertPlatformError
 from upsert_core.ingest.shard_config import ShardIngestConfig
+from upsert_core.ingest.tasks import Base
 from upsert_core.landing import ARROW_TYPES, SourceSchema
 from upsert_core.landing.rows import decode_rows_to_table
 from upsert_core.persist.buckets import bucket_of_keys
@@ -59,7 +61,7 @@ from upsert_core.persist.commit_times import as_of_ts, changes_ts
 from upsert_core.persist.read import check_snapshot_readable
 from upsert_core.persist.shard import READ_ATTEMPTS, Shard
 from upsert_core.persist.state import ShardState
-from upsert_core.persist.typed_read import TypedSnapshot, open_typed_snapshot
+from upsert_core.persist.typed_read import BucketBase, TypedSnapshot, open_typed_snapshot
 from upsert_core.shard_summary import shard_summary
 from upsert_core.stores import existing_shards_note, open_stores, resolve
 
@@ -132,7 +134,8 @@ class ShardTable:
     ) -> Iterator[pa.RecordBatch]:
         fields = list(snapshot_schema(schema))
         try:
-            typed = open_typed_snapshot(self.shard.blob, state, as_of, fields)
+            typed = open_typed_snapshot(self.shard.blob, state, as_of, fields,
+                                        typed_bases(state))
         except CorruptData:
             typed = None  # the merged read resumes after GC, or reports the damage
         if typed is not None and selection is not None and typed.buckets != selection.buckets:
@@ -193,7 +196,8 @@ class ShardTable:
             while True:
                 try:
                     if current is None:  # a restart: reopen on the fresh state
-                        current = open_typed_snapshot(self.shard.blob, state, as_of, fields)
+                        current = open_typed_snapshot(self.shard.blob, state, as_of, fields,
+                                                      typed_bases(state))
                         if current is not None and current.buckets != buckets:
                             current.close()
                             current = None
@@ -305,6 +309,26 @@ def _in_buckets(
         close = getattr(batches, "close", None)
         if close is not None:
             close()
+
+
+def typed_bases(state: ShardState) -> dict[int, BucketBase]:
+    """The buckets' checkpoint bases a typed snapshot may read instead of the history
+    before them (``persist.typed_read``): the part and typed bases of a batch-scope
+    shard (``ingest.checkpoint``), each the bucket's rows as of its upper."""
+    try:
+        stored = ShardIngestConfig.read(state.config)
+    except UpsertPlatformError:
+        return {}  # the snapshot reports a malformed config, if it matters
+    if stored.options is None or stored.options.order_scope is not OrderScope.BATCH:
+        return {}
+    out = {}
+    for bucket, ref in stored.checkpoint_refs.items():
+        if not ref.endswith(".parquet"):
+            continue  # a columnar checkpoint holds encoded rows, not values
+        base = Base.decode(stored.checkpoint_bases.get(bucket), state.upper)
+        if base.size > 0 and base.rows > 0:
+            out[bucket] = BucketBase(ref, base.as_of, base.rows, base.size)
+    return out
 
 
 def snapshot_schema(schema: SourceSchema | None) -> pa.Schema:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from upsert_core.columnar import ColumnarState
@@ -31,6 +32,7 @@ from upsert_core.landing import encode_key
 from upsert_core.persist.check import CONSOLIDATION, STORAGE, CheckReport
 from upsert_core.persist.check_batch import configs_at_uppers
 from upsert_core.persist.consolidate import UPDATE_SCHEMA
+from upsert_core.persist.parts import encode_parquet
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.state import BlobPart
 
@@ -39,16 +41,21 @@ from .helpers import memory_shard, write_jsonl
 BUCKETS = 4
 
 
-def _request(scope: str) -> IngestRequest:
-    return IngestRequest(key=("key",), order="offset", buckets=BUCKETS, order_scope=scope)
+def _request(scope: str, part_bases: bool = True) -> IngestRequest:
+    return IngestRequest(key=("key",), order="offset", buckets=BUCKETS, order_scope=scope,
+                         part_bases=part_bases)
 
 
-def _ingest(shard: Shard, root: Path, scope: str, files: dict[str, list[dict]]) -> int:
-    """Ingest ``files`` in one run; returns the upper before it."""
+def _ingest(
+    shard: Shard, root: Path, scope: str, files: dict[str, list[dict]],
+    part_bases: bool = True,
+) -> int:
+    """Ingest ``files`` in one run; returns the upper before it. ``part_bases=False``:
+    every checkpoint is a columnar one (``ingest.checkpoint``)."""
     for name, rows in files.items():
         write_jsonl(root, name, rows)
     before = shard.state().upper
-    ingest(shard, str(root), _request(scope))
+    ingest(shard, str(root), _request(scope, part_bases))
     return before
 
 
@@ -66,11 +73,11 @@ def _big(i: int) -> list[dict]:
     return [{"key": k, "offset": i, "v": _value(i, k)} for k in range(300)]
 
 
-def _built(tmp_path: Path, scope: str) -> Shard:
+def _built(tmp_path: Path, scope: str, part_bases: bool = True) -> Shard:
     """A big first batch (blob parts, every bucket), then a run of three small files
     with updates, deletes (of live and of absent keys) and an identical re-send."""
     shard = memory_shard()
-    _ingest(shard, tmp_path, scope, {"00.jsonl": _big(0)})
+    _ingest(shard, tmp_path, scope, {"00.jsonl": _big(0)}, part_bases)
     _ok(check_new_batch(shard, 0))
     files = {
         "01.jsonl": [{"key": 1, "offset": 1, "v": "b1"}, {"key": 2, "offset": 1,
@@ -80,7 +87,7 @@ def _built(tmp_path: Path, scope: str) -> Shard:
                      {"key": 2, "offset": 2, "v": "back"}],
         "03.jsonl": [{"key": 3, "offset": 0, "v": _value(0, 3)}],  # identical: no change
     }
-    assert _ingest(shard, tmp_path, scope, files) == 1
+    assert _ingest(shard, tmp_path, scope, files, part_bases) == 1
     return shard
 
 
@@ -149,7 +156,7 @@ def test_a_replaced_checkpoint_of_a_touched_bucket_fails_state(
     tmp_path: Path, scope: str
 ) -> None:
     shard = memory_shard()
-    _ingest(shard, tmp_path, scope, {"00.jsonl": _big(0)})
+    _ingest(shard, tmp_path, scope, {"00.jsonl": _big(0)}, part_bases=False)
     _replace_row(shard, shard.state().config[checkpoint_ref_name(2)])
     report = check_new_batch(shard, 0)
     assert any("bucket 2" in p for p in report.of_kind(STATE)), report.problems
@@ -157,7 +164,7 @@ def test_a_replaced_checkpoint_of_a_touched_bucket_fails_state(
 
 
 def test_a_replaced_checkpoint_the_run_kept_fails_state(tmp_path: Path) -> None:
-    shard = _built(tmp_path, "batch")
+    shard = _built(tmp_path, "batch", part_bases=False)
     touched = [b for b in range(BUCKETS)
                if check_new_batch(shard, 1, 2).counts["touched_buckets"]]
     assert touched
@@ -168,6 +175,25 @@ def test_a_replaced_checkpoint_the_run_kept_fails_state(tmp_path: Path) -> None:
         _replace_row(shard, state.config[checkpoint_ref_name(b)])
     report = check_new_batch(shard, 1)
     assert report.of_kind(STATE) or report.of_kind(CONSOLIDATION), report.problems
+
+
+def test_a_replaced_typed_base_of_a_touched_bucket_fails_state(tmp_path: Path) -> None:
+    """A typed base (``ingest.typed_base``) overwritten with a valid one whose first
+    value differs is caught like a columnar checkpoint."""
+    shard = memory_shard()
+    _ingest(shard, tmp_path, "batch", {"00.jsonl": _big(0)})
+    before = _ingest(shard, tmp_path, "batch", {"01.jsonl": _big(1)})
+    ref = shard.state().config[checkpoint_ref_name(2)]
+    assert ref.startswith("s/checkpoint/") and ref.endswith(".parquet"), ref
+    table = pq.read_table(pa.BufferReader(shard.blob.get(ref) or b""))
+    values = table.column("v:v").to_pylist()
+    values[0] = values[0] + "!"
+    changed = table.set_column(table.schema.get_field_index("v:v"), "v:v",
+                               pa.array(values, pa.string()))
+    shard.blob.set(ref, encode_parquet(changed.replace_schema_metadata(table.schema.metadata)))
+    report = check_new_batch(shard, before)
+    assert any("bucket 2" in p for p in report.of_kind(STATE)), report.problems
+    assert not report.of_kind(STORAGE) and not report.of_kind(CONSOLIDATION)
 
 
 def _append_behind(shard: Shard, rows: list[dict]) -> int:

@@ -52,15 +52,17 @@ def test_a_failing_bucket_leaves_no_blob_of_the_attempt(tmp_path: Path, monkeypa
     files = _files(tmp_path)
     ingest(shard, files[0], IngestRequest(buckets=8), engine=InProcessEngine(threads=4))
     before = _blobs(shard)
-    real = tasks.write_checkpoint
+    def failing_as(real):  # noqa: ANN001, ANN202
+        def failing(blob, shard_id, bucket, *args):  # noqa: ANN001, ANN002, ANN202
+            if bucket == 3:
+                time.sleep(0.05)  # the other buckets write meanwhile
+                raise IngestError("injected")
+            return real(blob, shard_id, bucket, *args)
+        return failing
 
-    def failing(blob, shard_id, bucket, *args):  # noqa: ANN001, ANN002, ANN202
-        if bucket == 3:
-            time.sleep(0.05)  # the other buckets write meanwhile
-            raise IngestError("injected")
-        return real(blob, shard_id, bucket, *args)
-
-    monkeypatch.setattr(tasks, "write_checkpoint", failing)
+    # Whichever kind of checkpoint the bucket writes (a typed base in the batch scope).
+    for name in ("write_checkpoint", "write_typed_base"):
+        monkeypatch.setattr(tasks, name, failing_as(getattr(tasks, name)))
     with pytest.raises(IngestError, match="injected"):
         ingest(shard, files[1], IngestRequest(buckets=8, inline_threshold=0),
                engine=InProcessEngine(threads=4))
@@ -77,14 +79,15 @@ def test_an_unexpected_error_leaves_no_blob_of_the_attempt(
     files = _files(tmp_path)
     ingest(shard, files[0], IngestRequest(buckets=8), engine=InProcessEngine(threads=threads))
     before = _blobs(shard)
-    real = tasks.write_checkpoint
+    def failing_as(real):  # noqa: ANN001, ANN202
+        def failing(blob, shard_id, bucket, *args):  # noqa: ANN001, ANN002, ANN202
+            if bucket == 3:
+                raise ValueError("unexpected")
+            return real(blob, shard_id, bucket, *args)
+        return failing
 
-    def failing(blob, shard_id, bucket, *args):  # noqa: ANN001, ANN002, ANN202
-        if bucket == 3:
-            raise ValueError("unexpected")
-        return real(blob, shard_id, bucket, *args)
-
-    monkeypatch.setattr(tasks, "write_checkpoint", failing)
+    for name in ("write_checkpoint", "write_typed_base"):
+        monkeypatch.setattr(tasks, name, failing_as(getattr(tasks, name)))
     with pytest.raises(ValueError, match="unexpected"):
         ingest(shard, files[1], IngestRequest(buckets=8, inline_threshold=0),
                engine=InProcessEngine(threads=threads))

@@ -18,7 +18,9 @@ from upsert_core.persist.testing import DelegatingBlob
 
 from .helpers import snapshot_rows, write_jsonl
 
-REQUEST = IngestRequest(key=("key",), order="offset", buckets=2, inline_threshold=0)
+# Columnar checkpoints: the only parts the later files read are the ones they replay.
+REQUEST = IngestRequest(key=("key",), order="offset", buckets=2, inline_threshold=0,
+                        part_bases=False)
 
 
 class VanishingPartsBlob(DelegatingBlob):
@@ -79,6 +81,27 @@ def test_a_part_lost_to_a_concurrent_gc_is_retried_on_the_fresh_state(tmp_path: 
     reference = _reference(full)
     for ts in range(4):
         assert snapshot_rows(shard, ts) == snapshot_rows(reference, ts)
+
+
+def test_a_part_base_lost_to_a_concurrent_gc_loses_nothing(tmp_path: Path) -> None:
+    """With part bases the first part read is a bucket's base: losing it (a GC that saw
+    the bucket move to a newer base) makes the bucket unusable, never wrong."""
+    first, full = _landing(tmp_path)
+    request = IngestRequest(key=("key",), order="offset", buckets=2, inline_threshold=0)
+    consensus, blob = MemoryConsensus(), VanishingPartsBlob(MemoryBlob())
+    shard = Shard.open(consensus, blob, "s")
+    ingest(shard, str(first), request, engine=InProcessEngine(cache=None))
+    other = Shard.open(consensus, blob, "s")
+    blob.on_vanish = lambda: other.machine.apply(
+        lambda s: s.evolve(config={**s.config, "x": "y"}))
+    blob.armed = 1
+    report = ingest(shard, str(full), request, engine=InProcessEngine(cache=None))
+    assert blob.armed == 0, "the test never made a part vanish"
+    assert [f.name for f in report.files] == ["01.jsonl", "02.jsonl", "03.jsonl"]
+    reference = _reference(full)
+    for ts in range(4):
+        assert snapshot_rows(shard, ts) == snapshot_rows(reference, ts)
+    assert shard.check().ok
 
 
 def test_a_missing_part_on_an_unchanged_shard_is_reported(tmp_path: Path) -> None:

@@ -7,7 +7,9 @@
 - :mod:`~upsert_core.columnar.consolidate`: rehydration from a snapshot and replay of
   the shard's changes, both verified;
 - :mod:`~upsert_core.columnar.checkpoint_format`: the checkpoint bytes (Arrow IPC with a
-  digest).
+  digest);
+- :mod:`~upsert_core.columnar.derived_rows`: a base's rows kept as typed values (read
+  from a part) and encoded only where a batch touches them.
 
 It keeps the semantics of the per-key engine (:mod:`upsert_core.state` and
 :mod:`upsert_core.drain`, which stay the reference the property tests compare against)

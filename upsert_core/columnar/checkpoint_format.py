@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
+from upsert_core.columnar.derived_rows import as_row_array
 from upsert_core.columnar.merge import fold
 from upsert_core.columnar.state import ROW_TYPE, ColumnarState
 from upsert_core.errors import CodecError, InvalidUpsertState
@@ -37,7 +38,7 @@ _IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
 def encode_state(state: ColumnarState, meta: dict[str, Any]) -> bytes:
     """``state`` (its overlay folded in) as checkpoint bytes carrying ``meta``."""
     state = fold(state)
-    columns = [pa.array(state.hi), pa.array(state.lo), state.rows]
+    columns = [pa.array(state.hi), pa.array(state.lo), as_row_array(state.rows)]
     names = ["hi", "lo", "row"]
     if state.orders is not None:
         columns.append(pa.array(state.orders))

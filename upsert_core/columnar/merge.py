@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from upsert_core.columnar.derived_rows import as_row_array
 from upsert_core.columnar.state import (
     I64,
     ROW_TYPE,
@@ -45,9 +46,10 @@ FOLD_MIN_KEYS = 65_536
 """... and more than this many keys (small states are simply rewritten)."""
 
 
-def _sources(n: int, index: Index, found: Mask, write: Mask, remove: Mask) -> Index:
+def merge_sources(n: int, index: Index, found: Mask, write: Mask, remove: Mask) -> Index:
     """Where each key of the merged level comes from, as indices into the level's
-    ``n`` entries followed by the changes (see :func:`merge_changes`)."""
+    ``n`` entries followed by the changes (see :func:`merge_changes`; a removed key
+    comes from nowhere)."""
     replace = write & found
     insert = write & ~found
     drop = remove & found
@@ -68,7 +70,8 @@ def _sources(n: int, index: Index, found: Mask, write: Mask, remove: Mask) -> In
 
 
 def _rows(level_rows: pa.Array, rows: pa.Array, sources: Index) -> pa.LargeBinaryArray:
-    both = pa.concat_arrays([level_rows.cast(ROW_TYPE), rows.cast(ROW_TYPE)])
+    # A base with derived rows is encoded whole here: a fold rewrites every row anyway.
+    both = pa.concat_arrays([as_row_array(level_rows).cast(ROW_TYPE), rows.cast(ROW_TYPE)])
     taken: pa.LargeBinaryArray = both.take(pa.array(sources, pa.int64()))
     return taken
 
@@ -104,7 +107,7 @@ def merge_changes(
         new_rows = rows if whole else rows.take(pa.array(picked, pa.int64()))
         new_orders = None if state.orders is None or orders is None else orders[picked]
         return ColumnarState(hi[picked], lo[picked], new_rows.cast(ROW_TYPE), new_orders)
-    sources = _sources(n, index, found, write, remove)
+    sources = merge_sources(n, index, found, write, remove)
     new_orders = None
     if state.orders is not None and orders is not None:
         new_orders = np.concatenate([state.orders, orders])[sources]
@@ -214,7 +217,7 @@ def with_changes(
             len(hi), np.intp)
         o_found = in_overlay
         drop = remove & ~look.in_base  # present only in the overlay (if at all)
-        sources = _sources(len(ov), o_index, o_found, entries, drop)
+        sources = merge_sources(len(ov), o_index, o_found, entries, drop)
         change_rows = rows.cast(ROW_TYPE)
         if mark_gone.any():
             change_rows = pc.if_else(pa.array(mark_gone), pa.nulls(len(hi), ROW_TYPE),

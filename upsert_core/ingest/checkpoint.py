@@ -20,6 +20,16 @@ Invariants:
   scope asked for, and every key belongs to the bucket; anything else raises
   :class:`CheckpointUnusable` and the caller rehydrates. Location failures (the store
   is unreachable) propagate.
+- A checkpoint may be a *part base* (batch order scope only): the bucket's one typed
+  batch part (part format 3, labelled with the bucket, consolidated, every diff +1)
+  written when the bucket's state was empty, which then holds exactly the bucket's
+  state, so the state is not stored a second time (``tasks`` decides when). It loads
+  as the part's value columns with rows derived on demand
+  (:mod:`~upsert_core.columnar.derived_rows`); anything else about the part (another
+  label, a retraction, another format, the global scope) makes it unusable. Such a
+  ref names a part, not a blob under the checkpoint prefix: the part stays referenced
+  by the batch that holds it and by the ref (GC keeps it while either does), and a
+  writer whose append lost deletes it as one of its parts.
 - Checkpoints written before the columnar format (Parquet of ``StateValue`` encodings,
   format 1) still load: they are converted once, key by key, and the next checkpoint
   the bucket writes is columnar. A loaded state holds only finalized values and
@@ -32,6 +42,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from upsert_core.columnar import ColumnarState, split_keys
@@ -41,10 +52,19 @@ from upsert_core.columnar.checkpoint_format import (
     is_columnar,
     schema_metadata,
 )
+from upsert_core.columnar.derived_rows import DerivedRows
 from upsert_core.drain import OrderScope
 from upsert_core.errors import CodecError, InvalidUpsertState, UpsertPlatformError
 from upsert_core.persist.keys import checkpoint_prefix, unique_name
 from upsert_core.persist.location import Blob
+from upsert_core.persist.parts import (
+    BUCKET_META,
+    CONSOLIDATED_META,
+    FORMAT_META,
+    VALUE_PREFIX,
+    VALUES_ONLY_FORMAT,
+    format_bucket,
+)
 from upsert_core.state import StateValue
 
 CHECKPOINT_FORMAT = 2
@@ -109,7 +129,11 @@ def load_checkpoint(
             raise CheckpointUnusable(f"checkpoint {key} cannot be used: {exc}") from exc
         _check_meta(key, meta, shard, bucket, buckets, scope, CHECKPOINT_FORMAT)
     else:
-        state = _load_legacy(key, data, shard, bucket, buckets, scope)
+        parquet = _parquet(key, data)
+        if FORMAT_META in (parquet.schema_arrow.metadata or {}):
+            state = _load_part_base(key, parquet, bucket, buckets, scope)
+        else:
+            state = _load_legacy(key, parquet, shard, bucket, buckets, scope)
     if state.keeps_orders != (scope is OrderScope.GLOBAL):
         raise CheckpointUnusable(f"checkpoint {key} does not match order scope {scope.value}")
     if len(state) and bool(np.any(state.hi % np.uint64(buckets) != np.uint64(bucket))):
@@ -128,12 +152,65 @@ def _check_meta(
         raise CheckpointUnusable(f"checkpoint {key} is not one of bucket {bucket}: {meta!r}")
 
 
+def _parquet(key: str, data: bytes) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(pa.BufferReader(data))
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise CheckpointUnusable(f"checkpoint {key} is not valid Parquet: {exc}") from exc
+
+
+def is_part_base(ref: str, shard: str) -> bool:
+    """Whether checkpoint ref ``ref`` names a batch part (a part base) rather than a
+    checkpoint blob."""
+    return bool(ref) and not ref.startswith(checkpoint_prefix(shard))
+
+
+def _load_part_base(
+    key: str, parquet: pq.ParquetFile, bucket: int, buckets: int, scope: OrderScope
+) -> ColumnarState:
+    """The state a part base holds (see the module docstring)."""
+    schema = parquet.schema_arrow
+    meta = schema.metadata or {}
+    if scope is not OrderScope.BATCH:
+        raise CheckpointUnusable(
+            f"checkpoint {key} is a batch part, which is a checkpoint only in the batch "
+            "order scope"
+        )
+    if (
+        meta.get(FORMAT_META) != str(VALUES_ONLY_FORMAT).encode()
+        or meta.get(BUCKET_META) != format_bucket((bucket, buckets)).encode()
+        or meta.get(CONSOLIDATED_META) != b"1"
+    ):
+        raise CheckpointUnusable(
+            f"checkpoint {key} is not a consolidated format-{VALUES_ONLY_FORMAT} part of "
+            f"bucket {bucket} of {buckets}"
+        )
+    names = [n for n in schema.names if n.startswith(VALUE_PREFIX)]
+    if schema.names[:3] != ["key", "ts", "diff"] or not names:
+        raise CheckpointUnusable(f"checkpoint {key} has columns {schema.names}")
+    try:
+        # read_table would import pyarrow.dataset (0.2 s); the file is in memory already.
+        table = parquet.read(columns=["key", "diff", *names], use_threads=True)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise CheckpointUnusable(f"checkpoint {key} cannot be read: {exc}") from exc
+    diffs = table.column("diff")
+    if diffs.null_count or (len(diffs) and not pc.all(pc.equal(diffs, 1)).as_py()):
+        raise CheckpointUnusable(f"checkpoint {key} holds updates that are not insertions")
+    try:
+        hi, lo = split_keys(table.column("key"))
+        values = table.select(names).rename_columns([n[len(VALUE_PREFIX):] for n in names])
+        return ColumnarState.checked(hi, lo, DerivedRows(values), None)
+    except (InvalidUpsertState, ValueError) as exc:
+        raise CheckpointUnusable(f"checkpoint {key} holds malformed keys: {exc}") from exc
+
+
 def _load_legacy(
-    key: str, data: bytes, shard: str, bucket: int, buckets: int, scope: OrderScope
+    key: str, parquet: pq.ParquetFile, shard: str, bucket: int, buckets: int,
+    scope: OrderScope,
 ) -> ColumnarState:
     """A format-1 checkpoint, converted (per key: only ever once per bucket)."""
     try:
-        table = pq.ParquetFile(pa.BufferReader(data)).read()  # read_table imports datasets: 0.2 s
+        table = parquet.read()
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise CheckpointUnusable(f"checkpoint {key} is not valid Parquet: {exc}") from exc
     _check_meta(key, schema_metadata(table.schema), shard, bucket, buckets, scope,

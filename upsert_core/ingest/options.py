@@ -83,6 +83,10 @@ class IngestRequest:
     value_checks: tuple[ValueCheck, ...] = ()
     typed_parts: bool = field(default_factory=lambda: typed_parts_from_env())
     values_only: bool = field(default_factory=lambda: part_format_from_env() >= 3)
+    part_bases: bool = field(default_factory=lambda: part_bases_from_env())
+    """With ``values_only``, batch scope: a bucket drained from an empty state keeps its
+    one part as its checkpoint base instead of writing the state again
+    (``ingest.checkpoint``); False always writes columnar checkpoints."""
     maintain: bool | None = None
     """Maintain the shard after the run's commits (``ingest.maintenance``); None: as
     ``UPSERT_AUTO_MAINTENANCE`` says (default on)."""
@@ -143,6 +147,21 @@ def _typed_setting(env: Mapping[str, str]) -> bool:
     if text in ("0", "false", "no", "off"):
         return False
     raise ConfigError(f"{TYPED_PARTS_ENV}={text!r}: use 1 (the default) or 0")
+
+
+PART_BASES_ENV = "UPSERT_PART_BASES"
+"""``0`` makes every checkpoint a columnar one (no part bases; see ``IngestRequest``)."""
+
+
+def part_bases_from_env(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ingests may keep a bucket's part as its checkpoint base."""
+    env = os.environ if env is None else env
+    text = env.get(PART_BASES_ENV, "").strip().lower()
+    if text in ("", "1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{PART_BASES_ENV}={text!r}: use 1 (the default) or 0")
 
 
 WRITER_LEASE_ENV = "UPSERT_WRITER_LEASE_S"

@@ -115,6 +115,7 @@ def plan_file(
         inline_threshold=request.inline_threshold,
         typed_parts=request.typed_parts,
         values_only=request.values_only,
+        part_bases=request.part_bases,
         shard_state=state,
         bases={
             b: stored.checkpoint_bases[b]

@@ -33,6 +33,12 @@ Invariants:
   batches, and otherwise writes a new one, so checkpoint writes follow the batch, not
   the table, and a cold load replays at most ``REPLAY_FRACTION`` of a base's updates. The
   global scope writes a current checkpoint whenever the bucket changed, as before.
+- Part bases (batch order scope): a bucket drained from an empty state writes its
+  output, all insertions, as one typed part, and that part is its checkpoint base
+  (``checkpoint.is_part_base``): the state is stored once, and a later load reads its
+  values and encodes only the rows a batch touches (``columnar.derived_rows``). A new
+  base written later is a typed base (``ingest.typed_base``): the state as its values,
+  in the same layout, so a batch-scope state is never stored as encoded rows.
 - With a :class:`StateCache`, a step takes the bucket's state from the cache instead of
   decoding the checkpoint when the cache holds it as of a committed upper (checked by
   commit nonce, see :mod:`~upsert_core.ingest.statecache`) and the referenced
@@ -70,6 +76,7 @@ from upsert_core.ingest.rehydrate import GLOBAL_REHYDRATION_WARNING, rehydrate_b
 from upsert_core.ingest.replay import replay_bucket
 from upsert_core.ingest.statecache import CachedState, CacheKey, StateCache
 from upsert_core.ingest.tombstones import load_tombstones, with_tombstones, write_tombstones
+from upsert_core.ingest.typed_base import write_typed_base
 from upsert_core.landing import (
     LandingFile,
     RowError,
@@ -86,12 +93,13 @@ from upsert_core.persist.codec_state import decode_state
 from upsert_core.persist.keys import writing_as
 from upsert_core.persist.location import Blob
 from upsert_core.persist.parts import (
+    DEFAULT_PART_ROWS,
     VALUE_PREFIX,
     delete_parts,
     write_error_batch,
     write_parts,
 )
-from upsert_core.persist.state import BlobPart, ShardState
+from upsert_core.persist.state import BlobPart, Part, ShardState
 
 ROWS_SCHEMA = pa.schema(
     [
@@ -171,6 +179,9 @@ class FileTask:
     """Write typed parts (value columns; ``options.TYPED_PARTS_ENV``)."""
     values_only: bool = True
     """With ``typed_parts``: store each row once, as its values (part format 3)."""
+    part_bases: bool = True
+    """With ``values_only``: a bucket drained from an empty state may keep its part as
+    its checkpoint base (batch scope; see the module docstring)."""
     shard_state: ShardState | None = None
     shard_state_bytes: bytes | None = None
     bases: dict[int, str] = field(default_factory=dict)
@@ -490,6 +501,13 @@ def _keeps_base(task: FileTask, base: Base, pending: int, result: BucketResult) 
     )
 
 
+def _part_base(parts: list[Part], rows: int) -> BlobPart | None:
+    """The one blob part holding all ``rows`` of a bucket's state, if there is one."""
+    if len(parts) == 1 and isinstance(parts[0], BlobPart) and parts[0].num_updates == rows:
+        return parts[0]
+    return None
+
+
 def _run_bucket(
     task: FileTask,
     bucket: int,
@@ -501,6 +519,12 @@ def _run_bucket(
 ) -> None:
     ts = task.ts
     state, base = _load_state(task, bucket, blob, result, cache)
+    # Batch scope, from an empty state: the output is every row the state will hold,
+    # all insertions, so a format-3 part of it can be the bucket's checkpoint base.
+    whole_state = (
+        task.scope is OrderScope.BATCH and len(state) == 0 and task.typed_parts
+        and task.values_only and task.part_bases and result.rehydrated is None
+    )
     # SUBTLE: the drain's state includes the feedback of this very output before the
     # append commits. That is safe because the state only leaves this step as a
     # checkpoint (or a cache entry), which is used only once the very
@@ -523,6 +547,8 @@ def _run_bucket(
                 presorted=True,  # drain_to_upper emits (key, row) order
                 values=values, bucket=(bucket, task.buckets),
                 values_only=task.typed_parts and task.values_only,
+                # A part that may become the bucket's base stays whole (see below).
+                part_rows=table.num_rows if whole_state else DEFAULT_PART_ROWS,
             ))
         for part in result.parts:
             result.bytes_written += part.encoded_size_bytes
@@ -550,6 +576,20 @@ def _run_bucket(
             new_base = Base(base.as_of, pending, base.rows, base.size)
         elif len(state) == 0:
             result.checkpoint, new_base = "", Base(ts + 1)
+        elif whole_state and (part_base := _part_base(result.parts, len(state))):
+            # The state is stored once: its part is its base (checkpoint.is_part_base).
+            result.checkpoint = part_base.key
+            new_base = Base(ts + 1, 0, len(state), part_base.encoded_size_bytes)
+        elif task.scope is OrderScope.BATCH and task.typed_parts and task.values_only \
+                and task.part_bases:
+            # The state as its rows' values, like the parts (ingest.typed_base).
+            key, size = write_typed_base(
+                blob, task.shard_id, bucket, task.buckets, ts + 1, state, row_schema
+            )
+            result.checkpoint = key
+            result.new_blobs.append(key)
+            result.bytes_written += size
+            new_base = Base(ts + 1, 0, len(state), size)
         else:
             key, size = write_checkpoint(
                 blob, task.shard_id, bucket, task.buckets, task.scope, ts + 1, state

@@ -76,6 +76,7 @@ import numpy as np
 import pyarrow as pa
 
 from upsert_core.columnar import ColumnarState, apply_changes, join_keys
+from upsert_core.columnar.derived_rows import as_row_array
 from upsert_core.columnar.merge import fold
 from upsert_core.drain import OrderScope
 from upsert_core.errors import ConfigError, InvalidUpsertState, NotReadable, UpsertPlatformError
@@ -411,7 +412,7 @@ def _same(a: ColumnarState, b: ColumnarState) -> bool:
         len(a.hi) == len(b.hi)
         and bool(np.array_equal(a.hi, b.hi))
         and bool(np.array_equal(a.lo, b.lo))
-        and a.rows.equals(b.rows)
+        and as_row_array(a.rows).equals(as_row_array(b.rows))
     )
 
 

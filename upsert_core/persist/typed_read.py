@@ -27,6 +27,14 @@ Invariants:
   that bucket's rows (so a reader that stops between buckets can resume with the next
   bucket and neither repeat nor lose a row); rows in no promised order within a bucket.
   The tables have exactly the caller's fields.
+- Bases (``bases``, given by the caller for a shard whose ingest keeps them: its part
+  and typed checkpoint bases): a base is one consolidated typed run holding bucket
+  ``b``'s rows as of ``upper - 1``, every diff +1. When a snapshot reads at or after
+  that time and each of the bucket's batches lies wholly before ``upper`` or wholly at
+  or after it, the batches before are replaced by the base: the same rows at
+  ``upper - 1``, so the same answer, but a latest read no longer merges the history
+  before the base. A base that is missing, labelled otherwise or not a consolidated
+  values-only run is not used (the parts are read as without it).
 - Memory: a bucket is held whole while it is read (as the ingest holds a bucket's
   state; a merged bucket holds its parts' keys, rows and values); buckets are read ahead
   only while they hold :data:`AHEAD_ROWS` updates in all, :data:`BUCKETS_AHEAD` buckets
@@ -37,7 +45,7 @@ Invariants:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -50,7 +58,7 @@ from upsert_core.persist.consolidate import UPDATE_SCHEMA, key_words, merge_cons
 from upsert_core.persist.location import Blob
 from upsert_core.persist.parts import VALUE_PREFIX, OpenPart, value_table
 from upsert_core.persist.read import check_snapshot_readable
-from upsert_core.persist.state import HollowBatch, ShardState
+from upsert_core.persist.state import BlobPart, HollowBatch, ShardState
 
 BUCKETS_AHEAD = 4
 """Buckets read concurrently (decoding releases the GIL)."""
@@ -60,6 +68,16 @@ AHEAD_ROWS = 4 * 1024 * 1024
 
 OPEN_THREADS = 8
 """Part footers fetched concurrently when a snapshot is opened (latency-bound on S3)."""
+
+
+@dataclass(frozen=True)
+class BucketBase:
+    """A bucket's rows as of ``upper - 1`` in one blob (see the module docstring)."""
+
+    key: str
+    upper: int
+    rows: int
+    size: int
 
 
 @dataclass(frozen=True)
@@ -104,11 +122,13 @@ def _open_all(blob: Blob, state: ShardState, as_of: int) -> list[_Member]:
 
 
 def open_typed_snapshot(
-    blob: Blob, state: ShardState, as_of: int, fields: Sequence[pa.Field]
+    blob: Blob, state: ShardState, as_of: int, fields: Sequence[pa.Field],
+    bases: Mapping[int, BucketBase] | None = None,
 ) -> TypedSnapshot | None:
     """The typed snapshot as of ``as_of`` when every part it reads is typed and
-    labelled (see the module docstring), else None. Raises :class:`NotReadable` unless
-    ``since <= as_of < upper``, and :class:`CorruptData` for an unreadable part."""
+    labelled (see the module docstring), else None; ``bases`` by bucket. Raises
+    :class:`NotReadable` unless ``since <= as_of < upper``, and :class:`CorruptData`
+    for an unreadable part."""
     check_snapshot_readable(state, as_of)
     if not fields:
         return None
@@ -125,7 +145,39 @@ def open_typed_snapshot(
         label = member.part.layout.bucket
         assert label is not None
         groups.setdefault(label[0], []).append(member)
-    return TypedSnapshot(groups, counts.pop() if counts else 1, as_of, tuple(fields))
+    buckets = counts.pop() if counts else 1
+    for bucket, base in (bases or {}).items():
+        if bucket in groups:
+            groups[bucket] = _with_base(blob, state, groups[bucket], base, bucket, buckets,
+                                        as_of)
+    return TypedSnapshot(groups, buckets, as_of, tuple(fields))
+
+
+def _with_base(
+    blob: Blob, state: ShardState, members: list[_Member], base: BucketBase, bucket: int,
+    buckets: int, as_of: int,
+) -> list[_Member]:
+    """``members`` with those wholly before ``base.upper`` replaced by the base, when
+    it applies (see the module docstring); else ``members``."""
+    if base.upper < 1 or base.upper - 1 > as_of or base.size < 0:
+        return members
+    before = [m for m in members if max(m.batch.upper - 1, m.batch.since) < base.upper]
+    after = [m for m in members if m.batch.lower >= base.upper]
+    if not before or len(before) + len(after) != len(members):
+        return members
+    try:
+        opened = OpenPart(blob, BlobPart(base.key, base.size, base.rows), shard=state.shard_id)
+    except CorruptData:
+        return members
+    layout = opened.layout
+    if layout.bucket != (bucket, buckets) or not layout.consolidated or not (
+        layout.derived_rows and layout.values
+    ):
+        opened.close()
+        return members
+    for member in before:
+        member.part.close()
+    return [_Member(HollowBatch(base.upper - 1, base.upper, 0, ()), opened), *after]
 
 
 class TypedSnapshot:

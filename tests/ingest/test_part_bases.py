@@ -1,0 +1,308 @@
+"""Part bases: a bucket drained from an empty state (batch order scope) keeps its one
+typed part as its checkpoint base instead of storing the state a second time, and a
+later ingest loads it, encoding only the rows a batch touches. Everything a shard
+answers is the same as with columnar checkpoints (``UPSERT_PART_BASES=0``)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from upsert_core.columnar.derived_rows import DerivedRows, as_row_array
+from upsert_core.drain import OrderScope
+from upsert_core.ingest import IngestRequest, ingest
+from upsert_core.ingest.checkpoint import CheckpointUnusable, is_part_base, load_checkpoint
+from upsert_core.ingest.shard_config import CHECKPOINT_REF_PREFIX, ShardIngestConfig
+from upsert_core.ingest.verify import compare_state
+from upsert_core.landing import decode_row
+from upsert_core.persist.keys import checkpoint_prefix
+from upsert_core.persist.parts import rows_of_values
+from upsert_core.persist.shard import Shard
+from upsert_core.persist.typed_read import open_typed_snapshot
+from upsert_core.shard_table import ShardTable, typed_bases
+
+from .helpers import change_rows, memory_shard, schema_of, snapshot_rows, write_jsonl
+
+BUCKETS = 2
+
+
+def _request(scope: str = "batch", **kw: object) -> IngestRequest:
+    # inline_threshold 0: every part is a blob, as for any file of real size.
+    return IngestRequest(order_scope=scope, buckets=BUCKETS, inline_threshold=0, **kw)
+
+
+def _files(root: Path, batches: int, seed: int = 7) -> None:
+    rng = random.Random(seed)
+    write_jsonl(root, "000.jsonl", [
+        {"key": k, "offset": 0, "v": f"v{k}", "f": rng.choice([0.5, -0.0, None, 2.0])}
+        for k in range(200)
+    ])
+    for b in range(1, batches + 1):
+        rows = []
+        for i in range(60):
+            key = rng.randrange(260)
+            if rng.random() < 0.2:
+                rows.append({"key": key, "offset": b * 100 + i, "__deleted": True})
+            else:
+                rows.append({"key": key, "offset": b * 100 + i,
+                             "v": rng.choice([f"v{key}", f"w{b}"]),
+                             "f": rng.choice([0.5, 0.0, float("nan"), None])})
+        write_jsonl(root, f"{b:03d}.jsonl", rows)
+
+
+def _refs(shard: Shard) -> dict[int, str]:
+    return dict(ShardIngestConfig.read(shard.state().config).checkpoint_refs)
+
+
+def _history(shard: Shard) -> list[tuple[object, object]]:
+    upper = shard.state().upper
+    return [(snapshot_rows(shard, ts), change_rows(shard, ts)) for ts in range(upper)]
+
+
+def test_an_initial_load_stores_each_row_once(tmp_path: Path) -> None:
+    _files(tmp_path, 0)
+    shard = memory_shard()
+    ingest(shard, str(tmp_path), _request())
+    refs = _refs(shard)
+    assert set(refs) == set(range(BUCKETS))
+    parts = {p.key for b in shard.state().batches for p in b.parts}
+    assert all(is_part_base(ref, shard.shard_id) and ref in parts for ref in refs.values())
+    assert not list(shard.blob.list_keys(checkpoint_prefix(shard.shard_id)))
+    assert compare_state(shard).ok
+    assert shard.check().ok
+
+
+@pytest.mark.parametrize("batches", [1, 6])
+def test_batches_on_part_bases_match_columnar_checkpoints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batches: int
+) -> None:
+    _files(tmp_path, batches)
+    ours = memory_shard()
+    report = ingest(ours, str(tmp_path), _request())
+    assert report.rehydrations == []
+    monkeypatch.setenv("UPSERT_PART_BASES", "0")
+    theirs = memory_shard()
+    ingest(theirs, str(tmp_path), _request())
+    assert not any(is_part_base(r, theirs.shard_id) for r in _refs(theirs).values())
+    assert _history(ours) == _history(theirs)
+    assert compare_state(ours).ok
+    assert ours.check().ok
+
+
+def test_a_new_base_is_written_as_typed_values(tmp_path: Path) -> None:
+    _files(tmp_path, 6)
+    shard = memory_shard()
+    ingest(shard, str(tmp_path), _request())
+    prefix = checkpoint_prefix(shard.shard_id)
+    typed = [r for r in _refs(shard).values() if r.startswith(prefix)]
+    assert typed and all(r.endswith(".parquet") for r in typed)
+    assert not [m.key for m in shard.blob.list_keys(prefix) if m.key.endswith(".arrow")]
+    assert compare_state(shard).ok
+
+
+def test_a_shard_with_columnar_checkpoints_moves_to_typed_bases(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Today's format (columnar checkpoints) keeps working and is upgraded: the next
+    new base a bucket writes is typed, decoded from the encoded rows."""
+    _files(tmp_path, 6)
+    files = sorted(tmp_path.iterdir())
+    old_half, new_half = tmp_path / "old", tmp_path / "new"
+    old_half.mkdir()
+    new_half.mkdir()
+    for i, path in enumerate(files):
+        path.rename((old_half if i < 3 else new_half) / path.name)
+    shard, model = memory_shard(), memory_shard("m")
+    monkeypatch.setenv("UPSERT_PART_BASES", "0")
+    for target in (shard, model):
+        ingest(target, str(old_half), _request())
+    assert not any(is_part_base(r, shard.shard_id) or r.endswith(".parquet")
+                   for r in _refs(shard).values())
+    ingest(model, str(new_half), _request())
+    monkeypatch.delenv("UPSERT_PART_BASES")
+    report = ingest(shard, str(new_half), _request())
+    assert report.rehydrations == []
+    assert any(r.endswith(".parquet") for r in _refs(shard).values())
+    assert _history(shard) == _history(model)
+    assert compare_state(shard).ok
+    assert shard.check().ok
+
+
+def test_each_batch_of_a_fresh_process_loads_the_part_base(tmp_path: Path) -> None:
+    """One ingest per file, without the state cache: every load reads the base."""
+    _files(tmp_path, 3)
+    files = sorted(tmp_path.iterdir())
+    shard = memory_shard()
+    model = memory_shard("m")
+    for i, path in enumerate(files):
+        step = tmp_path / f"step{i}"
+        step.mkdir()
+        (step / path.name).write_bytes(path.read_bytes())
+        for target in (shard, model):
+            ingest(target, str(step), _request())
+    assert _history(shard) == _history(model)
+    assert compare_state(shard).ok
+
+
+def test_the_global_scope_writes_columnar_checkpoints(tmp_path: Path) -> None:
+    _files(tmp_path, 0)
+    shard = memory_shard()
+    ingest(shard, str(tmp_path), _request("global"))
+    refs = _refs(shard)
+    assert refs and not any(is_part_base(r, shard.shard_id) for r in refs.values() if r)
+
+
+def test_a_part_base_is_unusable_for_another_bucket_or_scope(tmp_path: Path) -> None:
+    _files(tmp_path, 0)
+    shard = memory_shard()
+    ingest(shard, str(tmp_path), _request())
+    ref0 = _refs(shard)[0]
+    state = load_checkpoint(shard.blob, ref0, shard.shard_id, 0, BUCKETS, OrderScope.BATCH)
+    assert isinstance(state.rows, DerivedRows) and len(state) > 0
+    with pytest.raises(CheckpointUnusable, match="bucket 1 of 2"):
+        load_checkpoint(shard.blob, ref0, shard.shard_id, 1, BUCKETS, OrderScope.BATCH)
+    with pytest.raises(CheckpointUnusable, match="order scope"):
+        load_checkpoint(shard.blob, ref0, shard.shard_id, 0, BUCKETS, OrderScope.GLOBAL)
+
+
+def test_a_swapped_part_base_is_rebuilt_not_trusted(tmp_path: Path) -> None:
+    """A ref pointing at another bucket's part (a bug, a hand edit) is refused and the
+    bucket rebuilt from the shard: the answers stay right."""
+    _files(tmp_path, 2)
+    first = tmp_path / "first"
+    first.mkdir()
+    for name in ("000.jsonl",):
+        (first / name).write_bytes((tmp_path / name).read_bytes())
+        (tmp_path / name).unlink()
+    shard, model = memory_shard(), memory_shard("m")
+    for target in (shard, model):
+        ingest(target, str(first), _request())
+    refs = _refs(shard)
+    state = shard.state()
+    swapped = {f"{CHECKPOINT_REF_PREFIX}0": refs[1], f"{CHECKPOINT_REF_PREFIX}1": refs[0]}
+    from upsert_core.persist.append import AppendRequest
+    from upsert_core.persist.state import HollowBatch
+    assert shard.compare_and_append(AppendRequest(
+        HollowBatch(state.upper, state.upper + 1, 0, ()), state.upper,
+        config_updates=swapped,
+    )).committed
+    assert model.compare_and_append(AppendRequest(
+        HollowBatch(state.upper, state.upper + 1, 0, ()), state.upper,
+    )).committed
+    report = ingest(shard, str(tmp_path), _request())
+    ingest(model, str(tmp_path), _request())
+    assert report.rehydrations
+    assert _history(shard) == _history(model)
+
+
+def test_gc_keeps_a_part_base_the_compaction_replaced(tmp_path: Path) -> None:
+    _files(tmp_path, 3)
+    shard = memory_shard()
+    ingest(shard, str(tmp_path), _request(maintain=False))
+    shard.gc(retain=1, leak_grace_ms=0)
+    for ref in _refs(shard).values():
+        if ref:
+            assert shard.blob.get(ref) is not None, ref
+    assert compare_state(shard).ok
+    assert shard.check().ok
+
+
+# --- DerivedRows --------------------------------------------------------------------
+
+VALUES = st.lists(
+    st.tuples(
+        st.integers(-(2**63), 2**63 - 1),
+        st.one_of(st.none(), st.text(max_size=5)),
+        st.one_of(st.none(), st.floats(allow_nan=True), st.just(-0.0)),
+    ),
+    min_size=0, max_size=40,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(VALUES, st.lists(st.one_of(st.none(), st.integers(0, 39)), max_size=30))
+def test_derived_rows_take_what_the_encoded_rows_hold(
+    rows: list[tuple[int, str | None, float | None]], picks: list[int | None]
+) -> None:
+    columns = [
+        pa.array([r[0] for r in rows], pa.int64()),
+        pa.array([r[1] for r in rows], pa.string()),
+        pa.array([r[2] for r in rows], pa.float64()),
+    ]
+    derived = DerivedRows(pa.table(columns, names=["k", "s", "f"]))
+    encoded = rows_of_values(columns).cast(pa.large_binary())
+    picks = [p if p is None else p % max(len(rows), 1) for p in picks] if rows else [
+        None for _ in picks]
+    index = pa.array(picks, pa.int64())
+    assert derived.take(index).equals(encoded.take(index))
+    assert len(derived) == len(rows) and derived.null_count == 0
+    assert as_row_array(derived).equals(encoded)
+    assert derived.take(index).equals(encoded.take(index))  # from the kept encoding
+    assert np.array_equal(derived.is_null().to_numpy(zero_copy_only=False),
+                          np.zeros(len(rows), bool))
+
+
+# --- latest reads start at the base ------------------------------------------------
+
+
+def _canon(row: dict[str, object]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((c, repr(v)) for c, v in row.items() if v is not None))
+
+
+def _rows(table: pa.Table) -> Counter[tuple[tuple[str, str], ...]]:
+    return Counter(_canon(row) for row in table.to_pylist())
+
+
+def _merged_rows(shard: Shard, ts: int) -> Counter[tuple[tuple[str, str], ...]]:
+    """The snapshot through the merged read (no typed read, no base), decoded."""
+    schema = schema_of(shard)
+    out: Counter[tuple[tuple[str, str], ...]] = Counter()
+    for batch in shard.snapshot(ts):
+        for row, diff in zip(batch.column("row").to_pylist(),
+                             batch.column("diff").to_pylist(), strict=True):
+            out[_canon(decode_row(schema, row))] += diff
+    return +out
+
+
+def test_a_typed_snapshot_reads_the_base_instead_of_the_history_before_it(
+    tmp_path: Path,
+) -> None:
+    _files(tmp_path, 6)
+    shard = memory_shard()
+    ingest(shard, str(tmp_path), _request(maintain=False))
+    state = shard.state()
+    bases = typed_bases(state)
+    assert bases, "no bucket has a base to read"
+    table = ShardTable(shard)
+    fields = list(table.schema)
+    for ts in range(state.upper):
+        typed = open_typed_snapshot(shard.blob, state, ts, fields, bases)
+        assert typed is not None
+        try:
+            used = {b for b in typed.bucket_ids
+                    if typed._groups[b][0].part.where.endswith(bases[b].key)} if bases else set()
+        finally:
+            typed.close()
+        expected = {b for b, base in bases.items() if base.upper - 1 <= ts}
+        assert used == expected, (ts, used, expected)
+        assert _rows(table.snapshot(ts)) == _merged_rows(shard, ts), ts
+
+
+def test_a_base_that_cannot_be_read_is_not_used(tmp_path: Path) -> None:
+    _files(tmp_path, 6)
+    shard = memory_shard()
+    ingest(shard, str(tmp_path), _request(maintain=False))
+    state = shard.state()
+    bases = typed_bases(state)
+    expected = _rows(ShardTable(shard).snapshot())
+    for base in bases.values():
+        if base.key.startswith(checkpoint_prefix(shard.shard_id)):
+            shard.blob.delete(base.key)  # a checkpoint, not shard data: reads go on
+    assert _rows(ShardTable(shard).snapshot()) == expected
