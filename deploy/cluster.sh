@@ -76,6 +76,10 @@ log_has() { grep -q "$2" "$DIR/$1.log"; }
 
 do_start() {
   for s in "${SERVICES[@]}"; do alive "$s" && die "already running ($s); run stop first"; done
+  # A client setting is not ours: with SPARK_REMOTE in the environment (exported for
+  # upsertctl, or left by an earlier `eval "$(deploy/cluster.sh env)"`), spark-submit
+  # refuses to start the Connect server ("Remote cannot be specified with master").
+  unset SPARK_REMOTE
   local spark_home; spark_home="$("$PY" -c 'import os,pyspark; print(os.path.dirname(pyspark.__file__))')"
   local master_port master_ui worker_ui moto_port connect_port
   master_port="$(free_port)"; master_ui="$(free_port)"; worker_ui="$(free_port)"; moto_port="$(free_port)"
