@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from upsert_core.columnar.derived_rows import DerivedRows, as_row_array
+from upsert_core.columnar.derived_rows import DerivedRows, as_row_array, take_rows
 from upsert_core.drain import OrderScope
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.checkpoint import CheckpointUnusable, is_part_base, load_checkpoint
@@ -79,10 +79,13 @@ def test_an_initial_load_stores_each_row_once(tmp_path: Path) -> None:
     assert shard.check().ok
 
 
-@pytest.mark.parametrize("batches", [1, 6])
+@pytest.mark.parametrize(("batches", "sliced"), [(1, False), (6, False), (6, True)])
 def test_batches_on_part_bases_match_columnar_checkpoints(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batches: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batches: int, sliced: bool
 ) -> None:
+    if sliced:  # the slice-at-a-time paths that keep >2 GiB string columns whole
+        monkeypatch.setattr("upsert_core.columnar.derived_rows.ENCODE_ROWS", 7)
+        monkeypatch.setattr("upsert_core.ingest.typed_base.SLICE_ROWS", 5)
     _files(tmp_path, batches)
     ours = memory_shard()
     report = ingest(ours, str(tmp_path), _request())
@@ -226,17 +229,29 @@ VALUES = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None)
-@given(VALUES, st.lists(st.one_of(st.none(), st.integers(0, 39)), max_size=30))
+def _chunked(array: pa.Array, cuts: list[int]) -> pa.ChunkedArray:
+    """``array`` in chunks cut at ``cuts`` (as a Parquet read of a big column gives)."""
+    edges = sorted({0, len(array), *(c % (len(array) + 1) for c in cuts)})
+    return pa.chunked_array(
+        [array.slice(a, b - a) for a, b in zip(edges, edges[1:], strict=False)] or [array],
+        array.type,
+    )
+
+
+@settings(max_examples=80, deadline=None)
+@given(VALUES, st.lists(st.one_of(st.none(), st.integers(0, 39)), max_size=30),
+       st.lists(st.integers(0, 40), max_size=4))
 def test_derived_rows_take_what_the_encoded_rows_hold(
-    rows: list[tuple[int, str | None, float | None]], picks: list[int | None]
+    rows: list[tuple[int, str | None, float | None]], picks: list[int | None],
+    cuts: list[int],
 ) -> None:
     columns = [
         pa.array([r[0] for r in rows], pa.int64()),
         pa.array([r[1] for r in rows], pa.string()),
         pa.array([r[2] for r in rows], pa.float64()),
     ]
-    derived = DerivedRows(pa.table(columns, names=["k", "s", "f"]))
+    derived = DerivedRows(pa.table([_chunked(c, cuts) for c in columns],
+                                   names=["k", "s", "f"]))
     encoded = rows_of_values(columns).cast(pa.large_binary())
     picks = [p if p is None else p % max(len(rows), 1) for p in picks] if rows else [
         None for _ in picks]
@@ -306,3 +321,18 @@ def test_a_base_that_cannot_be_read_is_not_used(tmp_path: Path) -> None:
         if base.key.startswith(checkpoint_prefix(shard.shard_id)):
             shard.blob.delete(base.key)  # a checkpoint, not shard data: reads go on
     assert _rows(ShardTable(shard).snapshot()) == expected
+
+
+def test_take_rows_across_chunks_in_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chunk-by-chunk take (for string columns over 2 GiB) gives Arrow's answer,
+    also when the index is taken a slice at a time."""
+    monkeypatch.setattr("upsert_core.columnar.derived_rows.ENCODE_ROWS", 7)
+    values = pa.array([f"s{i}" if i % 5 else None for i in range(100)], pa.string())
+    column = _chunked(values, [13, 50, 51, 99])
+    at = np.array(random.Random(3).choices(range(100), k=60), np.int64)
+    assert take_rows(column, at).combine_chunks().equals(values.take(pa.array(at)))
+    assert take_rows(values, at).combine_chunks().equals(values.take(pa.array(at)))
+    derived = DerivedRows(pa.table({"k": pa.array(range(100), pa.int64()), "s": column}))
+    encoded = rows_of_values([pa.array(range(100), pa.int64()), values]).cast(pa.large_binary())
+    assert derived.take(pa.array(at)).equals(encoded.take(pa.array(at)))
+    assert derived.materialize().equals(encoded)

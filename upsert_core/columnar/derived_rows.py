@@ -44,10 +44,11 @@ class DerivedRows:
     def __init__(self, values: pa.Table) -> None:
         if not values.num_columns:
             raise ValueError("derived rows need at least one value column")
-        self.values = values.combine_chunks()
+        # SUBTLE: chunks are kept as they are: a bucket's string column may hold more
+        # than the 2 GiB one string array can, so nothing here concatenates a column.
+        self.values = values
         """The rows' values: a column per row column, named as the shard names them."""
-        self._values = [c.chunk(0) if c.num_chunks == 1 else c.combine_chunks()
-                        for c in self.values.columns]
+        self._values: list[pa.ChunkedArray] = list(values.columns)
         self._length = values.num_rows
         self._encoded: pa.LargeBinaryArray | None = None
 
@@ -77,12 +78,11 @@ class DerivedRows:
             return self._encoded.take(indices)
         index = indices if isinstance(indices, pa.Array) else pa.array(indices, pa.int64())
         if index.null_count == 0:
-            return _encode([v.take(index) for v in self._values])
-        valid = index.is_valid()
-        dense = _encode([v.take(index.filter(valid)) for v in self._values])
-        at = np.cumsum(np.asarray(valid.to_numpy(zero_copy_only=False), bool)) - 1
-        return dense.take(pa.array(at, pa.int64(), mask=~np.asarray(
-            valid.to_numpy(zero_copy_only=False), bool)))
+            return _encode(_take(self._values, index))
+        valid = np.asarray(index.is_valid().to_numpy(zero_copy_only=False), bool)
+        dense = _encode(_take(self._values, index.filter(pa.array(valid))))
+        at = np.cumsum(valid) - 1
+        return dense.take(pa.array(at, pa.int64(), mask=~valid))
 
     def cast(self, target: pa.DataType) -> pa.Array:
         return self.materialize().cast(target)
@@ -100,11 +100,60 @@ class DerivedRows:
         return bool(self.materialize().equals(as_row_array(other)))
 
 
-def _encode(values: Sequence[pa.Array]) -> pa.LargeBinaryArray:
-    rows = rows_of_values(values)
-    if isinstance(rows, pa.ChunkedArray):
-        rows = rows.cast(ROW_TYPE).combine_chunks()
-    encoded: pa.LargeBinaryArray = rows.cast(ROW_TYPE)
+ENCODE_ROWS = 256 * 1024
+"""Rows encoded (or taken) at a time, so no piece's values outgrow one Arrow array."""
+
+
+def take_rows(column: pa.ChunkedArray | pa.Array, index: np.ndarray) -> pa.ChunkedArray:
+    """Rows ``index`` of ``column`` (no null index), as a chunked array.
+
+    SUBTLE: Arrow's take on a chunked string column concatenates its chunks first, which
+    fails once they hold more than 2 GiB together. Here each slice of ``index`` is taken
+    chunk by chunk and put back in order, so only one slice's values are ever joined."""
+    if isinstance(column, pa.Array):
+        column = pa.chunked_array([column], column.type)
+    out: list[pa.Array] = []
+    lengths = [len(c) for c in column.chunks]
+    if len(lengths) <= 1:
+        for start in range(0, len(index), ENCODE_ROWS):
+            piece = pa.array(index[start:start + ENCODE_ROWS], pa.int64())
+            out.extend(column.take(piece).chunks)
+        return pa.chunked_array(out, column.type)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    for start in range(0, len(index), ENCODE_ROWS):
+        piece = np.asarray(index[start:start + ENCODE_ROWS], np.int64)
+        chunk_of = np.searchsorted(offsets, piece, side="right") - 1
+        order = np.argsort(chunk_of, kind="stable")
+        taken = [
+            column.chunk(int(c)).take(pa.array(piece[chunk_of == c] - offsets[c], pa.int64()))
+            for c in np.unique(chunk_of)
+        ]
+        joined = pa.concat_arrays(taken) if taken else pa.array([], column.type)
+        back = np.empty(len(piece), np.int64)
+        back[order] = np.arange(len(piece))
+        out.append(joined.take(pa.array(back, pa.int64())))
+    return pa.chunked_array(out, column.type)
+
+
+def _take(values: Sequence[pa.ChunkedArray], index: pa.Array) -> list[pa.ChunkedArray]:
+    at = np.asarray(index.to_numpy(zero_copy_only=False), np.int64)
+    return [take_rows(v, at) for v in values]
+
+
+def _encode(values: Sequence[pa.ChunkedArray | pa.Array]) -> pa.LargeBinaryArray:
+    """The encoded rows of ``values``, one slice of rows at a time (``large_binary``
+    holds any total size)."""
+    n = len(values[0])
+    chunks: list[pa.Array] = []
+    for start in range(0, n, ENCODE_ROWS):
+        rows = rows_of_values([v.slice(start, ENCODE_ROWS) for v in values])
+        pieces = rows.chunks if isinstance(rows, pa.ChunkedArray) else [rows]
+        chunks.extend(piece.cast(ROW_TYPE) for piece in pieces)
+    if not chunks:
+        return pa.array([], ROW_TYPE)
+    encoded: pa.LargeBinaryArray = (
+        chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks)
+    )
     return encoded
 
 

@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from upsert_core.columnar import ColumnarState, join_keys
-from upsert_core.columnar.derived_rows import DerivedRows
+from upsert_core.columnar.derived_rows import DerivedRows, as_row_array, take_rows
 from upsert_core.columnar.merge import merge_sources
 from upsert_core.columnar.state import U64
 from upsert_core.errors import InvalidUpsertState
@@ -78,10 +78,31 @@ def _aligned(values: pa.Table, fields: list[pa.Field]) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=pa.schema(fields))
 
 
+SLICE_ROWS = 256 * 1024
+"""Rows decoded or gathered at a time: a bucket's string column may outgrow the 2 GiB
+one Arrow string array holds, so whole columns are never decoded or taken at once."""
+
+
+def _decoded(rows: pa.Array, schema: SourceSchema, fields: list[pa.Field]) -> pa.Table:
+    """Encoded ``rows`` decoded under ``schema``, a slice at a time (chunked columns)."""
+    pieces = [
+        _aligned(decode_rows_to_table(schema, rows.slice(start, SLICE_ROWS)), fields)
+        for start in range(0, len(rows), SLICE_ROWS)
+    ]
+    return pa.concat_tables(pieces) if pieces else pa.schema(fields).empty_table()
+
+
 def _level_values(rows: object, schema: SourceSchema, fields: list[pa.Field]) -> pa.Table:
     if isinstance(rows, DerivedRows):
         return _aligned(rows.values, fields)
-    return _aligned(decode_rows_to_table(schema, rows), fields)
+    return _decoded(as_row_array(rows), schema, fields)
+
+
+def _gathered(table: pa.Table, at: np.ndarray) -> pa.Table:
+    """Rows ``at`` of ``table`` (chunked columns of any size: ``take_rows``)."""
+    return pa.Table.from_arrays(
+        [take_rows(column, at) for column in table.columns], schema=table.schema
+    )
 
 
 def state_values(state: ColumnarState, schema: SourceSchema) -> tuple[U64, U64, pa.Table]:
@@ -94,9 +115,7 @@ def state_values(state: ColumnarState, schema: SourceSchema) -> tuple[U64, U64, 
     if ov is None:
         return state.hi, state.lo, base
     keep = ~ov.gone
-    changed = _aligned(
-        decode_rows_to_table(schema, ov.rows.filter(pa.array(keep))), fields
-    )
+    changed = _decoded(ov.rows.filter(pa.array(keep)), schema, fields)
     n = len(state.hi)
     sources = merge_sources(n, ov.base_index, ov.in_base, keep, ov.gone)
     # Changes are numbered over the whole overlay; only the kept ones were decoded.
@@ -104,11 +123,11 @@ def state_values(state: ColumnarState, schema: SourceSchema) -> tuple[U64, U64, 
     from_overlay = sources >= n
     at = sources.copy()
     at[from_overlay] = n + rank[sources[from_overlay] - n]
-    values = pa.concat_tables([base, changed]).take(pa.array(at, pa.int64()))
+    values = _gathered(pa.concat_tables([base, changed]), at)
     return (
         np.concatenate([state.hi, ov.hi])[sources],
         np.concatenate([state.lo, ov.lo])[sources],
-        values.combine_chunks(),
+        values,
     )
 
 
