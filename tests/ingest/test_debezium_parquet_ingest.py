@@ -135,12 +135,6 @@ def _large_events(n: int) -> list[dict[str, Any]]:
     return out
 
 
-# The streamed read (landing.debezium_chunks, landing.validate.validate_chunks) is done
-# and tested in tests/landing; the ingest's streamed step (ingest/tasks.py, which another
-# change owns) still refuses Debezium files before reading them. Strict: this fails as
-# soon as the step calls validate_chunks, so the marker goes then.
-@pytest.mark.xfail(strict=True, reason="ingest.tasks.read_file_streamed still refuses "
-                   "--envelope debezium (needs validate_chunks)")
 def test_a_large_file_read_in_chunks_gives_the_whole_read_shard(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

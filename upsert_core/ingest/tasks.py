@@ -83,10 +83,9 @@ from upsert_core.landing import (
     SourceSchema,
     ValidatedBatch,
     ValueCheck,
-    validate_batch,
+    validate_chunks,
     validate_file,
 )
-from upsert_core.landing.chunks import parquet_chunks
 from upsert_core.landing.rows import decode_rows_to_table
 from upsert_core.landing.schema import ARROW_TYPES
 from upsert_core.persist.codec_state import decode_state
@@ -366,24 +365,21 @@ def read_file_streamed(
     with writing_as(task.writer_id):
         name = task.file.name
         errors: list[RowError] = []
-        rows_read = good = 0
+        rows_read = good = skipped = 0
         try:
-            if task.envelope != "plain":  # refused as when not streamed (landing.debezium)
-                raise IngestError(
-                    f"{name}: --envelope debezium reads JSON Lines (.jsonl) files only"
-                )
             schema = SourceSchema.from_json(task.schema_json)
-            for raw in parquet_chunks(task.file):
-                batch = validate_batch(raw, schema, task.value_checks)
+            for batch in validate_chunks(task.file, schema, task.value_checks, task.envelope):
                 schema = batch.schema
                 errors.extend(batch.errors)
                 rows_read += batch.total_rows
                 good += len(batch)
+                skipped += batch.skipped
                 if len(batch):
                     sink(_bucketed(batch, task.buckets))
         except UpsertPlatformError as exc:
             return _file_error(name, exc)
-        read = FileRead(schema_json=schema.to_json(), rows_read=rows_read, good_rows=good)
+        read = FileRead(schema_json=schema.to_json(), rows_read=rows_read, good_rows=good,
+                        skipped=skipped)
         error_rows = ValidatedBatch(name, schema, errors=errors).errors_to_arrow()
         _record_errors(task, blob, read, error_rows, write_errors)
         return read
