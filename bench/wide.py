@@ -223,9 +223,11 @@ def our_bytes(work: Path, consensus_url: str, blob_url: str) -> dict[str, int]:
     state = shard.state()
     sizes = {m.key: m.size_in_bytes for m in shard.blob.list_keys(shard_prefix(SHARD))}
     parts = state.encoded_size_bytes()  # batch parts and error parts
+    part_keys = {p.key for b in state.batches for p in b.parts if hasattr(p, "key")}
+    # A part base is a batch part the checkpoint ref names too: counted once, as a part.
     checkpoints = sum(
         sizes.get(key, 0) for name, key in state.config.items()
-        if name.startswith(BLOB_REF_PREFIX) and key
+        if name.startswith(BLOB_REF_PREFIX) and key and key not in part_keys
     )
     consensus = sum(p.stat().st_size for p in work.glob("consensus.db*"))
     return {

@@ -35,6 +35,10 @@ Invariants:
   ``upper - 1``, so the same answer, but a latest read no longer merges the history
   before the base. A base that is missing, labelled otherwise or not a consolidated
   values-only run is not used (the parts are read as without it).
+- A bucket whose first run is a base (a typed or part base, or any consolidated run of
+  insertions wholly before the others, such as a first load's part) resolves key by
+  key only the keys the later runs touch: the base's other rows are live as they are,
+  taken without a sort.
 - Memory: a bucket is held whole while it is read (as the ingest holds a bucket's
   state; a merged bucket holds its parts' keys, rows and values); buckets are read ahead
   only while they hold :data:`AHEAD_ROWS` updates in all, :data:`BUCKETS_AHEAD` buckets
@@ -277,7 +281,9 @@ class TypedSnapshot:
 
     def _read_merged(self, members: list[_Member]) -> pa.Table:
         """A bucket of several runs: resolved key by key when its updates form an upsert
-        collection (:func:`_latest_per_key`), else merged exactly (:meth:`_merge_rows`)."""
+        collection (:func:`_latest_per_key`; only the keys the later runs touch, when the
+        first run is a base: :func:`_base_and_tail`), else merged exactly
+        (:meth:`_merge_rows`)."""
         tables = []
         for member in members:
             stored = [VALUE_PREFIX + v.name for v in member.part.layout.values]
@@ -286,6 +292,22 @@ class TypedSnapshot:
             if not member.whole(self.as_of):
                 table = table.filter(pc.less_equal(table.column("ts"), self.as_of))
             tables.append(table)
+        split = _base_and_tail(members, tables)
+        if split is not None:
+            untouched, touched_tables = split
+            widest = max((m.part.layout.values for m in members), key=len)
+            stored = pa.concat_tables(
+                [value_table(t, list(widest)) for t in touched_tables]
+            ).combine_chunks()
+            picked = _latest_per_key(touched_tables, stored)
+            if picked is not None:
+                kept = self._typed(tables[0], untouched)
+                values = pa.concat_tables(
+                    [self._typed(t, None) for t in touched_tables]
+                ).combine_chunks()
+                return pa.concat_tables(
+                    [kept, values.take(pa.array(picked, type=pa.int64()))]
+                )
         widest = max((m.part.layout.values for m in members), key=len)
         stored = pa.concat_tables([value_table(t, list(widest)) for t in tables])
         picked = _latest_per_key(tables, stored.combine_chunks())
@@ -317,6 +339,44 @@ class TypedSnapshot:
         rows = keep if repeat is None else keep[repeat]
         values = pa.concat_tables(typed).combine_chunks()
         return values.take(pa.array(rows, type=pa.int64()))
+
+
+def _base_and_tail(
+    members: Sequence[_Member], tables: Sequence[pa.Table]
+) -> tuple[np.ndarray, list[pa.Table]] | None:
+    """When the bucket's first run is a *base* (consolidated, every diff +1, wholly
+    before every later run: a part or typed base, or a first load's part), its rows no
+    later run touches are live as they are: ``(their positions in the base, the tables
+    to resolve key by key)``, the latter being the touched keys' base rows followed by
+    the later runs. None when that does not apply (the caller resolves everything)."""
+    if len(members) < 2 or not members[0].part.layout.consolidated:
+        return None
+    first = members[0].batch
+    base_end = max(first.upper - 1, first.since)
+    if any(m.batch.lower <= base_end for m in members[1:]):
+        return None
+    base = tables[0]
+    diffs = np.asarray(base.column("diff").to_numpy(), dtype=np.int64)
+    if not np.all(diffs == 1):
+        return None
+    base_words = key_words(base.column("key"))
+    tail = pa.concat_tables([t.select(["key"]) for t in tables[1:]]).column("key")
+    tail_words = key_words(tail)
+    if base_words is None or tail_words is None:
+        return None
+    b_hi, b_lo = base_words
+    if len(b_hi) > 1 and not np.all(b_hi[1:] > b_hi[:-1]):
+        return None  # two keys share a high word (or the run is not sorted): no shortcut
+    t_hi, t_lo = tail_words
+    at = np.searchsorted(b_hi, t_hi)
+    inside = at < len(b_hi)
+    hit = np.zeros(len(t_hi), dtype=bool)
+    hit[inside] = (b_hi[at[inside]] == t_hi[inside]) & (b_lo[at[inside]] == t_lo[inside])
+    touched = np.zeros(len(b_hi), dtype=bool)
+    touched[at[hit]] = True
+    untouched = np.flatnonzero(~touched)
+    touched_rows = base.take(pa.array(np.flatnonzero(touched), pa.int64()))
+    return untouched, [touched_rows, *tables[1:]]
 
 
 def _latest_per_key(tables: Sequence[pa.Table], stored: pa.Table) -> np.ndarray | None:
