@@ -17,6 +17,5 @@ if [ $# -gt 0 ]; then  # a chosen part of the suite (tests/core -x, -m "not clus
   echo "[tests] pytest $*" >&2
   exec .venv/bin/python -m pytest -p no:cacheprovider --durations=25 "$@"
 fi
-# The whole suite: three pytest processes at once (the loopback cluster's tests, the rest
-# of the Spark and Dagster folders, everything else); see scripts/run_test_groups.py.
+# The whole suite: four pytest processes at once (see scripts/run_test_groups.py).
 exec .venv/bin/python scripts/run_test_groups.py

@@ -1,20 +1,23 @@
 """The whole test suite as a few pytest processes at once (``scripts/run-tests.sh``).
 
 Much of the suite waits (JVMs and Spark Connect servers starting, a loopback cluster,
-processes killed and restarted), so independent groups share the 2 cores well.
+CLI processes starting, processes killed and restarted), so independent groups share
+the 2 cores well: the suite took 36 min as one process.
 
 Invariants:
 
-- Every test is in exactly one group, by construction: the ``cluster`` group takes the
-  tests marked ``cluster`` under SLOW_DIRS, the ``spark`` group the rest of SLOW_DIRS,
-  and the ``main`` group everything else under ``tests/`` (SLOW_DIRS ignored), so a new
-  test file or folder runs somewhere without being listed here.
+- Every test is in exactly one group, by construction: ``tests/e2e`` is split by the
+  ``cluster`` marker into its cluster half and its embedded half, SERVICE_DIRS form
+  one group, and ``main`` is everything else under ``tests/`` (the others ignored), so a
+  new test file or folder runs somewhere without being listed here.
 - Each group is one ``pytest --durations=25`` process with the stores, ports and temp
   directories the fixtures already make unique per process (PostgreSQL schemas and
   databases named by pid and uuid, free ports, ``tmp_path``).
 - Its output is printed as it comes, each line prefixed with ``[group]``, and kept in
-  ``LOGDIR/group.log``. At the end: each group's result line, the 25 slowest of all,
-  and one total line ``tests: N passed, M failed`` (errors counted as failed).
+  ``LOGDIR/group.log``. At the end: each group's result line with its wall and CPU
+  time (CPU near wall: the group computes; far below: it waits, so it can share), the
+  25 slowest of all, and one total line ``tests: N passed, M failed`` (errors counted
+  as failed).
 - The exit status is 0 only when every group exited 0: a failed or erroring test, an
   interrupted run, or a group that ran no test (pytest's 5) fails the run.
 - SIGTERM or SIGINT reaches every group as one SIGINT, so fixtures still stop what
@@ -34,12 +37,17 @@ import time
 from pathlib import Path
 from types import FrameType
 
-# The folders whose tests mostly wait on JVMs, servers and the loopback cluster.
-SLOW_DIRS = ["tests/e2e", "tests/cluster", "tests/spark", "tests/dagster"]
+# Four groups of about equal length, from a run of the suite as three groups (the two
+# halves of tests/e2e took as long as each other; Spark, Dagster and the faults mostly
+# wait on JVMs, servers and restarts; core and ingest compute).
+E2E = "tests/e2e"
+SERVICE_DIRS = ["tests/spark", "tests/dagster", "tests/cluster", "tests/faults",
+                "tests/persist", "tests/landing", "tests/security"]
 GROUPS: dict[str, list[str]] = {
-    "cluster": [*SLOW_DIRS, "-m", "cluster"],
-    "spark": [*SLOW_DIRS, "-m", "not cluster"],
-    "main": ["tests", *(f"--ignore={d}" for d in SLOW_DIRS)],
+    "cluster": [E2E, "-m", "cluster"],
+    "e2e": [E2E, "-m", "not cluster"],
+    "services": SERVICE_DIRS,
+    "main": ["tests", *(f"--ignore={d}" for d in [E2E, *SERVICE_DIRS])],
 }
 PYTEST = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--durations=25"]
 DURATION = re.compile(r"^\d+\.\d+s (call|setup|teardown) ")
@@ -106,10 +114,16 @@ def main() -> int:
         pump.start()
         pumps.append(pump)
     finished: dict[str, float] = {}
+    cpu: dict[str, float] = {}  # user + system seconds of the group and what it waited for
     while len(finished) < len(procs):
         for name, proc in procs.items():
-            if name not in finished and proc.poll() is not None:
+            if name in finished:
+                continue
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                proc.returncode = os.waitstatus_to_exitcode(status)
                 finished[name] = time.monotonic() - started
+                cpu[name] = usage.ru_utime + usage.ru_stime
         time.sleep(0.5)
     for pump in pumps:
         pump.join()
@@ -126,7 +140,8 @@ def main() -> int:
             if DURATION.match(line):
                 durations.append((float(line.split("s", 1)[0]), f"[{name}] {line}"))
         shown = ", ".join(f"{n} {k}" for k, n in counts.items()) or "no result line"
-        print(f"[tests] {name}: exit {proc.returncode} after {finished[name]:.0f} s ({shown})")
+        print(f"[tests] {name}: exit {proc.returncode} after {finished[name]:.0f} s, "
+              f"{cpu[name]:.0f} s of CPU ({shown})")
     print("[tests] slowest 25 of all groups:")
     for _, line in sorted(durations, reverse=True)[:25]:
         print(f"[tests]   {line}")
