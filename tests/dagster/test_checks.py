@@ -171,8 +171,10 @@ def test_a_range_gc_made_unverifiable_gets_the_full_checks(tmp_path: Path, scope
     """A GC between the ingest and its checks truncates the state diffs the batch
     method needs: the blocking result is then the full checks', which still see a
     corrupt checkpoint, and say so."""
-    shard = _built(tmp_path, scope)
-    start = _ingest(shard, tmp_path, scope, {"04.jsonl": _big(4), "05.jsonl": _big(5)})
+    # Columnar checkpoints: the corruption below replaces one with a valid one.
+    shard = _built(tmp_path, scope, part_bases=False)
+    start = _ingest(shard, tmp_path, scope, {"04.jsonl": _big(4), "05.jsonl": _big(5)},
+                    part_bases=False)
     upper = shard.state().upper
     assert verify_range(shard, start, upper)[1] == "batch"
     _replace_row(shard, shard.state().config[checkpoint_ref_name(2)])
@@ -209,16 +211,19 @@ def test_a_run_whose_checkpoint_is_lost_is_blocked(
     plat: Platform, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     names = _ingest_first_two(plat)
-    write = tasks.write_checkpoint
     lost: list[str] = []
 
-    def write_then_lose(blob: Any, *args: Any) -> tuple[str, int]:
-        key, size = write(blob, *args)
-        blob.delete(key)
-        lost.append(key)
-        return key, size
+    def losing(write: Any) -> Any:
+        def write_then_lose(blob: Any, *args: Any) -> tuple[str, int]:
+            key, size = write(blob, *args)
+            blob.delete(key)
+            lost.append(key)
+            return key, size
+        return write_then_lose
 
-    monkeypatch.setattr(tasks, "write_checkpoint", write_then_lose)
+    # Whichever kind of checkpoint the bucket writes (a typed base in the batch scope).
+    for name in ("write_checkpoint", "write_typed_base"):
+        monkeypatch.setattr(tasks, name, losing(getattr(tasks, name)))
     built, result, checks, materialized = _run(plat, names[2])
     assert lost and not result.success
     assert checks["state_matches_shard"].passed is False
