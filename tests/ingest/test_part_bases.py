@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from upsert_core.columnar.derived_rows import DerivedRows, as_row_array, take_rows
 from upsert_core.drain import OrderScope
+from upsert_core.errors import ConfigError
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.checkpoint import CheckpointUnusable, is_part_base, load_checkpoint
 from upsert_core.ingest.shard_config import CHECKPOINT_REF_PREFIX, ShardIngestConfig
@@ -336,3 +337,9 @@ def test_take_rows_across_chunks_in_slices(monkeypatch: pytest.MonkeyPatch) -> N
     encoded = rows_of_values([pa.array(range(100), pa.int64()), values]).cast(pa.large_binary())
     assert derived.take(pa.array(at)).equals(encoded.take(pa.array(at)))
     assert derived.materialize().equals(encoded)
+
+
+def test_a_malformed_part_bases_setting_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("UPSERT_PART_BASES", "maybe")
+    with pytest.raises(ConfigError, match="UPSERT_PART_BASES='maybe': use 1"):
+        IngestRequest()

@@ -140,13 +140,18 @@ def typed_parts_from_env(env: Mapping[str, str] | None = None) -> bool:
     return part_format_from_env(env) >= 2
 
 
-def _typed_setting(env: Mapping[str, str]) -> bool:
-    text = env.get(TYPED_PARTS_ENV, "").strip().lower()
+def _switch(env: Mapping[str, str], name: str) -> bool:
+    """An on/off setting that defaults to on (unset or empty)."""
+    text = env.get(name, "").strip().lower()
     if text in ("", "1", "true", "yes", "on"):
         return True
     if text in ("0", "false", "no", "off"):
         return False
-    raise ConfigError(f"{TYPED_PARTS_ENV}={text!r}: use 1 (the default) or 0")
+    raise ConfigError(f"{name}={text!r}: use 1 (the default) or 0")
+
+
+def _typed_setting(env: Mapping[str, str]) -> bool:
+    return _switch(env, TYPED_PARTS_ENV)
 
 
 PART_BASES_ENV = "UPSERT_PART_BASES"
@@ -155,13 +160,7 @@ PART_BASES_ENV = "UPSERT_PART_BASES"
 
 def part_bases_from_env(env: Mapping[str, str] | None = None) -> bool:
     """Whether ingests may keep a bucket's part as its checkpoint base."""
-    env = os.environ if env is None else env
-    text = env.get(PART_BASES_ENV, "").strip().lower()
-    if text in ("", "1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"{PART_BASES_ENV}={text!r}: use 1 (the default) or 0")
+    return _switch(os.environ if env is None else env, PART_BASES_ENV)
 
 
 WRITER_LEASE_ENV = "UPSERT_WRITER_LEASE_S"
