@@ -95,8 +95,12 @@ class Proc:
 
 
 def run(command: Sequence[str], env: dict[str, str], check: bool = True) -> Proc:
-    """Run ``command`` to completion (its stderr shown only if it fails). The peak RSS
+    """Run ``command`` to completion (its stderr shown only if it fails), after an
+    untimed ``sync``. The peak RSS
     comes from ``os.wait4``, the child's own rusage (no other process is counted)."""
+    # Dirty pages of earlier steps (the workload just written, the other side's table)
+    # are flushed first, so no run pays for another's writeback.
+    os.sync()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         started = time.perf_counter()
         proc = subprocess.Popen(list(command), env=env, stdout=out, stderr=err)

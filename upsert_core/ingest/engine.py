@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from upsert_core.errors import ConfigError
-from upsert_core.ingest.buckets import split_rows
+from upsert_core.ingest.buckets import IntArray, bucket_indices, split_rows, take_rows
 from upsert_core.ingest.outcome import BucketResult, FileOutcome
 from upsert_core.ingest.shard_api import IngestShard
 from upsert_core.ingest.spill import BucketSpill
@@ -57,11 +57,14 @@ class Engine(Protocol):
     def run_file(self, task: FileTask, shard: IngestShard) -> FileOutcome: ...
 
 
+def _bucket_column(rows: pa.Table) -> IntArray:
+    return np.asarray(rows.column("bucket").to_numpy(), dtype=np.int64)
+
+
 def bucket_groups(task: FileTask, rows: pa.Table) -> dict[int, pa.Table]:
     """The rows of each bucket that must run for ``task`` (``read_file``'s output split by
     bucket, file order kept), with an empty table for every forced bucket without rows."""
-    bucket_col = np.asarray(rows.column("bucket").to_numpy(), dtype=np.int64)
-    groups = split_rows(rows, bucket_col)
+    groups = split_rows(rows, _bucket_column(rows))
     for bucket in task.forced_buckets():
         groups.setdefault(bucket, ROWS_SCHEMA.empty_table())
     return groups
@@ -134,9 +137,16 @@ class InProcessEngine:
         outcome = FileOutcome(read=read)
         if read.file_error is not None or read.changed is not None:
             return outcome
-        groups = bucket_groups(task, rows)
-        self._guarded(task, read, sorted(groups), groups.__getitem__, self.threads, blob,
-                      outcome)
+        # Each bucket takes its own rows in its worker (the takes run in parallel).
+        indices = bucket_indices(_bucket_column(rows))
+        order = sorted({*indices, *task.forced_buckets()})
+
+        def load(bucket: int) -> pa.Table:
+            if bucket not in indices:
+                return ROWS_SCHEMA.empty_table()
+            return take_rows(rows, indices[bucket])
+
+        self._guarded(task, read, order, load, self.threads, blob, outcome)
         return outcome
 
     def _run_streamed(self, task: FileTask, blob: Blob) -> FileOutcome:
