@@ -295,8 +295,8 @@ def main(argv: Sequence[str] | None = None, *, defer_pandas: bool = False) -> in
     """Run ``upsertctl`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status.
 
     ``defer_pandas`` (the console script): keep pyarrow from importing pandas, which no
-    command needs (``upsert_core.arrow_startup``); set after the arguments parsed, so
-    ``--help`` and usage errors never import pyarrow.
+    command needs, and allocate with jemalloc (``upsert_core.arrow_startup``); set after
+    the arguments parsed, so ``--help`` and usage errors never import pyarrow.
     """
     args_list = list(sys.argv[1:] if argv is None else argv)
     debug = debug_enabled("--debug" in args_list)
@@ -307,7 +307,9 @@ def main(argv: Sequence[str] | None = None, *, defer_pandas: bool = False) -> in
             from upsert_core.arrow_startup import (  # heavy: pyarrow, after --help parsed
                 defer_pandas as withhold_pandas,
             )
+            from upsert_core.arrow_startup import prefer_jemalloc
 
+            prefer_jemalloc()
             withhold_pandas()
         _utf8_stdout()
         return run(args)

@@ -76,3 +76,28 @@ def test_upsertctl_ingest_and_reads_never_import_pandas(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert '"v": "a"' in out or '"v":"a"' in out
+
+
+def test_upsertctl_allocates_with_jemalloc_unless_the_user_chose_a_pool(tmp_path: Path) -> None:
+    code = """
+        import os
+        os.environ["UPSERT_HOME"] = {home!r}
+        from orchestration.cli import main
+        assert main(["shards"], defer_pandas=True) == 0
+        import pyarrow as pa
+        print("pool=" + pa.default_memory_pool().backend_name)
+        """
+    import pyarrow as pa
+
+    try:
+        pa.jemalloc_memory_pool()
+    except NotImplementedError:  # then the CLI keeps pyarrow's default, as tested below
+        expected = pa.default_memory_pool().backend_name
+    else:
+        expected = "jemalloc"
+    out = run_python(code.format(home=str(tmp_path / "home")), cwd=tmp_path)
+    assert f"pool={expected}" in out
+    chosen = "import os; os.environ['ARROW_DEFAULT_MEMORY_POOL'] = 'system'\n" + textwrap.dedent(
+        code.format(home=str(tmp_path / "home2"))
+    )
+    assert "pool=system" in run_python(chosen, cwd=tmp_path)
