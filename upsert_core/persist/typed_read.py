@@ -30,10 +30,11 @@ Invariants:
 - Bases (``bases``, given by the caller for a shard whose ingest keeps them: its part
   and typed checkpoint bases): a base is one consolidated typed run holding bucket
   ``b``'s rows as of ``upper - 1``, every diff +1. When a snapshot reads at or after
-  that time and each of the bucket's batches lies wholly before ``upper`` or wholly at
-  or after it, the batches before are replaced by the base: the same rows at
-  ``upper - 1``, so the same answer, but a latest read no longer merges the history
-  before the base. A base that is missing, labelled otherwise or not a consolidated
+  that time, the batches wholly before ``upper`` are replaced by the base, and a batch
+  spanning ``upper`` (compaction merged batches from both sides of it) is read from
+  ``upper`` on, provided its ``since`` is below ``upper`` (else the base is not used):
+  the same rows at ``upper - 1``, so the same answer, but a latest read no longer
+  merges the history before the base. A base that is missing, labelled otherwise or not a consolidated
   values-only run is not used (the parts are read as without it).
 - A bucket whose first run is a base (a typed or part base, or any consolidated run of
   insertions wholly before the others, such as a first load's part) resolves key by
@@ -86,14 +87,33 @@ class BucketBase:
 
 @dataclass(frozen=True)
 class _Member:
-    """One part of a bucket, with the batch that holds it."""
+    """One part of a bucket, with the batch that holds it. Its updates at times before
+    ``floor`` are not read (a bucket base holds them: see :func:`_with_base`)."""
 
     batch: HollowBatch
     part: OpenPart
+    floor: int = 0
+
+    @property
+    def lower(self) -> int:
+        """No update read from this member lies before this time."""
+        return max(self.batch.lower, self.floor)
 
     def whole(self, as_of: int) -> bool:
-        """Whether every update of the batch lies at or before ``as_of``."""
-        return max(self.batch.upper - 1, self.batch.since) <= as_of
+        """Whether every update of the batch is read: none lies after ``as_of`` or
+        before ``floor``."""
+        return max(self.batch.upper - 1, self.batch.since) <= as_of and (
+            self.floor <= self.batch.lower
+        )
+
+    def cut(self, table: pa.Table, as_of: int) -> pa.Table:
+        """The rows of ``table`` (read from this part, with ``ts``) that are read: at
+        ``floor`` or later and at or before ``as_of``."""
+        ts = table.column("ts")
+        keep = pc.less_equal(ts, as_of)
+        if self.floor > self.batch.lower:
+            keep = pc.and_(keep, pc.greater_equal(ts, self.floor))
+        return table.filter(keep)
 
 
 def _open_all(blob: Blob, state: ShardState, as_of: int) -> list[_Member]:
@@ -167,7 +187,12 @@ def _with_base(
         return members
     before = [m for m in members if max(m.batch.upper - 1, m.batch.since) < base.upper]
     after = [m for m in members if m.batch.lower >= base.upper]
-    if not before or len(before) + len(after) != len(members):
+    # A batch that spans the base's upper (compaction merged batches from both sides)
+    # is read from the upper on. That is exact while its since is below the upper: its
+    # times before since were advanced to since, so every update now at or after the
+    # upper was there before compaction, and every update before it is in the base.
+    spanning = [m for m in members if m not in before and m not in after]
+    if not (before or spanning) or any(m.batch.since >= base.upper for m in spanning):
         return members
     try:
         opened = OpenPart(blob, BlobPart(base.key, base.size, base.rows), shard=state.shard_id)
@@ -181,7 +206,11 @@ def _with_base(
         return members
     for member in before:
         member.part.close()
-    return [_Member(HollowBatch(base.upper - 1, base.upper, 0, ()), opened), *after]
+    rest = [
+        m if m in after else _Member(m.batch, m.part, floor=base.upper)
+        for m in members if m not in before
+    ]
+    return [_Member(HollowBatch(base.upper - 1, base.upper, 0, ()), opened), *rest]
 
 
 class TypedSnapshot:
@@ -263,10 +292,12 @@ class TypedSnapshot:
     def _read(self, member: _Member, columns: list[str]) -> pa.Table:
         """The part's ``columns`` (plus ``ts`` when times must be cut), cut at ``as_of``."""
         whole = member.whole(self.as_of)
-        wanted = columns if whole else [*columns, "ts"]
+        wanted = columns if whole or "ts" in columns else [*columns, "ts"]
         table = member.part.read_whole(wanted, use_threads=True)
         if not whole:
-            table = table.filter(pc.less_equal(table.column("ts"), self.as_of))
+            table = member.cut(table, self.as_of)
+            if "ts" not in columns:
+                table = table.drop_columns(["ts"])
         return table
 
     def _typed(self, table: pa.Table, rows: np.ndarray | None) -> pa.Table:
@@ -290,7 +321,7 @@ class TypedSnapshot:
             self._stored_values(member.part)  # the caller's columns' types checked
             table = member.part.read_whole(["key", "ts", "diff", *stored], use_threads=True)
             if not member.whole(self.as_of):
-                table = table.filter(pc.less_equal(table.column("ts"), self.as_of))
+                table = member.cut(table, self.as_of)
             tables.append(table)
         split = _base_and_tail(members, tables)
         if split is not None:
@@ -353,7 +384,7 @@ def _base_and_tail(
         return None
     first = members[0].batch
     base_end = max(first.upper - 1, first.since)
-    if any(m.batch.lower <= base_end for m in members[1:]):
+    if any(m.lower <= base_end for m in members[1:]):
         return None
     base = tables[0]
     diffs = np.asarray(base.column("diff").to_numpy(), dtype=np.int64)
