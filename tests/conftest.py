@@ -7,7 +7,10 @@ selected when ``CI`` is set). Service fixtures (PostgreSQL, the moto S3 server) 
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -27,6 +30,12 @@ settings.register_profile(
     print_blob=True,
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+# The local base cache (ingest.base_cache) of this test process and every process it
+# starts lives in a directory of its own, removed at exit, never in the user's ~/.cache.
+if not os.environ.get("UPSERT_CACHE_DIR"):
+    os.environ["UPSERT_CACHE_DIR"] = tempfile.mkdtemp(prefix="upsert-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["UPSERT_CACHE_DIR"], ignore_errors=True)
 
 from tests.services import *  # noqa: E402,F403  (service fixtures: PostgreSQL, moto S3)
 

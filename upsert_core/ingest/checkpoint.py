@@ -55,6 +55,7 @@ from upsert_core.columnar.checkpoint_format import (
 from upsert_core.columnar.derived_rows import DerivedRows
 from upsert_core.drain import OrderScope
 from upsert_core.errors import CodecError, InvalidUpsertState, UpsertPlatformError
+from upsert_core.ingest.base_cache import BaseCache
 from upsert_core.persist.keys import checkpoint_prefix, unique_name
 from upsert_core.persist.location import Blob
 from upsert_core.persist.parts import (
@@ -118,7 +119,27 @@ def write_checkpoint(
 def load_checkpoint(
     blob: Blob, key: str, shard: str, bucket: int, buckets: int, scope: OrderScope
 ) -> ColumnarState:
-    """The state stored at ``key``; :class:`CheckpointUnusable` if it cannot be used."""
+    """The state stored at ``key``; :class:`CheckpointUnusable` if it cannot be used.
+    A part or typed base may come from this machine's :class:`BaseCache` (checked as
+    if fetched), and one fetched is kept there for the next process."""
+    cache = BaseCache.for_blob(blob, shard)
+    cached = cache.get(bucket, key) if cache is not None else None
+    if cached is not None:
+        _check_part_base(key, cached.schema.metadata, bucket, buckets, scope)
+        state = _part_base_state(key, cached)
+    else:
+        state = _fetch_checkpoint(blob, key, shard, bucket, buckets, scope, cache)
+    if state.keeps_orders != (scope is OrderScope.GLOBAL):
+        raise CheckpointUnusable(f"checkpoint {key} does not match order scope {scope.value}")
+    if len(state) and bool(np.any(state.hi % np.uint64(buckets) != np.uint64(bucket))):
+        raise CheckpointUnusable(f"checkpoint {key} holds keys of other buckets")
+    return state
+
+
+def _fetch_checkpoint(
+    blob: Blob, key: str, shard: str, bucket: int, buckets: int, scope: OrderScope,
+    cache: BaseCache | None,
+) -> ColumnarState:
     data = blob.get(key)
     if data is None:
         raise CheckpointUnusable(f"checkpoint {key} is missing")
@@ -128,16 +149,23 @@ def load_checkpoint(
         except CodecError as exc:
             raise CheckpointUnusable(f"checkpoint {key} cannot be used: {exc}") from exc
         _check_meta(key, meta, shard, bucket, buckets, scope, CHECKPOINT_FORMAT)
-    else:
-        parquet = _parquet(key, data)
-        if FORMAT_META in (parquet.schema_arrow.metadata or {}):
-            state = _load_part_base(key, parquet, bucket, buckets, scope)
-        else:
-            state = _load_legacy(key, parquet, shard, bucket, buckets, scope)
-    if state.keeps_orders != (scope is OrderScope.GLOBAL):
-        raise CheckpointUnusable(f"checkpoint {key} does not match order scope {scope.value}")
-    if len(state) and bool(np.any(state.hi % np.uint64(buckets) != np.uint64(bucket))):
-        raise CheckpointUnusable(f"checkpoint {key} holds keys of other buckets")
+        return state
+    parquet = _parquet(key, data)
+    schema = parquet.schema_arrow
+    if FORMAT_META not in (schema.metadata or {}):
+        return _load_legacy(key, parquet, shard, bucket, buckets, scope)
+    _check_part_base(key, schema.metadata, bucket, buckets, scope)
+    names = [n for n in schema.names if n.startswith(VALUE_PREFIX)]
+    if schema.names[:3] != ["key", "ts", "diff"] or not names:
+        raise CheckpointUnusable(f"checkpoint {key} has columns {schema.names}")
+    try:
+        # read_table would import pyarrow.dataset (0.2 s); the file is in memory already.
+        table = parquet.read(columns=["key", "diff", *names], use_threads=True)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise CheckpointUnusable(f"checkpoint {key} cannot be read: {exc}") from exc
+    state = _part_base_state(key, table)
+    if cache is not None:
+        cache.put(bucket, key, table)  # only a base that loaded
     return state
 
 
@@ -165,12 +193,12 @@ def is_part_base(ref: str, shard: str) -> bool:
     return bool(ref) and not ref.startswith(checkpoint_prefix(shard))
 
 
-def _load_part_base(
-    key: str, parquet: pq.ParquetFile, bucket: int, buckets: int, scope: OrderScope
-) -> ColumnarState:
-    """The state a part base holds (see the module docstring)."""
-    schema = parquet.schema_arrow
-    meta = schema.metadata or {}
+def _check_part_base(
+    key: str, meta: dict[bytes, bytes] | None, bucket: int, buckets: int, scope: OrderScope
+) -> None:
+    """Raise :class:`CheckpointUnusable` unless a part or typed base with schema
+    metadata ``meta`` may be this bucket's base (see the module docstring)."""
+    meta = meta or {}
     if scope is not OrderScope.BATCH:
         raise CheckpointUnusable(
             f"checkpoint {key} is a batch part, which is a checkpoint only in the batch "
@@ -185,14 +213,14 @@ def _load_part_base(
             f"checkpoint {key} is not a consolidated format-{VALUES_ONLY_FORMAT} part of "
             f"bucket {bucket} of {buckets}"
         )
-    names = [n for n in schema.names if n.startswith(VALUE_PREFIX)]
-    if schema.names[:3] != ["key", "ts", "diff"] or not names:
-        raise CheckpointUnusable(f"checkpoint {key} has columns {schema.names}")
-    try:
-        # read_table would import pyarrow.dataset (0.2 s); the file is in memory already.
-        table = parquet.read(columns=["key", "diff", *names], use_threads=True)
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        raise CheckpointUnusable(f"checkpoint {key} cannot be read: {exc}") from exc
+
+
+def _part_base_state(key: str, table: pa.Table) -> ColumnarState:
+    """The state a part or typed base holds, from its ``key``, ``diff`` and value
+    columns as read."""
+    names = [n for n in table.schema.names if n.startswith(VALUE_PREFIX)]
+    if table.schema.names != ["key", "diff", *names] or not names:
+        raise CheckpointUnusable(f"checkpoint {key} was read as columns {table.schema.names}")
     diffs = table.column("diff")
     if diffs.null_count or (len(diffs) and not pc.all(pc.equal(diffs, 1)).as_py()):
         raise CheckpointUnusable(f"checkpoint {key} holds updates that are not insertions")

@@ -140,7 +140,7 @@ def typed_parts_from_env(env: Mapping[str, str] | None = None) -> bool:
     return part_format_from_env(env) >= 2
 
 
-def _switch(env: Mapping[str, str], name: str) -> bool:
+def on_off_setting(env: Mapping[str, str], name: str) -> bool:
     """An on/off setting that defaults to on (unset or empty)."""
     text = env.get(name, "").strip().lower()
     if text in ("", "1", "true", "yes", "on"):
@@ -151,7 +151,7 @@ def _switch(env: Mapping[str, str], name: str) -> bool:
 
 
 def _typed_setting(env: Mapping[str, str]) -> bool:
-    return _switch(env, TYPED_PARTS_ENV)
+    return on_off_setting(env, TYPED_PARTS_ENV)
 
 
 PART_BASES_ENV = "UPSERT_PART_BASES"
@@ -160,7 +160,7 @@ PART_BASES_ENV = "UPSERT_PART_BASES"
 
 def part_bases_from_env(env: Mapping[str, str] | None = None) -> bool:
     """Whether ingests may keep a bucket's part as its checkpoint base."""
-    return _switch(os.environ if env is None else env, PART_BASES_ENV)
+    return on_off_setting(os.environ if env is None else env, PART_BASES_ENV)
 
 
 WRITER_LEASE_ENV = "UPSERT_WRITER_LEASE_S"

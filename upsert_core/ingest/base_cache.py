@@ -1,0 +1,179 @@
+"""A local, disposable copy of bucket bases, so a fresh process maps a base instead of
+fetching and decoding it.
+
+A batch-scope bucket's base (a part base or a typed base: Parquet in the blob store)
+is read whole by every batch a fresh process ingests (``upsertctl ingest`` is one
+process per run): its Parquet decode was a third of such a batch. After a process has
+read a base, it keeps the decoded columns here as an uncompressed Arrow IPC file; the
+next process memory-maps it (Paimon keeps local lookup files of its remote sorted runs
+for the same reason).
+
+Invariants:
+
+- An entry is named by the blob store's location, the shard, the bucket and the
+  base's blob key. A blob key is never written twice (keys are unique per write), so an
+  entry never goes stale: it holds exactly the columns and schema metadata the
+  Parquet read gave, and the caller checks them as it checks a blob it fetched.
+- Every entry ends with a CRC-32 of its bytes, checked on every load: a torn,
+  truncated or altered entry is deleted and the caller reads the blob. An entry is
+  written to a temporary name and renamed, so a reader never sees a partial one.
+- It is an optimisation only: failing to read, write or delete an entry is ignored
+  (the blob is read), so a missing, full or read-only cache directory changes no
+  result and stops no ingest.
+- Bounded: a bucket keeps its :data:`KEEP_PER_BUCKET` newest entries, and the whole
+  cache at most ``UPSERT_BASE_CACHE_MB`` (default 4096): the oldest entries go first.
+- Where: ``UPSERT_CACHE_DIR`` (default ``$XDG_CACHE_HOME/upsert-platform``, else
+  ``~/.cache/upsert-platform``), under ``bases/``. Off with ``UPSERT_BASE_CACHE=0``.
+  Only local-directory and S3 blob stores are cached (others have no location that
+  outlives the process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import struct
+import sys
+import uuid
+import zlib
+from pathlib import Path
+
+import pyarrow as pa
+
+from upsert_core.errors import ConfigError
+from upsert_core.persist.location import Blob
+from upsert_core.persist.location.blob_local import LocalBlob
+from upsert_core.ingest.options import on_off_setting
+
+ENABLED_ENV = "UPSERT_BASE_CACHE"
+DIR_ENV = "UPSERT_CACHE_DIR"
+LIMIT_ENV = "UPSERT_BASE_CACHE_MB"
+DEFAULT_LIMIT_MB = 4096
+KEEP_PER_BUCKET = 2
+"""Entries a bucket keeps: its current base and the one before (a racing writer's)."""
+
+_TRAILER = struct.Struct("<QI4s")  # payload length, CRC-32 of the payload, magic
+_MAGIC = b"UPB1"
+_SUFFIX = ".arrow"
+
+
+def cache_root() -> Path:
+    """The cache directory (see the module docstring); not created."""
+    given = os.environ.get(DIR_ENV, "").strip()
+    if given:
+        return Path(given).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "upsert-platform"
+
+
+def _limit_bytes() -> int:
+    text = os.environ.get(LIMIT_ENV, "").strip()
+    if not text:
+        return DEFAULT_LIMIT_MB << 20
+    if not text.isdigit():
+        raise ConfigError(f"{LIMIT_ENV}={text!r}: give the cache's size limit in MB (e.g. 4096)")
+    return int(text) << 20
+
+
+def _location_of(blob: Blob) -> str | None:
+    if isinstance(blob, LocalBlob):
+        return f"file://{blob.root}"
+    # Imported only if some S3 store exists (boto3 is slow to import).
+    s3 = sys.modules.get("upsert_core.persist.location.blob_s3")
+    if s3 is not None and isinstance(blob, s3.S3Blob):
+        endpoint = blob._client.meta.endpoint_url  # noqa: SLF001 - the one way to learn it
+        return f"s3://{blob.bucket}/{blob.prefix.strip('/')}@{endpoint}"
+    return None
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+class BaseCache:
+    """The cache of one shard's bases in one blob store (:meth:`for_blob`)."""
+
+    def __init__(self, root: Path, limit_bytes: int) -> None:
+        self.root = root
+        self.limit_bytes = limit_bytes
+
+    @classmethod
+    def for_blob(cls, blob: Blob, shard: str) -> BaseCache | None:
+        """The cache for ``shard`` in ``blob``, or None when caching is off or ``blob``
+        is not cached (see the module docstring)."""
+        if not on_off_setting(os.environ, ENABLED_ENV):
+            return None
+        location = _location_of(blob)
+        if location is None:
+            return None
+        return cls(cache_root() / "bases" / _digest(f"{location}|{shard}"), _limit_bytes())
+
+    def _path(self, bucket: int, key: str) -> Path:
+        return self.root / str(bucket) / f"{_digest(key)}{_SUFFIX}"
+
+    def get(self, bucket: int, key: str) -> pa.Table | None:
+        """The table cached for base ``key`` of ``bucket``, or None (absent, or found
+        damaged and deleted)."""
+        path = self._path(bucket, key)
+        try:
+            source = pa.memory_map(str(path))
+        except (OSError, pa.ArrowException):
+            return None
+        try:
+            whole = source.read_buffer()
+            size = whole.size - _TRAILER.size
+            if size < 0:
+                raise ValueError("shorter than its trailer")
+            length, crc, magic = _TRAILER.unpack(whole.slice(size).to_pybytes())
+            payload = whole.slice(0, size)
+            if magic != _MAGIC or length != size or zlib.crc32(payload) != crc:
+                raise ValueError("trailer or checksum does not match")
+            table = pa.ipc.open_file(payload).read_all()
+            os.utime(path)  # recently used: the size bound drops older entries first
+            return table
+        except (OSError, ValueError, pa.ArrowException):
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return None
+        finally:
+            source.close()
+
+    def put(self, bucket: int, key: str, table: pa.Table) -> None:
+        """Keep ``table`` as base ``key`` of ``bucket`` (best effort: see the module
+        docstring), then drop what the bounds exclude."""
+        path = self._path(bucket, key)
+        temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with pa.OSFile(str(temporary), "wb") as out:
+                with pa.ipc.new_file(out, table.schema) as writer:
+                    writer.write_table(table)
+            with pa.memory_map(str(temporary)) as written:  # the bytes just written
+                payload = written.read_buffer()
+                trailer = _TRAILER.pack(payload.size, zlib.crc32(payload), _MAGIC)
+            with open(temporary, "ab") as out:
+                out.write(trailer)
+            temporary.replace(path)
+        except (OSError, pa.ArrowException):
+            with contextlib.suppress(OSError):
+                temporary.unlink()
+            return
+        self._evict(path)
+
+    def _evict(self, kept: Path) -> None:
+        with contextlib.suppress(OSError):
+            siblings = sorted(
+                (p for p in kept.parent.glob(f"*{_SUFFIX}") if p != kept),
+                key=lambda p: p.stat().st_mtime, reverse=True,
+            )
+            for old in siblings[KEEP_PER_BUCKET - 1:]:
+                old.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            entries = [(p.stat(), p) for p in (self.root.parent).glob(f"*/*/*{_SUFFIX}")]
+            total = sum(s.st_size for s, _ in entries)
+            for stat, path in sorted(entries, key=lambda e: e[0].st_mtime):
+                if total <= self.limit_bytes or path == kept:
+                    continue
+                path.unlink(missing_ok=True)
+                total -= stat.st_size
