@@ -138,7 +138,8 @@ def main() -> None:
         print(f"| {p['after_batches']:,} | {p['batches_in_state']} | {p['referenced_mb']} |"
               f" {p['latest_s']} | {p['latest_rows']:,} | {p['as_of_since_s']} |"
               f" {p['batch_median_s']} | {p['batch_max_s']} |")
-    print(f"\nLatest read after {args.batches:,} batches / after {out['points'][0]['after_batches']}:"
+    first = out["points"][0]["after_batches"]
+    print(f"\nLatest read after {args.batches:,} batches / after {first}:"
           f" {out['latest_ratio_last_vs_first']}x (target <= 1.3x)")
     print(json.dumps(out))
 

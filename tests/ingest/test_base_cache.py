@@ -4,6 +4,7 @@ changes no result."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 from pathlib import Path
 
@@ -173,3 +174,60 @@ def test_cache_settings_are_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         BaseCache.for_blob(blob, "s")
     monkeypatch.setenv("UPSERT_BASE_CACHE", "0")
     assert BaseCache.for_blob(blob, "s") is None
+
+
+def test_a_cached_base_whose_blob_is_gone_is_not_used(
+    tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cache never hides what the store lost: with the base's blob deleted, the
+    next ingest fails or rebuilds exactly as without the cache, and ``check`` reads the
+    store, not the copy."""
+    from upsert_core.ingest.verify import compare_state
+
+    shard, bucket, key = _bucket_base(tmp_path)
+    cache = BaseCache.for_blob(shard.blob, "s")
+    assert cache is not None and cache.get(bucket, key) is not None
+    shard.blob.delete(key)
+    assert cache.get(bucket, key) is not None, "the copy outlives the blob"
+    compared = compare_state(shard)
+    assert not compared.ok and any(key in p for p in compared.problems), compared.problems
+    used: list[str] = []
+    original = BaseCache.get
+
+    def spy(self: BaseCache, b: int, k: str) -> pa.Table | None:
+        table = original(self, b, k)
+        if table is not None:
+            used.append(k)
+        return table
+
+    monkeypatch.setattr(BaseCache, "get", spy)
+    landing = tmp_path / "landing"
+    write_jsonl(landing, "900.jsonl", [{"key": k, "offset": 9000 + k, "v": "z"} for k in range(40)])
+    # Failing is as good as rebuilding; using the copy is not.
+    with contextlib.suppress(Exception):
+        ingest(shard, str(landing), REQUEST, engine=InProcessEngine(cache=None))
+    assert key not in used, "the ingest used the local copy of a blob that is gone"
+
+
+@pytest.mark.parametrize("kind", ["part base", "typed base"])
+def test_check_verifies_the_stored_base_not_the_local_copy(
+    tmp_path: Path, cache_dir: Path, kind: str
+) -> None:
+    from upsert_core.ingest.verify import compare_state
+    from upsert_core.persist.keys import checkpoint_prefix
+
+    shard = _local_shard(tmp_path)
+    _run(tmp_path, 1 if kind == "part base" else 8, shard)
+    refs = ShardIngestConfig.read(shard.state().config).checkpoint_refs
+    typed = [(b, k) for b, k in refs.items() if k.startswith(checkpoint_prefix("s"))]
+    bucket, key = sorted(typed if kind == "typed base" else set(refs.items()) - set(typed))[0]
+    _load(shard, bucket, key)  # an ingest of a fresh process would keep the copy
+    cache = BaseCache.for_blob(shard.blob, "s")
+    assert cache is not None and cache.get(bucket, key) is not None
+    assert compare_state(shard).ok
+    stored = shard.blob.root / key  # type: ignore[attr-defined]
+    data = bytearray(stored.read_bytes())
+    for at in range(len(data) // 4, len(data) // 2, 97):  # the same size, other bytes
+        data[at] ^= 0x5A
+    stored.write_bytes(bytes(data))
+    assert not compare_state(shard).ok, "check passed on a damaged base it never read"

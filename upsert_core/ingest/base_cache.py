@@ -42,9 +42,9 @@ from pathlib import Path
 import pyarrow as pa
 
 from upsert_core.errors import ConfigError
+from upsert_core.ingest.options import on_off_setting
 from upsert_core.persist.location import Blob
 from upsert_core.persist.location.blob_local import LocalBlob
-from upsert_core.ingest.options import on_off_setting
 
 ENABLED_ENV = "UPSERT_BASE_CACHE"
 DIR_ENV = "UPSERT_CACHE_DIR"
@@ -146,9 +146,10 @@ class BaseCache:
         temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            with pa.OSFile(str(temporary), "wb") as out:
-                with pa.ipc.new_file(out, table.schema) as writer:
-                    writer.write_table(table)
+            with pa.OSFile(str(temporary), "wb") as out, pa.ipc.new_file(
+                out, table.schema
+            ) as writer:
+                writer.write_table(table)
             with pa.memory_map(str(temporary)) as written:  # the bytes just written
                 payload = written.read_buffer()
                 trailer = _TRAILER.pack(payload.size, zlib.crc32(payload), _MAGIC)

@@ -117,12 +117,14 @@ def write_checkpoint(
 
 
 def load_checkpoint(
-    blob: Blob, key: str, shard: str, bucket: int, buckets: int, scope: OrderScope
+    blob: Blob, key: str, shard: str, bucket: int, buckets: int, scope: OrderScope,
+    *, local_cache: bool = True,
 ) -> ColumnarState:
     """The state stored at ``key``; :class:`CheckpointUnusable` if it cannot be used.
-    A part or typed base may come from this machine's :class:`BaseCache` (checked as
-    if fetched), and one fetched is kept there for the next process."""
-    cache = BaseCache.for_blob(blob, shard)
+    With ``local_cache`` a part or typed base may come from this machine's
+    :class:`BaseCache` (checked as if fetched), and one fetched is kept there for the
+    next process; without it (verifying what is stored) the blob is always read."""
+    cache = BaseCache.for_blob(blob, shard) if local_cache else None
     cached = cache.get(bucket, key) if cache is not None else None
     if cached is not None:
         _check_part_base(key, cached.schema.metadata, bucket, buckets, scope)

@@ -425,8 +425,11 @@ def _load_state(
             if entry is not None and entry.checkpoint == ref and _intact(blob, ref, base):
                 state, lower, result.loaded = entry.state, entry.upper, "cache"
             else:
+                # A local copy of the base (ingest.base_cache) only while the blob it
+                # copies is still there as committed, as for a cached state above.
                 state = new_state(task.scope) if not ref else load_checkpoint(
-                    blob, ref, task.shard_id, bucket, task.buckets, task.scope
+                    blob, ref, task.shard_id, bucket, task.buckets, task.scope,
+                    local_cache=_intact(blob, ref, base),
                 )
                 lower, result.loaded = base.as_of, "checkpoint" if ref else "new"
             if lower < task.ts:

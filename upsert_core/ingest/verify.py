@@ -181,8 +181,9 @@ def _load_live(
             continue
         result.checkpoint_bytes += sizes.get(ref, 0)
         try:
-            upsert = load_checkpoint(
-                shard.blob, ref, shard.shard_id, bucket, options.buckets, options.order_scope
+            upsert = load_checkpoint(  # what is stored, never a local copy
+                shard.blob, ref, shard.shard_id, bucket, options.buckets, options.order_scope,
+                local_cache=False,
             )
         except CheckpointUnusable as exc:
             result.problems.append(f"bucket {bucket}: {exc}")
@@ -433,7 +434,8 @@ class _Buckets:
         ref = config.checkpoint_refs.get(bucket, "")
         base = Base.decode(config.checkpoint_bases.get(bucket), upper)
         loaded = new_state(self.scope) if not ref else load_checkpoint(
-            self.shard.blob, ref, self.shard.shard_id, bucket, self.buckets, self.scope
+            self.shard.blob, ref, self.shard.shard_id, bucket, self.buckets, self.scope,
+            local_cache=False,  # what is stored, never a local copy
         )
         if ref and base.size >= 0:
             # The digest proves the blob is intact, not that it is the one committed: a

@@ -34,8 +34,8 @@ Invariants:
   spanning ``upper`` (compaction merged batches from both sides of it) is read from
   ``upper`` on, provided its ``since`` is below ``upper`` (else the base is not used):
   the same rows at ``upper - 1``, so the same answer, but a latest read no longer
-  merges the history before the base. A base that is missing, labelled otherwise or not a consolidated
-  values-only run is not used (the parts are read as without it).
+  merges the history before the base. A base that is missing, labelled otherwise or
+  not a consolidated values-only run is not used (the parts are read as without it).
 - A bucket whose first run is a base (a typed or part base, or any consolidated run of
   insertions wholly before the others, such as a first load's part) resolves key by
   key only the keys the later runs touch: the base's other rows are live as they are,
