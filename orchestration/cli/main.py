@@ -307,7 +307,7 @@ def main(argv: Sequence[str] | None = None, *, defer_pandas: bool = False) -> in
             from upsert_core.arrow_startup import (  # heavy: pyarrow, after --help parsed
                 defer_pandas as withhold_pandas,
             )
-            from upsert_core.arrow_startup import prefer_jemalloc
+            from upsert_core.arrow_startup import prefer_jemalloc  # heavy: pyarrow, as above
 
             prefer_jemalloc()
             withhold_pandas()
