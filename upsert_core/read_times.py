@@ -21,6 +21,8 @@ Invariants:
   a ``date`` object, text that is not ISO-8601) is :class:`InvalidUsage`; ISO text
   naming a day alone stands for its midnight.
   ``persist.commit_times`` resolves them to ts.
+- Durations (a retention's ``--keep-for``) are :func:`parse_duration`: a whole number
+  and one unit of ``s``, ``m``, ``h``, ``d`` or ``w``, as whole seconds >= 1.
 """
 
 from __future__ import annotations
@@ -95,3 +97,29 @@ def require_time(value: object, name: str) -> int:
         value = value.replace(tzinfo=UTC)
     delta = value - _EPOCH
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$")
+
+
+def parse_duration(text: str) -> int:
+    """``text`` such as ``90s``, ``30m``, ``12h``, ``7d`` or ``2w`` in seconds (>= 1),
+    else :class:`InvalidUsage`."""
+    match = _DURATION.match(text.lower())
+    seconds = int(match.group(1)) * _UNITS[match.group(2)] if match else 0
+    if seconds < 1:
+        raise InvalidUsage(
+            f"a retention duration is a whole number and a unit (s, m, h, d or w), e.g."
+            f" 7d or 12h, got {text!r}"
+        )
+    return seconds
+
+
+def format_duration(seconds: int) -> str:
+    """``seconds`` in the largest unit up to days that divides it (``604800`` is
+    ``7d``)."""
+    for unit, size in sorted(_UNITS.items(), key=lambda item: -item[1])[1:]:  # not weeks
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"

@@ -24,6 +24,7 @@ from orchestration.cli.demo import run_demo
 from orchestration.cli.ingest import run_ingest
 from orchestration.cli.output import dumps, json_row, row_writer, write_jsonl
 from upsert_core.errors import CorruptData, InvariantViolation
+from upsert_core.read_times import format_duration
 from upsert_core.stores import shard_names, sqlite_file_missing
 
 if TYPE_CHECKING:
@@ -224,17 +225,23 @@ def cmd_spark(args: argparse.Namespace) -> int:
 
 def cmd_retention(args: argparse.Namespace) -> int:
     shard = open_shard(args)
-    if args.keep is not None or args.keep_all:
+    if args.keep_for is not None:
+        shard.set_retention_for(args.keep_for)
+    elif args.keep is not None or args.keep_all:
         shard.set_retention(None if args.keep_all else args.keep)
     state = shard.state()
     keep = shard.retention()
-    print(dumps({"shard": shard.shard_id, "retention": keep, "since": state.since,
-                 "upper": state.upper}))
-    sys.stderr.write(
-        f"retention: shard {shard.shard_id!r} keeps "
-        + ("all history" if keep is None else f"the last {keep} timestamp(s) readable")
-        + " (applied by gc and after each ingest)\n"
-    )
+    seconds = shard.retention_for()
+    keep_for = None if seconds is None else format_duration(seconds)
+    print(dumps({"shard": shard.shard_id, "retention": keep, "retention_keep_for": keep_for,
+                 "since": state.since, "upper": state.upper}))
+    if keep_for is not None:
+        now = "all of it" if keep is None else f"the last {keep} timestamp(s)"
+        what = f"what was committed in the last {keep_for} readable ({now} now)"
+    else:
+        what = "all history" if keep is None else f"the last {keep} timestamp(s) readable"
+    sys.stderr.write(f"retention: shard {shard.shard_id!r} keeps {what}"
+                     " (applied by gc and after each ingest)\n")
     return EXIT_OK
 
 

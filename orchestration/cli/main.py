@@ -28,7 +28,7 @@ from typing import NoReturn
 from orchestration.cli.commands import run
 from orchestration.cli.config import debug_enabled
 from upsert_core.errors import UpsertPlatformError
-from upsert_core.read_times import parse_time_text, parse_ts_text
+from upsert_core.read_times import parse_duration, parse_time_text, parse_ts_text
 from upsert_core.redact import redact_url
 
 PROG = "upsertctl"
@@ -87,6 +87,14 @@ def _time(text: str) -> str:
             f"not an ISO-8601 time to the microsecond: {text!r}"
         )
     return text
+
+
+def _duration(text: str) -> int:
+    """A duration such as ``7d`` or ``12h``, in seconds (``read_times.parse_duration``)."""
+    try:
+        return parse_duration(text)
+    except UpsertPlatformError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 _non_negative = _int_at_least(0)
@@ -249,6 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     choice = p.add_mutually_exclusive_group()
     choice.add_argument("--keep", type=_positive, metavar="N",
                         help="keep the last N timestamps readable (N >= 1)")
+    choice.add_argument("--keep-for", type=_duration, metavar="DURATION",
+                        help="keep readable what was committed in the last DURATION (e.g. 7d,"
+                        " 12h, 30m; s m h d w), and the time before it an as-of read needs")
     choice.add_argument("--keep-all", action="store_true", help="keep all history (default)")
 
     command("check", "verify consolidation and storage invariants (exit 0 when all hold)")

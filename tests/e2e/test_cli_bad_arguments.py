@@ -81,3 +81,15 @@ def test_a_wrong_shard_name_lists_the_shards_there(cli: Cli, landing: Path) -> N
     r = cli.run("inspect", "--shard", "ordres", rc=1)
     assert "(shards here: customers, orders)" in r.error_line(), r.error_line()
     assert cli.run("shards").out.splitlines() == ["customers", "orders"]
+
+
+@pytest.mark.parametrize("deployment", ["embedded"], indirect=True)
+@pytest.mark.parametrize("text", ["7", "7x", "1.5d", "0d", "-1h", "d"])
+def test_a_retention_duration_without_a_whole_number_and_unit_is_refused(
+    cli: Cli, landing: Path, text: str
+) -> None:
+    _one_file(landing)
+    cli.ingest(landing, shard="s")
+    r = cli.run("retention", "--shard", "s", f"--keep-for={text}", rc=2)
+    assert "a whole number and a unit (s, m, h, d or w)" in r.err, r.err
+    assert '"retention_keep_for":null' in cli.run("retention", "--shard", "s").out.replace(" ", "")

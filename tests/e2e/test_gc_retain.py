@@ -77,7 +77,8 @@ def test_a_stored_retention_is_applied_by_ingests_and_gc(cli: Cli, landing: Path
     maintenance and ``gc`` without ``--retain`` apply it; ``--keep-all`` clears it."""
     _fill(cli, landing, range(3))
     shown = cli.run("retention", "--shard", "s").json()
-    assert shown == {"shard": "s", "retention": None, "since": 0, "upper": 3}
+    assert shown == {"shard": "s", "retention": None, "retention_keep_for": None, "since": 0,
+                     "upper": 3}
     assert cli.run("retention", "--shard", "s", "--keep", "2").json()["retention"] == 2
     assert cli.inspect()["retention"] == 2
     _fill(cli, landing, range(3, 6))  # one run of three files: maintenance after it
@@ -86,8 +87,13 @@ def test_a_stored_retention_is_applied_by_ingests_and_gc(cli: Cli, landing: Path
     latest = cli.snapshot()
     cli.run("gc", "--shard", "s")  # the stored retention, never further than asked
     assert 0 < cli.inspect()["since"] <= 4 and cli.snapshot() == latest
+    kept_for = cli.run("retention", "--shard", "s", "--keep-for", "12h").json()
+    assert kept_for["retention_keep_for"] == "12h" and kept_for["retention"] is None  # all new
+    assert cli.inspect()["retention_keep_for"] == "12h"
     assert cli.run("retention", "--shard", "s", "--keep-all").json()["retention"] is None
-    for bad in (["--keep", "0"], ["--keep", "1.5"], ["--keep", "2", "--keep-all"]):
+    assert cli.inspect()["retention_keep_for"] is None
+    for bad in (["--keep", "0"], ["--keep", "1.5"], ["--keep", "2", "--keep-all"],
+                ["--keep", "2", "--keep-for", "1d"]):
         cli.run("retention", "--shard", "s", *bad, rc=2)
     assert cli.check().json()["ok"] is True
     cli.run("retention", "--shard", "missing", rc=1)  # a missing shard is not created

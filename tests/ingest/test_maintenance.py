@@ -4,6 +4,7 @@ retention is folded, without anyone running ``gc``, and every read stays the mod
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -16,9 +17,13 @@ from upsert_core.ingest.maintenance import (
     auto_maintenance_from_env,
     replay_floor,
 )
-from upsert_core.persist.retention import RETENTION_KEEP
+from upsert_core.persist.location.blob_memory import MemoryBlob
+from upsert_core.persist.location.consensus_memory import MemoryConsensus
+from upsert_core.persist.retention import RETENTION_KEEP, RETENTION_KEEP_FOR
+from upsert_core.persist.shard import Shard
 from upsert_core.persist.state import COMMIT_TIME_PREFIX
 from upsert_core.persist.testing import unreferenced_blobs
+from upsert_core.shard_table import ShardTable
 
 from .helpers import change_rows, memory_shard, snapshot_rows, write_jsonl
 
@@ -152,3 +157,39 @@ def test_a_bad_maintenance_setting_fails_before_anything_is_ingested(
     with pytest.raises(Exception, match="UPSERT_AUTO_MAINTENANCE"):
         ingest(shard, str(tmp_path), IngestRequest())
     assert shard.state().upper == 0
+
+
+HOUR_MS = 3_600_000
+
+
+def test_a_retention_by_time_keeps_what_an_as_of_time_read_needs(tmp_path: Path) -> None:
+    now = [1_700_000_000_000]
+    shard = Shard.open(MemoryConsensus(), MemoryBlob(), "s", clock_ms=lambda: now[0])
+    model = UpsertModel("global")  # bases are always current: nothing holds since back
+    request = IngestRequest(order_scope="global", buckets=2)
+    for i in range(6):  # ts i committed at hour i
+        _files(tmp_path, model, 1, start=i)
+        ingest(shard, str(tmp_path), request)
+        now[0] += HOUR_MS
+    # At hour 6, the last 2.5 hours hold ts 4 and 5; an as-of-time read at hour 3.5
+    # needs ts 3, committed before them: 3 times stay readable.
+    assert shard.set_retention_for(150 * 60) == 9000
+    assert shard.retention() == 3 and shard.retention_for() == 9000
+    assert shard.inspect()["retention_keep_for"] == "150m"
+    assert shard.state().since == 0, "storing a retention moves nothing by itself"
+    _files(tmp_path, model, 1, start=6)
+    ingest(shard, str(tmp_path), request)  # ts 6, at hour 6: maintenance applies it
+    state = shard.state()
+    assert state.since == 3 and state.upper == 7
+    cutoff = now[0] - 150 * 60 * 1000
+    assert ShardTable(shard).snapshot(
+        as_of_time=datetime.fromtimestamp(cutoff / 1000, UTC)
+    ).num_rows == sum(model.rows(3).values())
+    _matches(shard, model)
+    now[0] += 100 * HOUR_MS  # long idle: still the newest ts stays
+    assert shard.retention() == 1
+    shard.set_retention(2)  # a count replaces the duration
+    assert shard.retention() == 2 and RETENTION_KEEP_FOR not in shard.state().config
+    shard.machine.apply(lambda s: s.evolve(config={**s.config, RETENTION_KEEP_FOR: "7d"}))
+    with pytest.raises(CorruptData, match="retention.keep_for_s='7d'"):
+        shard.retention()

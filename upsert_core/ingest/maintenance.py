@@ -3,8 +3,9 @@ a shard's reads and storage to stay in shape.
 
 After a run that committed files, :func:`maintain`:
 
-1. applies the shard's stored retention (``persist.retention``): ``since`` moves to
-   ``upper - keep``, so compaction may fold the history before it;
+1. applies the shard's stored retention (``persist.retention``: a count of times, or a
+   duration resolved from commit times): ``since`` moves to ``upper - keep``, so
+   compaction may fold the history before it;
 2. once the shard holds :data:`AUTO_COMPACT_BATCHES` batches or more, runs one GC pass:
    size-tiered compaction (with the ingest's part typer, so parts come out typed and
    in the format the ingest writes), a rollup, truncation and the deletion of the blobs
@@ -40,7 +41,6 @@ from upsert_core.ingest.shard_config import ShardIngestConfig
 from upsert_core.ingest.tasks import MAX_REPLAY_BATCHES, Base
 from upsert_core.persist.commit_times import with_since
 from upsert_core.persist.gc import retained_since
-from upsert_core.persist.retention import stored_retention
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.state import ShardState
 
@@ -132,7 +132,7 @@ def maintain(shard: Shard) -> MaintenanceReport:
     report = MaintenanceReport(since_before=state.since, since_after=state.since,
                                batches_before=len(state.batches),
                                batches_after=len(state.batches))
-    keep = stored_retention(state)
+    keep = shard.retention()  # a stored count, or a stored duration resolved now
     if keep is not None and state.upper:
         state = shard.machine.apply(_advance_keeping(keep))
         report.since_after = state.since

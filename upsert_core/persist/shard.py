@@ -60,11 +60,17 @@ from upsert_core.persist.parts import (
 from upsert_core.persist.read import changes as _changes
 from upsert_core.persist.read import read_all
 from upsert_core.persist.read import snapshot as _snapshot
-from upsert_core.persist.retention import stored_retention, with_retention
+from upsert_core.persist.retention import (
+    retention_keep,
+    stored_keep_for,
+    stored_retention,
+    with_retention,
+    with_retention_for,
+)
 from upsert_core.persist.state import ErrorBatch, HollowBatch, ShardState
 from upsert_core.persist.state_versions import StateVersions
 from upsert_core.persist.writers import WriterLease
-from upsert_core.read_times import require_ts
+from upsert_core.read_times import format_duration, require_ts
 
 READ_ATTEMPTS = 5
 """How often an unleased read starts again after GC removed parts under it."""
@@ -427,14 +433,25 @@ class Shard:
         )
 
     def retention(self) -> int | None:
-        """The stored retention: how many newest times stay readable (None: all)."""
-        return stored_retention(self.state())
+        """How many newest times the stored retention keeps readable now (None: all):
+        the stored count, or the stored duration resolved from commit times."""
+        return retention_keep(self.state(), self._clock_ms())
+
+    def retention_for(self) -> int | None:
+        """The stored retention duration in seconds (None: none, or a count)."""
+        return stored_keep_for(self.state())
 
     def set_retention(self, keep: int | None) -> int | None:
         """Store ``keep`` (None: keep all history) by compare-and-set; returns it. It
         moves nothing by itself: GC and ingest maintenance apply it (``retention``)."""
         self.machine.apply(with_retention(keep))
-        return self.retention()
+        return stored_retention(self.state())
+
+    def set_retention_for(self, seconds: int) -> int:
+        """Store a retention of ``seconds`` of commit history (replacing a count) by
+        compare-and-set; returns it. Applied like :meth:`set_retention`'s."""
+        self.machine.apply(with_retention_for(seconds))
+        return seconds
 
     def check(self) -> CheckReport:
         """Verify storage and consolidation invariants (see ``check.py``)."""
@@ -453,7 +470,10 @@ class Shard:
             "seqno": state.seqno,
             "since": state.since,
             "upper": state.upper,
-            "retention": stored_retention(state),
+            "retention": retention_keep(state, self._clock_ms()),
+            "retention_keep_for": (
+                None if (seconds := stored_keep_for(state)) is None else format_duration(seconds)
+            ),
             "batches": len(state.batches),
             "parts": sum(len(b.parts) for b in state.batches),
             "updates": state.num_updates(),
