@@ -18,14 +18,17 @@ Invariants:
   truncated or altered entry is deleted and the caller reads the blob. An entry is
   written to a temporary name and renamed, so a reader never sees a partial one.
 - It is an optimisation only: failing to read, write or delete an entry is ignored
-  (the blob is read), so a missing, full or read-only cache directory changes no
-  result and stops no ingest.
+  (the blob is read), so a missing, full or read-only cache directory, or no home
+  directory at all, changes no result and stops no ingest. An entry the caller finds
+  unusable (other columns or labels) is dropped like a damaged one. Malformed settings
+  are refused before an ingest commits anything (:func:`check_settings`).
 - Bounded: a bucket keeps its :data:`KEEP_PER_BUCKET` newest entries, and the whole
   cache at most ``UPSERT_BASE_CACHE_MB`` (default 4096): the oldest entries go first.
 - Where: ``UPSERT_CACHE_DIR`` (default ``$XDG_CACHE_HOME/upsert-platform``, else
   ``~/.cache/upsert-platform``), under ``bases/``. Off with ``UPSERT_BASE_CACHE=0``.
   Only local-directory and S3 blob stores are cached (others have no location that
-  outlives the process).
+  outlives the process). Spark executors read these settings from their own
+  environment (``spark.executorEnv.*``), not the driver's.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import hashlib
 import os
 import struct
 import sys
+import time
 import uuid
 import zlib
 from pathlib import Path
@@ -52,19 +56,34 @@ LIMIT_ENV = "UPSERT_BASE_CACHE_MB"
 DEFAULT_LIMIT_MB = 4096
 KEEP_PER_BUCKET = 2
 """Entries a bucket keeps: its current base and the one before (a racing writer's)."""
+STALE_TEMPORARY_S = 3600
+"""A temporary file older than this is a killed writer's, and is removed."""
 
 _TRAILER = struct.Struct("<QI4s")  # payload length, CRC-32 of the payload, magic
 _MAGIC = b"UPB1"
 _SUFFIX = ".arrow"
 
 
-def cache_root() -> Path:
-    """The cache directory (see the module docstring); not created."""
+def cache_root() -> Path | None:
+    """The cache directory (see the module docstring; not created), or None when there
+    is none to use (no home directory, as in some containers and executors)."""
     given = os.environ.get(DIR_ENV, "").strip()
     if given:
         return Path(given).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "upsert-platform"
+    if xdg:
+        return Path(xdg) / "upsert-platform"
+    try:
+        return Path.home() / ".cache" / "upsert-platform"
+    except (RuntimeError, KeyError, OSError):  # no HOME and no passwd entry
+        return None
+
+
+def check_settings() -> None:
+    """Raise :class:`ConfigError` for a malformed cache setting, so an ingest refuses
+    before it commits anything rather than at its first base."""
+    on_off_setting(os.environ, ENABLED_ENV)
+    _limit_bytes()
 
 
 def _limit_bytes() -> int:
@@ -105,9 +124,10 @@ class BaseCache:
         if not on_off_setting(os.environ, ENABLED_ENV):
             return None
         location = _location_of(blob)
-        if location is None:
+        root = cache_root()
+        if location is None or root is None:
             return None
-        return cls(cache_root() / "bases" / _digest(f"{location}|{shard}"), _limit_bytes())
+        return cls(root / "bases" / _digest(f"{location}|{shard}"), _limit_bytes())
 
     def _path(self, bucket: int, key: str) -> Path:
         return self.root / str(bucket) / f"{_digest(key)}{_SUFFIX}"
@@ -130,14 +150,19 @@ class BaseCache:
             if magic != _MAGIC or length != size or zlib.crc32(payload) != crc:
                 raise ValueError("trailer or checksum does not match")
             table = pa.ipc.open_file(payload).read_all()
-            os.utime(path)  # recently used: the size bound drops older entries first
-            return table
         except (OSError, ValueError, pa.ArrowException):
-            with contextlib.suppress(OSError):
-                path.unlink()
+            self.drop(bucket, key)
             return None
         finally:
             source.close()
+        with contextlib.suppress(OSError):  # a read-only cache is still read
+            os.utime(path)  # recently used: the size bound drops older entries first
+        return table
+
+    def drop(self, bucket: int, key: str) -> None:
+        """Delete the entry of base ``key`` (damaged, or found unusable by the caller)."""
+        with contextlib.suppress(OSError):
+            self._path(bucket, key).unlink()
 
     def put(self, bucket: int, key: str, table: pa.Table) -> None:
         """Keep ``table`` as base ``key`` of ``bucket`` (best effort: see the module
@@ -170,6 +195,11 @@ class BaseCache:
             )
             for old in siblings[KEEP_PER_BUCKET - 1:]:
                 old.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a writer killed mid-put leaves its temporary
+            stale = time.time() - STALE_TEMPORARY_S
+            for leftover in self.root.parent.glob("*/*/.*.tmp"):
+                if leftover.stat().st_mtime < stale:
+                    leftover.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             entries = [(p.stat(), p) for p in (self.root.parent).glob(f"*/*/*{_SUFFIX}")]
             total = sum(s.st_size for s, _ in entries)

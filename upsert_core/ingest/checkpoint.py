@@ -126,10 +126,14 @@ def load_checkpoint(
     next process; without it (verifying what is stored) the blob is always read."""
     cache = BaseCache.for_blob(blob, shard) if local_cache else None
     cached = cache.get(bucket, key) if cache is not None else None
-    if cached is not None:
+    state: ColumnarState | None = None
+    if cache is not None and cached is not None:
         _check_part_base(key, cached.schema.metadata, bucket, buckets, scope)
-        state = _part_base_state(key, cached)
-    else:
+        try:
+            state = _part_base_state(key, cached)
+        except CheckpointUnusable:
+            cache.drop(bucket, key)  # an intact entry of another layout: read the blob
+    if state is None:
         state = _fetch_checkpoint(blob, key, shard, bucket, buckets, scope, cache)
     if state.keeps_orders != (scope is OrderScope.GLOBAL):
         raise CheckpointUnusable(f"checkpoint {key} does not match order scope {scope.value}")

@@ -60,6 +60,7 @@ from upsert_core.errors import (
     LandingFileChanged,
     WriterFenced,
 )
+from upsert_core.ingest.base_cache import check_settings as check_base_cache_settings
 from upsert_core.ingest.engine import Engine, InProcessEngine, check_streaming_settings
 from upsert_core.ingest.ledger import find_rewritten, rewritten_transition, with_ledger
 from upsert_core.ingest.maintenance import auto_maintenance_from_env, maintain_after_ingest
@@ -355,6 +356,7 @@ def ingest(
     # after its files are committed).
     maintain = auto_maintenance_from_env() if options.maintain is None else options.maintain
     check_streaming_settings()
+    check_base_cache_settings()
     state = shard.state()
     resolve_options(state.config, options)
     files = list_landing(landing_url)
