@@ -357,6 +357,9 @@ def build_source_assets(
             raise _failure(exc) from exc
         for warning in result.warnings:
             context.log.warning(warning)
+        if shard.state().upper:  # never creates a shard the ingest did not
+            # sources.yaml's retention:, applied by the next ingest's maintenance and gc.
+            spec.store_retention(shard)
         here = {**committed, **result.applied_here}
         result.start_upper = start_upper
         # Each partition's event carries its own file's figures; the run's totals go to

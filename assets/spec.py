@@ -7,7 +7,10 @@ Invariants: ``name`` is a Dagster identifier (checked by the loader) and is the 
 group and key prefix; ``shard`` is the shard the assets write; options left ``None``
 mean "the shard's stored option, or the default for a new shard". ``checks`` are the
 source's value checks (``sources.yaml`` ``checks:``), passed with every ingest request
-and never stored in the shard.
+and never stored in the shard. ``retention`` (``sources.yaml`` ``retention:``) is stored
+in the shard by each ingest run when it differs (:meth:`SourceSpec.store_retention`):
+``("keep", N)``, ``("keep_for", seconds)`` or ``("all", None)``; None leaves the shard's
+stored retention as ``upsertctl retention`` set it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,10 @@ from dataclasses import dataclass, field
 
 from upsert_core.ingest import IngestRequest
 from upsert_core.landing import ValueCheck
+from upsert_core.persist.shard import Shard
+
+Retention = tuple[str, int | None]
+"""``("keep", N)``, ``("keep_for", seconds)`` or ``("all", None)``."""
 
 DEFAULT_GC_CRON = "0 * * * *"
 DEFAULT_SENSOR_INTERVAL_S = 10
@@ -42,7 +49,19 @@ class SourceSpec:
     owners: tuple[str, ...] = ()
     tags: tuple[tuple[str, str], ...] = ()
     checks: tuple[ValueCheck, ...] = ()
+    retention: Retention | None = None
     origin: str = field(default="sources.yaml", compare=False)
+
+    def store_retention(self, shard: Shard) -> None:
+        """Store the source's ``retention`` in ``shard`` (nothing when None, and no
+        commit when the shard stores it already)."""
+        if self.retention is None:
+            return
+        kind, value = self.retention
+        if kind == "keep_for" and value is not None:
+            shard.set_retention_for(value)
+        else:
+            shard.set_retention(value if kind == "keep" else None)
 
     def request(self) -> IngestRequest:
         """The ingest options (``None`` = the shard's stored option or the default)."""

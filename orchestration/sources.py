@@ -19,6 +19,9 @@ the working directory; else, when running from a checkout, the one at its root):
         gc_cron: "0 * * * *"            # rollup_gc schedule
         gc_retain: null                 # rollup_gc --retain, >= 1 (null: the shard's stored
                                         # retention, `upsertctl retention`; else all history)
+        retention: null                 # stored in the shard by each ingest run: N (the last N
+                                        # ts), a duration such as 7d (s m h d w) or all; null:
+                                        # leave what `upsertctl retention` stored
         sensor_interval_s: 10           # how often the landing sensor lists the landing
         description: Orders from the shop  # shown on every asset of the group
         owners: [team:data-eng, alice@example.com]  # Dagster owners: emails or team:NAME
@@ -55,9 +58,10 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped]
 
-from assets.spec import DEFAULT_GC_CRON, DEFAULT_SENSOR_INTERVAL_S, SourceSpec
-from upsert_core.errors import ConfigError
+from assets.spec import DEFAULT_GC_CRON, DEFAULT_SENSOR_INTERVAL_S, Retention, SourceSpec
+from upsert_core.errors import ConfigError, InvalidUsage
 from upsert_core.landing import parse_value_checks
+from upsert_core.read_times import parse_duration
 from upsert_core.stores import ENV_HOME, upsert_home
 
 ENV_SOURCES = "UPSERT_SOURCES"
@@ -77,7 +81,7 @@ __all__ = ["SourceSpec", "load_sources", "merge_sources", "parse_source", "env_s
 
 _FIELDS = {
     "name", "landing", "shard", "key", "order", "deleted_col", "order_scope", "envelope", "gc_cron",
-    "gc_retain", "sensor_interval_s", "description", "owners", "tags", "checks",
+    "gc_retain", "retention", "sensor_interval_s", "description", "owners", "tags", "checks",
 }
 _OWNER = re.compile(r"^(team:[A-Za-z0-9_.-]+|[^@\s]+@[^@\s]+\.[^@\s]+)$")
 _TAG_KEY = re.compile(r"^([A-Za-z0-9_.-]{1,63}/)?[A-Za-z0-9_.-]{1,63}$")
@@ -155,6 +159,25 @@ def _tags(value: Any, where: str) -> tuple[tuple[str, str], ...]:
     return pairs
 
 
+def _retention(value: Any, where: str) -> Retention | None:
+    """``retention``: N >= 1, a duration (``7d``), ``all``, or null."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return ("keep", value)
+    if isinstance(value, str) and value.strip().lower() == "all":
+        return ("all", None)
+    if isinstance(value, str):
+        try:
+            return ("keep_for", parse_duration(value))
+        except InvalidUsage:
+            pass
+    raise ConfigError(
+        f"{where}: retention must be an integer >= 1 (the last N timestamps), a duration"
+        f" such as 7d or 12h (s, m, h, d or w), 'all' or null, got {value!r}"
+    )
+
+
 def parse_source(entry: object, where: str, env: Mapping[str, str]) -> SourceSpec:
     """One ``sources:`` entry as a :class:`SourceSpec`."""
     if not isinstance(entry, dict):
@@ -196,6 +219,7 @@ def parse_source(entry: object, where: str, env: Mapping[str, str]) -> SourceSpe
         envelope=_opt_str(entry, "envelope", where, env),
         gc_cron=_opt_str(entry, "gc_cron", where, env) or DEFAULT_GC_CRON,
         gc_retain=retain,
+        retention=_retention(entry.get("retention"), where),
         sensor_interval_s=interval,
         description=_opt_str(entry, "description", where, env),
         owners=_owners(entry.get("owners"), where),

@@ -309,3 +309,18 @@ def test_a_file_that_changes_while_read_fails_the_attempt_and_the_retry_applies_
              if r.asset_materialization is not None
              and r.asset_materialization.partition == names[0]]
     assert [m.metadata["applied_by"].value for m in first] == ["this run"]
+
+
+def test_an_ingest_run_stores_the_source_retention(plat: Platform) -> None:
+    """``sources.yaml``'s ``retention:`` reaches the shard with the first run (never
+    before: a shard is created only by an ingest that commits)."""
+    names = plat.write_batches()
+    spec = plat.spec(retention=("keep", 1))
+    built, defs = plat.build(spec)
+    plat.add_partitions(spec, names)
+    job = defs.resolve_job_def("feed_ingest")
+    assert job.execute_in_process(partition_key=names[0], instance=plat.instance).success
+    assert plat.shard().retention() == 1
+    assert job.execute_in_process(partition_key=names[1], instance=plat.instance).success
+    assert plat.shard().state().upper == 2
+    assert plat.shard().inspect()["retention"] == 1

@@ -138,3 +138,36 @@ def test_sources_file_options_and_defaults(tmp_path: Path) -> None:
     assert (orders.gc_cron, orders.gc_retain) == ("*/5 * * * *", 10)
     request = orders.request()
     assert (request.key, request.order_scope, request.order) == (("id", "region"), "global", None)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("12", ("keep", 12)), ("7d", ("keep_for", 7 * 86400)), ("all", ("all", None)),
+     ("null", None)],
+)
+def test_a_source_retention_is_parsed_and_stored_in_its_shard(
+    tmp_path: Path, value: str, expected: object
+) -> None:
+    from upsert_core.persist.location.blob_memory import MemoryBlob
+    from upsert_core.persist.location.consensus_memory import MemoryConsensus
+    from upsert_core.persist.shard import Shard
+
+    path = tmp_path / "sources.yaml"
+    path.write_text(f"sources:\n  - {{name: a, landing: /x, retention: {value}}}\n")
+    (spec,) = load_sources(path, env={})
+    assert spec.retention == expected
+    shard = Shard.open(MemoryConsensus(), MemoryBlob(), "a")
+    shard.set_retention(3)
+    spec.store_retention(shard)
+    assert (shard.retention_for(), shard.state().config.get("retention.keep")) == {
+        ("keep", 12): (None, "12"), ("keep_for", 604800): (604800, None),
+        ("all", None): (None, None), None: (None, "3"),
+    }[expected]  # type: ignore[index]
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "1.5", "7x", "true", "[1]"])
+def test_a_malformed_source_retention_is_refused(tmp_path: Path, value: str) -> None:
+    path = tmp_path / "sources.yaml"
+    path.write_text(f"sources:\n  - {{name: a, landing: /x, retention: {value}}}\n")
+    with pytest.raises(ConfigError, match="retention must be an integer >= 1"):
+        load_sources(path, env={})
