@@ -373,3 +373,15 @@ def test_a_base_is_read_with_batches_compaction_merged_across_it(tmp_path: Path)
             for ts in range(state.since, state.upper):
                 assert _rows(table.snapshot(ts)) == _merged_rows(shard, ts), (state.upper, ts)
     assert spanned >= 2, "batches spanned a base's upper too rarely: the case is not exercised"
+
+
+def test_compare_state_counts_a_part_base_in_its_checkpoint_bytes(tmp_path: Path) -> None:
+    _files(tmp_path, 0)
+    shard = memory_shard()
+    ingest(shard, str(tmp_path), _request())
+    refs = _refs(shard)
+    assert refs and all(not r.startswith(checkpoint_prefix("s")) for r in refs.values())
+    sizes = {m.key: m.size_in_bytes for m in shard.blob.list_keys("s/")}
+    compared = compare_state(shard)
+    assert compared.ok
+    assert compared.checkpoint_bytes == sum(sizes[r] for r in refs.values()) > 0

@@ -179,7 +179,11 @@ def _load_live(
                 _add(result, _tombstone_mismatch(shard, stored, new_state(OrderScope.GLOBAL),
                                                  bucket, options.buckets))
             continue
-        result.checkpoint_bytes += sizes.get(ref, 0)
+        # A part base is a batch part, not under the checkpoint prefix: its size counts
+        # too (it is the bucket's state), though it costs nothing beside the part.
+        result.checkpoint_bytes += sizes[ref] if ref in sizes else sum(
+            m.size_in_bytes for m in shard.blob.list_keys(ref) if m.key == ref
+        )
         try:
             upsert = load_checkpoint(  # what is stored, never a local copy
                 shard.blob, ref, shard.shard_id, bucket, options.buckets, options.order_scope,
