@@ -116,8 +116,7 @@ from upsert_core.errors import (
     UpsertPlatformError,
 )
 from upsert_core.ingest import ProgressEvent
-from upsert_core.ingest.maintenance import retained
-from upsert_core.ingest.part_typer import part_typer
+from upsert_core.ingest.maintenance import gc_with_retention
 from upsert_core.landing import list_landing, pending
 from upsert_core.persist.keys import claim_writer_token
 from upsert_core.redact import redact_url
@@ -319,6 +318,8 @@ def build_source_assets(
         # only names blobs written outside any registration (rollups).
         claim_writer_token()
         shard = open_shard(consensus, blob_store, spec.shard, create=True)
+        if shard.state().upper:  # stored first, so this run's maintenance applies it
+            spec.store_retention(shard)
         # Files earlier attempts of this step committed before losing a race (they
         # reported them): this run's too.
         earlier = (applied_by_run(context.instance, context.run.run_id, state_key)
@@ -357,8 +358,7 @@ def build_source_assets(
             raise _failure(exc) from exc
         for warning in result.warnings:
             context.log.warning(warning)
-        if shard.state().upper:  # never creates a shard the ingest did not
-            # sources.yaml's retention:, applied by the next ingest's maintenance and gc.
+        if shard.state().upper:  # a new shard's, once the ingest created it
             spec.store_retention(shard)
         here = {**committed, **result.applied_here}
         result.start_upper = start_upper
@@ -456,12 +456,10 @@ def build_source_assets(
                 "note": MetadataValue.text(f"shard {spec.shard!r} does not exist yet")
             })
         try:
-            keep = shard.retention()
-            if retain is None and keep is not None:
-                # The shard's stored retention (upsertctl retention), applied as ingest
-                # maintenance applies it: never forcing a rebuild of upsert state.
-                retain = retained(shard.state(), keep)
-            report = shard.gc(retain=retain, typer=part_typer(shard))
+            # Without a retain, the shard's stored retention (upsertctl retention),
+            # applied as ingest maintenance applies it: never forcing a rebuild of
+            # upsert state, a duration resolved against the state it changes.
+            report = gc_with_retention(shard, retain)
         except UpsertPlatformError as exc:
             raise _failure(exc) from exc
         meta = gc_metadata(report, time.monotonic() - started)

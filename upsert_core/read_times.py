@@ -100,18 +100,18 @@ def require_time(value: object, name: str) -> int:
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_DURATION = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$")
+_DURATION = re.compile(r"^\s*([0-9]{1,12})\s*([smhdw])\s*$", re.ASCII)
 
 
 def parse_duration(text: str) -> int:
     """``text`` such as ``90s``, ``30m``, ``12h``, ``7d`` or ``2w`` in seconds (>= 1),
-    else :class:`InvalidUsage`."""
+    else :class:`InvalidUsage` (also for other than ASCII digits, or more than 12)."""
     match = _DURATION.match(text.lower())
     seconds = int(match.group(1)) * _UNITS[match.group(2)] if match else 0
     if seconds < 1:
         raise InvalidUsage(
-            f"a retention duration is a whole number and a unit (s, m, h, d or w), e.g."
-            f" 7d or 12h, got {text!r}"
+            f"a retention duration is a whole number (ASCII digits, at most 12) and a unit"
+            f" (s, m, h, d or w), e.g. 7d or 12h, got {text!r}"
         )
     return seconds
 

@@ -181,22 +181,14 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     # heavy: pyarrow, the ingest package
-    from upsert_core.ingest.maintenance import retained
-    from upsert_core.ingest.part_typer import part_typer
+    from upsert_core.ingest.maintenance import gc_with_retention
 
     shard = open_shard(args)
-    # The typer lets compaction rewrite plain parts as typed ones (fast snapshots).
-    typer = part_typer(shard)
-    retain = args.retain
-    keep = shard.retention()
-    if retain is None and keep is not None:
-        # The stored retention, kept as ingest maintenance keeps it (never forcing a
-        # rebuild of upsert state); an explicit --retain N is applied as given.
-        retain = retained(shard.state(), keep)
-    if args.leak_grace is None:
-        report = shard.gc(retain, typer=typer)
-    else:
-        report = shard.gc(retain, leak_grace_ms=int(args.leak_grace * 1000), typer=typer)
+    # Without --retain, the stored retention, applied as ingest maintenance applies it
+    # (never forcing a rebuild of upsert state); an explicit --retain N as given. The
+    # part typer lets compaction rewrite plain parts as typed ones (fast snapshots).
+    options = {} if args.leak_grace is None else {"leak_grace_ms": int(args.leak_grace * 1000)}
+    report = gc_with_retention(shard, args.retain, **options)
     print(dumps(report.as_dict()))
     return EXIT_OK
 

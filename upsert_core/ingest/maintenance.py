@@ -40,7 +40,8 @@ from upsert_core.ingest.part_typer import part_typer
 from upsert_core.ingest.shard_config import ShardIngestConfig
 from upsert_core.ingest.tasks import MAX_REPLAY_BATCHES, Base
 from upsert_core.persist.commit_times import with_since
-from upsert_core.persist.gc import retained_since
+from upsert_core.persist.gc import GcReport, retained_since
+from upsert_core.persist.retention import retention_keep
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.state import ShardState
 
@@ -110,18 +111,40 @@ def retained(state: ShardState, keep: int) -> int:
     return max(keep, state.upper - target)
 
 
-def _advance_keeping(keep: int) -> Callable[[ShardState], ShardState | None]:
-    """A transition moving ``since`` as :func:`retained` says, computed from the state it
-    transforms (not from an earlier read: an ingest committing in between would move the
-    target past a checkpoint base)."""
+def _advance_keeping(now_ms: int) -> Callable[[ShardState], ShardState | None]:
+    """A transition moving ``since`` as :func:`retained` says for the stored retention,
+    both resolved from the state it transforms (not from an earlier read: an ingest
+    committing in between would move the target past a checkpoint base, or a duration's
+    window start past the ts a read at its start needs)."""
 
     def advance(state: ShardState) -> ShardState | None:
+        keep = retention_keep(state, now_ms)
+        if keep is None or not state.upper:
+            return None
         since = retained_since(state, retained(state, keep))
         # with_since: the commit times of ts left wholly below the new since go too,
         # as when GC advances it.
         return None if since == state.since else with_since(state, since)
 
     return advance
+
+
+def gc_with_retention(shard: Shard, retain: int | None, **options: object) -> GcReport:
+    """``shard.gc``: with ``retain`` as given, else after applying the stored retention
+    (:func:`apply_stored_retention`), with the report's ``since_before`` from before it
+    (what ``upsertctl gc`` and the ``rollup_gc`` asset run)."""
+    before = shard.state().since
+    if retain is None:
+        apply_stored_retention(shard)
+    report = shard.gc(retain, typer=part_typer(shard), **options)  # type: ignore[arg-type]
+    report.since_before = min(before, report.since_before)
+    return report
+
+
+def apply_stored_retention(shard: Shard) -> ShardState:
+    """Move ``since`` as the shard's stored retention says (nothing without one), in one
+    compare-and-set against the state it changes; returns the state after."""
+    return shard.machine.apply(_advance_keeping(shard.clock_ms()))
 
 
 def maintain(shard: Shard) -> MaintenanceReport:
@@ -132,10 +155,8 @@ def maintain(shard: Shard) -> MaintenanceReport:
     report = MaintenanceReport(since_before=state.since, since_after=state.since,
                                batches_before=len(state.batches),
                                batches_after=len(state.batches))
-    keep = shard.retention()  # a stored count, or a stored duration resolved now
-    if keep is not None and state.upper:
-        state = shard.machine.apply(_advance_keeping(keep))
-        report.since_after = state.since
+    state = apply_stored_retention(shard)
+    report.since_after = state.since
     if len(state.batches) >= AUTO_COMPACT_BATCHES:
         gc = shard.gc(typer=part_typer(shard))
         report.gc_ran = True

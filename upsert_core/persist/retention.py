@@ -19,6 +19,8 @@ Invariants:
   for ``now - S``), so it resolves to a count (:func:`retention_keep`) from the commit
   times (``persist.commit_times``) at the moment it is applied; ts without a recorded
   time were committed before every recorded one. At least the newest ts stays.
+  Resolve it against the very state a transition changes (``ingest.maintenance``),
+  never an earlier read: a commit in between would move the window's start.
 - Retention is a floor: ``since`` never passes ``upper - N`` because of it (readers'
   leases and ``gc.retained_since`` may hold it lower still).
 """
@@ -81,9 +83,10 @@ def retention_keep(state: ShardState, now_ms: int) -> int | None:
     cutoff = now_ms - seconds * 1000
     older = [step for step in readable_steps(state) if step.ms <= cutoff]
     if not older:
-        return None  # nothing readable was committed before the window: fold nothing
+        # Nothing readable was committed before the window: keep what is readable.
+        return max(1, state.upper - state.since)
     # The as-of answer for the cutoff is the last ts of the last step before it.
-    return max(1, state.upper - (older[-1].upper - 1))
+    return max(1, state.upper - max(older[-1].upper - 1, state.since))
 
 
 def _store(keep: int | None, keep_for: int | None) -> Callable[[ShardState], ShardState | None]:

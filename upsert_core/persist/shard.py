@@ -432,6 +432,10 @@ class Shard:
             run_compaction=run_compaction, clock_ms=self._clock_ms, typer=typer,
         )
 
+    def clock_ms(self) -> int:
+        """This handle's clock (UTC milliseconds): what commit times and retention use."""
+        return self._clock_ms()
+
     def retention(self) -> int | None:
         """How many newest times the stored retention keeps readable now (None: all):
         the stored count, or the stored duration resolved from commit times."""
