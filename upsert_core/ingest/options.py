@@ -44,6 +44,7 @@ from upsert_core.ingest.shard_config import (
 from upsert_core.landing import SourceSchema, ValueCheck
 from upsert_core.landing.debezium import DEFAULT_ORDER as DEBEZIUM_ORDER
 from upsert_core.landing.debezium import DELETE_MARKER, Envelope, parse_envelope
+from upsert_core.landing.schema import parse_order
 from upsert_core.persist.leases import DEFAULT_LEASE_DURATION_MS
 from upsert_core.persist.parts import DEFAULT_INLINE_THRESHOLD
 
@@ -71,6 +72,7 @@ class IngestRequest:
 
     key: Sequence[str] | None = None
     order: str | None = None
+    """The order column, or several separated by commas (``landing.schema.parse_order``)."""
     deleted_col: str | None = None
     order_scope: str | OrderScope | None = None
     buckets: int | None = None
@@ -226,7 +228,8 @@ def resolve_options(
     if stored.options is None:
         schema = SourceSchema(
             key=key or DEFAULT_KEY,
-            order=request.order or (DEBEZIUM_ORDER if debezium else DEFAULT_ORDER),
+            order=parse_order(request.order) if request.order else (
+                DEBEZIUM_ORDER if debezium else DEFAULT_ORDER),
             deleted=DELETE_MARKER if debezium else request.deleted_col or DEFAULT_DELETED,
         )
         return ShardOptions(
