@@ -204,7 +204,7 @@ class SourceSchema:
     def check_options(
         self,
         key: Sequence[str] | None = None,
-        order: str | tuple[str, ...] | None = None,
+        order: str | Sequence[str] | None = None,
         deleted: str | None = None,
     ) -> None:
         """Raise ConfigError if any given option differs from the shard's (``order``
