@@ -73,10 +73,7 @@ def order_keys(columns: Sequence[pa.Array]) -> npt.NDArray[np.bytes_]:
         parts.extend(_component(col))
     parts.append(_END)
     joined = pc.binary_join_element_wise(*parts, b"")
-    if n == 0:
-        return np.zeros(0, dtype="S1")
-    out: npt.NDArray[np.bytes_] = joined.to_numpy(zero_copy_only=False).astype(np.bytes_)
-    return out
+    return _fixed(joined)
 
 
 def _component(col: pa.Array) -> list[pa.Array | pa.Scalar]:
@@ -117,7 +114,7 @@ def to_arrow(orders: np.ndarray) -> pa.Array:
     """``orders`` as Arrow: int64, or order keys as ``binary`` (exact: see the module
     docstring on trailing bytes)."""
     if is_order_keys(orders):
-        return pa.array(orders.tolist(), pa.binary())
+        return _variable(orders)
     return pa.array(np.asarray(orders, np.int64), pa.int64())
 
 
@@ -129,15 +126,50 @@ def from_arrow(column: pa.Array | pa.ChunkedArray) -> OrderArray:
         raise InvalidUpsertState("an order column holds nulls")
     t = column.type
     if pa.types.is_binary(t) or pa.types.is_large_binary(t):
-        if len(column) == 0:
-            return np.zeros(0, dtype="S1")
-        keys: npt.NDArray[np.bytes_] = column.to_numpy(zero_copy_only=False).astype(np.bytes_)
-        return keys
+        return _fixed(column)
     if t == pa.int64():
         ints: npt.NDArray[np.int64] = np.asarray(
             column.to_numpy(zero_copy_only=False), np.int64)
         return ints
     raise InvalidUpsertState(f"an order column of type {t} is neither int64 nor order keys")
+
+
+def _fixed(column: pa.Array) -> npt.NDArray[np.bytes_]:
+    """Arrow binary values as numpy fixed-width bytes (zero-padded to the longest), with
+    whole-buffer operations: no Python object per value."""
+    n = len(column)
+    if n == 0:
+        return np.zeros(0, dtype="S1")
+    column = column.cast(pa.large_binary())
+    _, offsets_buf, data_buf = column.buffers()
+    offsets = np.frombuffer(offsets_buf, np.int64, n + 1, column.offset * 8)
+    lengths = np.diff(offsets)
+    width = max(1, int(lengths.max()))
+    data = np.frombuffer(data_buf, np.uint8, int(offsets[-1] - offsets[0]), int(offsets[0])) \
+        if data_buf is not None else np.zeros(0, np.uint8)
+    matrix = np.zeros((n, width), np.uint8)
+    matrix[np.arange(width) < lengths[:, None]] = data
+    out: npt.NDArray[np.bytes_] = matrix.view(f"S{width}").ravel()
+    return out
+
+
+def _variable(keys: npt.NDArray[np.bytes_]) -> pa.Array:
+    """Order keys (numpy fixed-width bytes) as Arrow ``binary``, each without the
+    padding (a key never ends in a zero byte), with whole-buffer operations."""
+    n = len(keys)
+    if n == 0:
+        return pa.array([], pa.binary())
+    width = keys.dtype.itemsize
+    matrix = np.ascontiguousarray(keys).view(np.uint8).reshape(n, width)
+    nonzero = matrix != 0
+    lengths = width - np.argmax(nonzero[:, ::-1], axis=1)
+    lengths[~nonzero.any(axis=1)] = 0
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    data = matrix[np.arange(width) < lengths[:, None]]
+    array = pa.LargeBinaryArray.from_buffers(
+        pa.large_binary(), n, [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data.tobytes())])
+    return array.cast(pa.binary())
 
 
 def concat_orders(parts: Sequence[np.ndarray]) -> OrderArray:

@@ -78,6 +78,8 @@ def test_order_keys_survive_arrow_and_back_byte_for_byte(
     back = from_arrow(arrow)
     assert back.dtype.kind == "S" and back.tolist() == keys.tolist()
     assert from_arrow(pa.chunked_array([arrow[:1], arrow[1:]])).tolist() == keys.tolist()
+    assert from_arrow(arrow.slice(1)).tolist() == keys.tolist()[1:]  # an offset view
+    assert to_arrow(keys[1:]).to_pylist() == arrow.to_pylist()[1:]
 
 
 def test_known_encoding_is_stable() -> None:
