@@ -188,10 +188,6 @@ def concat_orders(parts: Sequence[np.ndarray]) -> OrderArray:
     return out
 
 
-def same_kind(orders: np.ndarray, other: np.ndarray) -> bool:
-    return is_order_keys(orders) == is_order_keys(other)
-
-
 def describe(order: object) -> str:
     """An order for a message: an int64 as is, an order key in hex."""
     if isinstance(order, bytes | np.bytes_):
