@@ -12,7 +12,8 @@ the working directory; else, when running from a checkout, the one at its root):
         landing: ${UPSERT_HOME}/demo-landing
         shard: demo                     # default: the name
         key: [key]                      # or "k1,k2"; default: the shard's stored option
-        order: offset
+        order: offset                   # or [file, pos] / "file,pos": several columns,
+                                        # compared on the first, then the next
         deleted_col: __deleted
         order_scope: batch
         envelope: plain                 # or debezium: Debezium change events (JSON Lines)
@@ -123,6 +124,20 @@ def _key(value: Any, where: str) -> tuple[str, ...] | None:
     return names
 
 
+def _order(value: Any, where: str, env: Mapping[str, str]) -> str | None:
+    """``order``: a column name, ``"c1,c2"``, or a list of names (an order of several
+    columns), as the ``--order`` text the ingest parses; None when not given."""
+    if value is None:
+        return None
+    if isinstance(value, list | tuple):
+        names = [expand(str(v), env).strip() for v in value]
+        if not names or any(not n or "," in n for n in names):
+            raise ConfigError(f"{where}: order must be a column name, 'c1,c2' or a list of"
+                              " column names")
+        return ",".join(names)
+    return _opt_str({"order": value}, "order", where, env)
+
+
 def _opt_str(entry: Mapping[str, Any], name: str, where: str, env: Mapping[str, str]) -> str | None:
     value = entry.get(name)
     if value is None:
@@ -213,7 +228,7 @@ def parse_source(entry: object, where: str, env: Mapping[str, str]) -> SourceSpe
         landing=landing,
         shard=_opt_str(entry, "shard", where, env) or name,
         key=_key(entry.get("key"), where),
-        order=_opt_str(entry, "order", where, env),
+        order=_order(entry.get("order"), where, env),
         deleted_col=_opt_str(entry, "deleted_col", where, env),
         order_scope=_opt_str(entry, "order_scope", where, env),
         envelope=_opt_str(entry, "envelope", where, env),

@@ -19,6 +19,10 @@ Semantics, one batch (one landing file) at a time, each at the next timestamp ``
   within a batch only, so an equal order in a later batch is ignored.
 - Changes at ``ts`` are ``snapshot(ts) - snapshot(ts - 1)``: setting a key to an
   identical row is no change.
+- An order of several columns (``order=("file", "pos")``): the order value is the tuple
+  of the columns' values, compared as Python compares tuples (the first column, then the
+  next; strings by code point, which is UTF-8 byte order); a null in ANY of them is a
+  null order (an error row). Every rule above holds with tuples for order values.
 
 Two ways in: :meth:`UpsertModel.apply` takes a file's rows as dicts (key column(s),
 order column, delete marker, value columns: a row becomes its :func:`canonical` form
@@ -64,11 +68,12 @@ class UpsertModel:
     """
 
     def __init__(self, scope: Any, *, key: str | Sequence[str] = "key",
-                 order: str = "offset", deleted: str = "__deleted") -> None:
+                 order: str | Sequence[str] = "offset", deleted: str = "__deleted") -> None:
         self.scope = str(getattr(scope, "value", scope))
         assert self.scope in ("batch", "global"), scope
         self.key = (key,) if isinstance(key, str) else tuple(key)
-        self.order = order
+        self.order = order if isinstance(order, str) else tuple(order)
+        """One order column's name, or a tuple of several (order values are tuples)."""
         self.deleted = deleted
         self.live: dict[Hashable, tuple[Hashable, Any]] = {}
         self.tombstones: dict[Hashable, Any] = {}
@@ -94,14 +99,22 @@ class UpsertModel:
             if any(r.get(c) is None for c in self.key):
                 self.errors.append((ts, number, "null key"))
                 continue
-            if r.get(self.order) is None:
+            order = self.order_of(r)
+            if order is None:
                 self.errors.append((ts, number, "null order"))
                 continue
             k = tuple(r[c] for c in self.key)
             value = None if is_deleted(r.get(self.deleted)) else canonical(
                 {c: v for c, v in r.items() if c != self.deleted})
-            updates.append((k, value, r[self.order]))
+            updates.append((k, value, order))
         return self.apply_updates(updates)
+
+    def order_of(self, row: Mapping[str, Any]) -> Any:
+        """A row's order value (a tuple for several order columns), None when null."""
+        if isinstance(self.order, str):
+            return row.get(self.order)
+        values = tuple(row.get(c) for c in self.order)
+        return None if any(v is None for v in values) else values
 
     def apply_updates(self, updates: Iterable[Update]) -> list[Change]:
         """Apply one batch of ``(key, value or None, order)`` in file order at the next

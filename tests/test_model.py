@@ -66,3 +66,21 @@ def test_engine_updates_with_bytes() -> None:
     model = UpsertModel("global")
     assert model.apply_updates([(b"k", b"x", 2), (b"k", None, 2)]) == []  # the delete wins
     assert model.tombstones == {b"k": 2} and model.snapshot() == {}
+
+
+def test_several_order_columns_compare_as_tuples_and_a_null_in_any_is_a_null_order() -> None:
+    def row(k: int, f: str | None, p: int | None, v: str) -> dict[str, object]:
+        return {"key": k, "file": f, "pos": p, "v": v}
+
+    model = UpsertModel("global", order=("file", "pos"))
+    model.apply([row(1, "bin.2", 1, "newer file"), row(1, "bin.1", 900, "older file"),
+                 row(2, "bin.1", 7, "first"), row(2, "bin.1", 7, "tie: later row"),
+                 row(3, None, 7, "null file"), row(3, "bin.1", None, "null pos")])
+    assert model.snapshot(0) == {(1,): canonical(row(1, "bin.2", 1, "newer file")),
+                                 (2,): canonical(row(2, "bin.1", 7, "tie: later row"))}
+    assert model.errors == [(0, 5, "null order"), (0, 6, "null order")]
+    assert model.stored_order((1,)) == ("bin.2", 1)
+    assert model.apply([row(1, "bin.1", 10**6, "late")]) == []  # not greater: ignored
+    assert model.apply([row(2, "bin.1", 8, "later")]) == [
+        ((2,), canonical(row(2, "bin.1", 7, "tie: later row")), -1),
+        ((2,), canonical(row(2, "bin.1", 8, "later")), 1)]

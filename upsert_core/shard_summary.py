@@ -19,6 +19,8 @@ Invariants:
   ingest committed its options, and ``columns`` is then ``{}``. ``columns`` maps each
   column, in schema order, to its type in the platform's type names (``int64``,
   ``float64``, ``string``, ``bool``, ``timestamp``, ``date``, ``binary``).
+- ``order`` is the order column's name, or the list of its columns, in comparison
+  order, when the order has several (``--order a,b``).
 - ``rewritten_files`` (after ``ingested_files``) lists the names the last ingest found
   rewritten under an ingested name (``ingest.ledger``), ``[]`` when none.
 - Cheap and read-only: a consensus read, no part is read (a count that is not recorded
@@ -76,7 +78,7 @@ def _options(config: Mapping[str, str]) -> dict[str, object]:
     schema = options.schema
     return {
         "key": list(schema.key),
-        "order": schema.order,
+        "order": list(schema.order) if schema.several_orders else schema.order,
         "deleted_col": schema.deleted,
         "order_scope": options.order_scope.value,
         "envelope": options.envelope.value,

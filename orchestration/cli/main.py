@@ -182,7 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("ingest", "ingest every pending batch file, in name order, one timestamp each")
     p.add_argument("landing", metavar="LANDING", help="a directory or s3://bucket/prefix")
     p.add_argument("--key", metavar="K1,K2", help="key column(s), comma-separated (default key)")
-    p.add_argument("--order", metavar="COL", help="order column (default offset)")
+    p.add_argument("--order", metavar="C1,C2",
+                   help="order column(s), comma-separated: compared on the first, then the"
+                        " next (default offset)")
     p.add_argument("--deleted-col", metavar="COL", help="delete marker column (default __deleted)")
     p.add_argument("--order-scope", choices=("batch", "global"), help="default batch")
     p.add_argument(

@@ -50,6 +50,7 @@ from upsert_core.drain import (
 )
 from upsert_core.errors import CodecError, InvalidUpsertState
 from upsert_core.ingest import tasks
+from upsert_core.order_keys import order_keys, to_arrow
 from upsert_core.persist.consolidate import UPDATE_SCHEMA
 
 ROWS_SCHEMA = tasks.ROWS_SCHEMA.remove(tasks.ROWS_SCHEMA.get_field_index("bucket"))
@@ -257,3 +258,100 @@ def test_corrupted_checkpoint_bytes_are_refused() -> None:
             decode_state(bytes(broken))
     with pytest.raises(CodecError):
         decode_state(bytes(data[: len(data) // 2]))
+
+
+# --- orders of several columns (order keys) ------------------------------------------
+
+TupleRow = tuple[int, bytes | None, tuple[str, int]]  # key index, value, (file, pos)
+
+tuple_rows_st = st.tuples(
+    st.integers(0, 9), st.one_of(st.none(), st.sampled_from([b"a", b"b", b"ab", b""])),
+    st.tuples(st.sampled_from(["", "a", "a\x00", "ab", "b", "\xe9"]), st.integers(-2, 2)),
+)
+tuple_files_st = st.lists(st.lists(tuple_rows_st, max_size=12), min_size=1, max_size=6)
+
+
+def as_tuple_table(rows: list[TupleRow]) -> pa.Table:
+    """One bucket's rows whose order has two columns (a string, then an integer)."""
+    keys = order_keys([pa.array([o[0] for _, _, o in rows], pa.string()),
+                       pa.array([o[1] for _, _, o in rows], pa.int64())])
+    schema = tasks.ROWS_SCHEMA_ORDER_KEYS.remove(
+        tasks.ROWS_SCHEMA_ORDER_KEYS.get_field_index("bucket"))
+    return pa.table(
+        [
+            pa.array([key_of(k) for k, _, _ in rows], pa.binary()),
+            pa.array([v or b"" for _, v, _ in rows], pa.binary()),
+            pa.array([v is None for _, v, _ in rows], pa.bool_()),
+            to_arrow(keys) if rows else pa.array([], pa.binary()),
+            pa.array(range(len(rows)), pa.int64()),
+        ],
+        schema=schema,
+    )
+
+
+@pytest.mark.parametrize("scope", list(OrderScope))
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(files=tuple_files_st)
+def test_columnar_drain_with_order_keys_equals_model(
+    scope: OrderScope, fold_mode: str, files: list[list[TupleRow]]
+) -> None:
+    """The drain on order keys: the in-batch winner (greatest tuple, ties to the later
+    row), the global scope's skip rule and tombstones, compared with the model's tuples;
+    the state remembers exactly the model's stored orders (as keys), and checkpoints and
+    tombstone sets carry them byte for byte."""
+    model = UpsertModel(scope)
+    # an empty global state starts as int64 (as ``new_state`` makes it) and takes the
+    # rows' kind on the first drain
+    state = ColumnarState.empty(keeps_orders=scope is OrderScope.GLOBAL)
+    for ts, rows in enumerate(files):
+        model_changes = model.apply_updates((key_of(k), v, o) for k, v, o in rows)
+        result = drain_to_upper(state, as_tuple_table(rows), ts)
+        got = update_list(result.updates)
+        assert got == sorted(got, key=lambda u: (u[0], u[1]))
+        assert collection(got) == collection((k, r, ts, d) for k, r, d in model_changes)
+        state = result.state
+        live = {k: r for k, r, _ in state.items() if r is not None}
+        assert live == model.snapshot()
+        if scope is OrderScope.GLOBAL:
+            remembered = {k: o for k, _, o in state.items()}
+            expected = {k: model.stored_order(k) for k in [*model.live, *model.tombstones]}
+            assert set(remembered) == set(expected)
+            for k, o in expected.items():
+                encoded = order_keys([pa.array([o[0]], pa.string()), pa.array([o[1]])])
+                assert remembered[k] == encoded.tolist()[0]
+        decoded, _ = decode_state(encode_state(state, {"upper": ts + 1}))
+        assert list(decoded.items()) == list(state.items())
+
+
+def test_a_state_of_the_other_order_kind_is_refused() -> None:
+    ints = drain_to_upper(ColumnarState.empty(True), as_table([(5, b"a", 1)]), 0).state
+    with pytest.raises(InvalidUpsertState, match="order keys"):
+        drain_to_upper(ints, as_tuple_table([(5, b"b", ("a", 1))]), 1)
+    keyed = drain_to_upper(ColumnarState.empty(True), as_tuple_table([(5, b"a", ("a", 1))]),
+                           0).state
+    with pytest.raises(InvalidUpsertState, match="int64"):
+        drain_to_upper(keyed, as_table([(5, b"b", 2)]), 1)
+
+
+def test_checkpoint_with_order_keys_needs_its_marker() -> None:
+    keyed = drain_to_upper(ColumnarState.empty(True), as_tuple_table(
+        [(5, b"a", ("a", 1)), (6, None, ("b", 2))]), 0).state
+    data = encode_state(keyed, {"upper": 1})
+    assert decode_state(data)[0].has_order_keys
+    ints = drain_to_upper(ColumnarState.empty(True), as_table([(5, b"a", 1)]), 0).state
+    plain = encode_state(ints, {"upper": 1})
+    assert b"upsert.order_keys" not in plain  # int64 checkpoints are as before
+    # The same columns without the marker are refused, never read as int64 orders.
+    table = pa.ipc.open_file(pa.py_buffer(data[24:])).read_all()
+    meta = {k: v for k, v in table.schema.metadata.items() if k != b"upsert.order_keys"}
+    stripped = table.replace_schema_metadata(meta)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, stripped.schema) as writer:
+        writer.write_table(stripped)
+    body = sink.getvalue().to_pybytes()
+    import xxhash
+
+    forged = b"UPSCKPT2" + xxhash.xxh3_128_digest(body) + body
+    with pytest.raises(CodecError, match="order is binary"):
+        decode_state(forged)

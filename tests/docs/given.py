@@ -1,7 +1,9 @@
 """What a document assumes the reader already has, written into the session's project
 root before its first block runs: the README's ``./landing`` of order files (``--key
 order_id --order updated_at``, five batches so ``--as-of 3`` is readable) and its
-``./cdc/orders`` of Kafka Connect sink files of Debezium events."""
+``./cdc/orders`` of Kafka Connect sink files of Debezium events, and ``./cdc/customers``
+of MySQL events (ordered by ``source.file,source.pos,source.row``; the second file
+replays an older event, which the global scope ignores)."""
 
 from __future__ import annotations
 
@@ -48,7 +50,26 @@ def _debezium(landing: Path) -> None:
         (landing / f"orders+0+{offset:010d}.jsonl").write_text("\n".join(lines) + "\n")
 
 
-GIVEN = {"README.md": lambda root: (_orders(root / "landing"), _debezium(root / "cdc" / "orders"))}
+def _mysql(landing: Path) -> None:
+    landing.mkdir(parents=True)
+
+    def event(op: str, file: str, pos: int, row: int, **images: object) -> dict[str, object]:
+        return {"op": op, "source": {"file": file, "pos": pos, "row": row}, **images}
+
+    files = [
+        [event("c", "mysql-bin.000003", 154, 0, after={"id": 1, "name": "ada"}),
+         event("u", "mysql-bin.000003", 154, 1, after={"id": 1, "name": "ada l."}),
+         event("c", "mysql-bin.000003", 420, 0, after={"id": 2, "name": "bob"})],
+        [event("u", "mysql-bin.000002", 9000, 0, after={"id": 1, "name": "replayed"}),
+         event("d", "mysql-bin.000004", 4, 0, before={"id": 2, "name": "bob"})],
+    ]
+    for offset, events in enumerate(files):
+        lines = [json.dumps(e) for e in events]
+        (landing / f"customers+0+{offset:010d}.jsonl").write_text("\n".join(lines) + "\n")
+
+
+GIVEN = {"README.md": lambda root: (_orders(root / "landing"), _debezium(root / "cdc" / "orders"),
+                                    _mysql(root / "cdc" / "customers"))}
 
 
 def given(doc: str, root: Path) -> None:

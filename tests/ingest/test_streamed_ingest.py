@@ -72,6 +72,40 @@ def test_streamed_files_give_the_whole_file_answer(
     assert streamed.check().ok
 
 
+@pytest.mark.parametrize("memory_mb", ["", "0"], ids=["held", "spilled"])
+def test_streamed_files_with_an_order_of_several_columns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, memory_mb: str
+) -> None:
+    """Order keys (binary) through chunks and spill files: the whole-file answer."""
+    def rows(n: int, start: int) -> pa.Table:
+        table = _rows(n, start)
+        files = [None if i % 9 == 5 else f"bin.{i % 3}" for i in range(start, start + n)]
+        return table.append_column("file", pa.array(files, pa.string()))
+
+    _file(tmp_path, "a.parquet", rows(20, 0))
+    _file(tmp_path, "b.parquet", rows(17, 20))
+
+    def ingest_all(streamed: bool) -> Shard:
+        with monkeypatch.context() as env:
+            env.setenv(STREAM_BYTES_ENV, "0" if streamed else str(1 << 40))
+            env.setenv(CHUNK_ROWS_ENV, "3")
+            env.setenv("UPSERT_INGEST_MEMORY_MB", memory_mb)
+            shard = memory_shard()
+            ingest(shard, str(tmp_path), IngestRequest(buckets=3, order="file,offset",
+                                                       order_scope="global"))
+        return shard
+
+    whole, streamed = ingest_all(False), ingest_all(True)
+    assert streamed.state().upper == whole.state().upper == 2
+    for ts in range(2):
+        assert snapshot_rows(streamed, ts) == snapshot_rows(whole, ts)
+        assert change_rows(streamed, ts) == change_rows(whole, ts)
+    errors = sorted((e["file"], e["row"], e["reason"]) for e in streamed.errors())
+    assert errors == sorted((e["file"], e["row"], e["reason"]) for e in whole.errors())
+    assert any("null order column 'file'" in reason for _, _, reason in errors)
+    assert streamed.check().ok
+
+
 def test_chunks_are_the_rows_of_the_file(tmp_path: Path) -> None:
     _file(tmp_path, "a.parquet", _rows(10), row_group_rows=4)
     (file,) = list_landing(str(tmp_path))

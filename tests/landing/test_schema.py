@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from upsert_core.errors import ConfigError, IngestError
 from upsert_core.landing import LogicalType, SourceSchema
+from upsert_core.landing.schema import parse_order
 
 T = LogicalType
 BASE = SourceSchema(columns=(("key", T.INT64), ("offset", T.INT64), ("v", T.INT64)))
@@ -80,3 +81,62 @@ def test_json_roundtrip(key: list[str], cols: list[tuple[str, LogicalType]]) -> 
 def test_malformed_stored_schema_is_a_config_error(text: str) -> None:
     with pytest.raises(ConfigError):
         SourceSchema.from_json(text)
+
+
+# --- orders of several columns --------------------------------------------------------
+
+TWO = SourceSchema(order=("file", "pos"))
+
+
+def test_parse_order_splits_on_commas_and_keeps_one_name_as_given() -> None:
+    assert parse_order("offset") == "offset"
+    assert parse_order(" odd name ") == " odd name "  # no comma: exactly as before
+    assert parse_order("file, pos") == ("file", "pos")
+    for bad in ("file,", ",pos", "file,,pos", "file,file"):
+        with pytest.raises(ConfigError, match="--order"):
+            parse_order(bad)
+
+
+def test_an_order_of_one_column_is_held_and_stored_exactly_as_before() -> None:
+    one = SourceSchema(order=("offset",))
+    assert one.order == "offset" and not one.several_orders and one == SourceSchema()
+    stored = SourceSchema(columns=(("key", T.INT64), ("offset", T.INT64))).to_json()
+    assert stored == ('{"columns":[["key","int64"],["offset","int64"]],"deleted":"__deleted",'
+                      '"key":["key"],"order":"offset","version":1}')
+    # a stored single order column whose name has a comma stays one column
+    legacy = SourceSchema.from_json(stored.replace('"offset"', '"a,b"'))
+    assert legacy.order == "a,b" and legacy.order_columns == ("a,b",)
+
+
+def test_several_order_columns_are_stored_as_version_2() -> None:
+    schema = TWO.evolve([("key", T.INT64), ("file", T.STRING), ("pos", T.INT64)], "f")
+    text = schema.to_json()
+    assert '"version":2' in text and '"order":["file","pos"]' in text
+    assert SourceSchema.from_json(text) == schema
+    assert schema.role("file") == schema.role("pos") == "order"
+    with pytest.raises(ConfigError, match="version 2 needs an order of several"):
+        SourceSchema.from_json(text.replace('["file","pos"]', '["file"]'))
+
+
+def test_order_column_types_of_an_order_of_several() -> None:
+    for typ in (T.INT64, T.TIMESTAMP, T.STRING):
+        assert TWO.evolve([("file", typ)], "f").type_of("file") is typ
+    for typ in (T.FLOAT64, T.BOOL, T.DATE, T.BINARY):
+        with pytest.raises(IngestError, match=f"f.jsonl: order column 'pos' has type {typ}"):
+            TWO.evolve([("pos", typ)], "f.jsonl")
+    with pytest.raises(IngestError, match="a string only in an order of several columns"):
+        SourceSchema(order="file").evolve([("file", T.STRING)], "f.jsonl")
+
+
+def test_several_order_columns_conflicts_and_invalid_options() -> None:
+    TWO.check_options(order="file,pos")
+    TWO.check_options(order=("file", "pos"))
+    for other in ("file", "pos,file", "file,pos,x"):
+        with pytest.raises(ConfigError, match=f"--order {other} \\(shard has file,pos\\)"):
+            TWO.check_options(order=other)
+    with pytest.raises(ConfigError, match="conflicting ingest options: --order file,pos"):
+        SourceSchema().check_options(order="file,pos")
+    with pytest.raises(ConfigError, match="must be distinct"):
+        SourceSchema(order=("key", "pos"))
+    with pytest.raises(ConfigError, match="duplicate order columns"):
+        SourceSchema(order=("pos", "pos"))

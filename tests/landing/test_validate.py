@@ -410,3 +410,26 @@ def test_parquet_timestamps_and_dates_beyond_python_range_are_row_errors() -> No
     assert b.positions.tolist() == [1, 3]
     [error] = b.errors
     assert error.row == 2 and "'ts'" in error.reason and "'d'" in error.reason
+
+
+def test_an_order_of_several_columns_gives_order_keys_and_nulls_in_any_are_errors() -> None:
+    from upsert_core.landing.validate import ARROW_SCHEMA_ORDER_KEYS
+    from upsert_core.order_keys import order_keys
+
+    schema = SourceSchema(order=("file", "pos"))
+    b = validate_jsonl(jsonl(
+        {"key": 1, "file": "bin.2", "pos": 1},
+        {"key": 2, "file": None, "pos": 1},
+        {"key": 3, "file": "bin.1", "pos": None},
+        {"key": 4, "pos": None},
+        {"key": 5, "file": "bin.1", "pos": -7},
+    ), schema)
+    assert b.orders.dtype.kind == "S"
+    expected = order_keys([pa.array(["bin.2", "bin.1"]), pa.array([1, -7])])
+    assert b.orders.tolist() == expected.tolist() and b.positions.tolist() == [1, 5]
+    assert [(e.row, e.reason) for e in b.errors] == [
+        (2, "null order column 'file'"), (3, "null order column 'pos'"),
+        (4, "null order column 'file'; null order column 'pos'")]
+    assert b.to_arrow().schema == ARROW_SCHEMA_ORDER_KEYS
+    with pytest.raises(IngestError, match="b.jsonl: missing order column .pos."):
+        validate_jsonl(jsonl({"key": 1, "file": "a"}), schema)

@@ -5,6 +5,13 @@ then an Arrow IPC file (zstd-compressed buffers) with columns ``hi``, ``lo`` (ui
 ``row`` (large_binary, null = tombstone) and, in the global scope, ``order`` (int64),
 and the caller's metadata as JSON in the schema metadata (``upsert.checkpoint``).
 
+For an order of several columns ``order`` is ``binary``: order keys
+(``upsert_core.order_keys``), and the schema metadata says so with ``upsert.order_keys``
+set to the key format (:data:`~upsert_core.order_keys.ORDER_KEY_FORMAT`). A checkpoint
+with int64 orders carries no such entry, so its bytes are exactly what they were before
+order keys existed; releases before them refuse a binary ``order`` column (a clear
+error; the bucket is rebuilt from the shard).
+
 Invariants:
 
 - :func:`decode_state` returns a state only if the magic and digest match (a flipped
@@ -12,6 +19,8 @@ Invariants:
   are the expected ones, and the state's own invariants hold
   (:meth:`ColumnarState.checked`: keys sorted and unique, no tombstone in the batch
   scope). Anything else raises :class:`~upsert_core.errors.CodecError`.
+- A binary ``order`` column is read only with the marker naming a format this release
+  knows; a marker without it, or an unknown format, is a :class:`CodecError`.
 - Decoding is a bulk read of whole columns; nothing is decoded per key.
 """
 
@@ -24,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
+from upsert_core import order_keys
 from upsert_core.columnar.derived_rows import as_row_array
 from upsert_core.columnar.merge import fold
 from upsert_core.columnar.state import ROW_TYPE, ColumnarState
@@ -32,6 +42,7 @@ from upsert_core.errors import CodecError, InvalidUpsertState
 MAGIC = b"UPSCKPT2"
 DIGEST_LEN = 16
 METADATA_KEY = b"upsert.checkpoint"
+ORDER_KEYS_KEY = b"upsert.order_keys"
 _IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
 
 
@@ -40,12 +51,13 @@ def encode_state(state: ColumnarState, meta: dict[str, Any]) -> bytes:
     state = fold(state)
     columns = [pa.array(state.hi), pa.array(state.lo), as_row_array(state.rows)]
     names = ["hi", "lo", "row"]
+    metadata = {METADATA_KEY: json.dumps(meta, sort_keys=True).encode()}
     if state.orders is not None:
-        columns.append(pa.array(state.orders))
+        columns.append(order_keys.to_arrow(state.orders))
         names.append("order")
-    table = pa.table(columns, names=names).replace_schema_metadata(
-        {METADATA_KEY: json.dumps(meta, sort_keys=True).encode()}
-    )
+        if order_keys.is_order_keys(state.orders):
+            metadata[ORDER_KEYS_KEY] = str(order_keys.ORDER_KEY_FORMAT).encode()
+    table = pa.table(columns, names=names).replace_schema_metadata(metadata)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, table.schema, options=_IPC_OPTIONS) as writer:
         writer.write_table(table, max_chunksize=1 << 20)
@@ -87,7 +99,14 @@ def decode_state(data: bytes) -> tuple[ColumnarState, dict[str, Any]]:
     names = table.schema.names
     if names not in (["hi", "lo", "row"], ["hi", "lo", "row", "order"]):
         raise CodecError(f"columnar checkpoint has columns {names}")
-    expected = {"hi": pa.uint64(), "lo": pa.uint64(), "row": ROW_TYPE, "order": pa.int64()}
+    marker = (table.schema.metadata or {}).get(ORDER_KEYS_KEY)
+    if marker is not None and marker != str(order_keys.ORDER_KEY_FORMAT).encode():
+        raise CodecError(
+            f"columnar checkpoint holds order keys of format {marker!r}, which this release"
+            f" does not read (it reads format {order_keys.ORDER_KEY_FORMAT})"
+        )
+    order_type = pa.int64() if marker is None else pa.binary()
+    expected = {"hi": pa.uint64(), "lo": pa.uint64(), "row": ROW_TYPE, "order": order_type}
     for field in table.schema:
         if field.type != expected[field.name]:
             raise CodecError(f"columnar checkpoint column {field.name} is {field.type}")
@@ -100,7 +119,11 @@ def decode_state(data: bytes) -> tuple[ColumnarState, dict[str, Any]]:
 
     row_col = table.column("row")
     rows = row_col.chunk(0) if row_col.num_chunks == 1 else row_col.combine_chunks()
-    orders = numpy("order", np.int64) if "order" in names else None
+    orders = None
+    if "order" in names:
+        if table.column("order").null_count:
+            raise CodecError("columnar checkpoint column order has nulls")
+        orders = order_keys.from_arrow(table.column("order"))
     try:
         state = ColumnarState.checked(numpy("hi", np.uint64), numpy("lo", np.uint64), rows, orders)
     except InvalidUpsertState as exc:

@@ -13,6 +13,12 @@ For the validated rows of one bucket at timestamp ``ts`` (``key``, ``row``,
    key (tombstones included) is at least the winner's order; finalized orders carry the
    maximal position, so positions only break ties within a file. The batch scope
    remembers no order and never skips.
+
+Orders are int64 (one order column) or order keys (several: ``upsert_core.order_keys``,
+bytes whose byte order is the tuple's order); both compare with the same numpy
+operators, so steps 1 and 3 are the same for either. The rows' orders and the state's
+are of one kind: an empty state takes the rows' kind, a non-empty state of the other
+kind is refused (:class:`InvalidUpsertState`), never compared.
 4. Output: an applied winner retracts the key's current row and inserts its own (a
    delete only retracts); an identical row emits nothing (Arrow compares the bytes).
    The updates come out sorted by ``(key, row)``, as batch parts store them.
@@ -46,6 +52,8 @@ from upsert_core.columnar.state import (
     join_keys,
     split_keys,
 )
+from upsert_core.errors import InvalidUpsertState
+from upsert_core.order_keys import from_arrow, is_order_keys
 from upsert_core.persist.consolidate import UPDATE_SCHEMA
 
 
@@ -76,7 +84,8 @@ def drain_to_upper(state: ColumnarState, rows: pa.Table, ts: int) -> DrainResult
     if rows.num_rows == 0:
         return DrainResult(UPDATE_SCHEMA.empty_table(), state, 0, 0, 0, 0)
     hi, lo = split_keys(_column(rows, "key"))
-    orders = np.asarray(_column(rows, "order").to_numpy(zero_copy_only=False), np.int64)
+    orders = from_arrow(_column(rows, "order"))
+    state = _of_kind(state, orders)
     positions = np.asarray(_column(rows, "position").to_numpy(zero_copy_only=False), np.int64)
     win = winners(hi, lo, orders, positions)
     w_hi, w_lo, w_orders = hi[win], lo[win], orders[win]
@@ -118,6 +127,21 @@ def drain_to_upper(state: ColumnarState, rows: pa.Table, ts: int) -> DrainResult
     )
 
 
+def _of_kind(state: ColumnarState, orders: np.ndarray) -> ColumnarState:
+    """``state``, or an empty state whose orders are of ``orders``' kind."""
+    if state.orders is None or is_order_keys(state.orders) == is_order_keys(orders):
+        return state
+    if state.is_empty():
+        return ColumnarState.empty(keeps_orders=True, order_keys=is_order_keys(orders))
+    raise InvalidUpsertState(
+        "the upsert state holds "
+        + ("order keys" if state.has_order_keys else "int64 orders")
+        + " but the rows' orders are "
+        + ("order keys" if is_order_keys(orders) else "int64")
+        + ": the shard's order changed kind; rebuild the bucket's state"
+    )
+
+
 def winners(hi: np.ndarray, lo: np.ndarray, orders: np.ndarray, positions: np.ndarray) -> Index:
     """Indices of the rows with the greatest ``(order, position)`` per key, in key order.
 
@@ -131,7 +155,8 @@ def winners(hi: np.ndarray, lo: np.ndarray, orders: np.ndarray, positions: np.nd
     same = s_hi[1:] == s_hi[:-1]
     if not same.any():
         return perm
-    if np.any(same & (s_lo[1:] != s_lo[:-1])):
+    if is_order_keys(orders) or np.any(same & (s_lo[1:] != s_lo[:-1])):
+        # Order keys have no ``maximum.reduceat``: they always take the full sort.
         perm = np.lexsort((positions, orders, lo, hi))
         s_hi, s_lo = hi[perm], lo[perm]
         last = np.ones(len(perm), dtype=bool)

@@ -38,6 +38,7 @@ from upsert_core.columnar.state import (
     locate,
 )
 from upsert_core.errors import InvalidUsage
+from upsert_core.order_keys import concat_orders, zero_like
 
 FOLD_FRACTION = 0.25
 """The overlay is folded into the base once it holds more than this fraction of it."""
@@ -110,7 +111,7 @@ def merge_changes(
     sources = merge_sources(n, index, found, write, remove)
     new_orders = None
     if state.orders is not None and orders is not None:
-        new_orders = np.concatenate([state.orders, orders])[sources]
+        new_orders = concat_orders([state.orders, orders])[sources]
     return ColumnarState(
         np.concatenate([state.hi, hi])[sources],
         np.concatenate([state.lo, lo])[sources],
@@ -158,8 +159,9 @@ def lookup(state: ColumnarState, hi: U64, lo: U64) -> Lookup:
     orders = None
     if state.orders is not None:
         last = max(len(state.hi) - 1, 0)
-        orders = np.where(b_found, state.orders[np.minimum(b_index, last)], 0) if len(
-            state.hi) else np.zeros(n, np.int64)
+        orders = np.where(
+            b_found, state.orders[np.minimum(b_index, last)], zero_like(state.orders)
+        ) if len(state.hi) else np.zeros(n, state.orders.dtype)
     found = b_found
     ov = state.overlay
     if ov is None or len(ov) == 0:
@@ -171,6 +173,8 @@ def lookup(state: ColumnarState, hi: U64, lo: U64) -> Lookup:
     o_rows = ov.rows.take(pa.array(o_index, pa.int64(), mask=~o_found))
     rows = pc.if_else(pa.array(o_found), o_rows, rows)
     if orders is not None and ov.orders is not None:
+        if not len(state.hi):  # an empty base's filler takes the overlay's kind
+            orders = np.zeros(n, ov.orders.dtype)
         orders = np.where(o_found, ov.orders[at], orders)
     return Lookup(found, rows, orders, b_index, b_found, o_index, o_found)
 
@@ -224,7 +228,7 @@ def with_changes(
                                      change_rows)
         new_orders = None
         if ov.orders is not None and orders is not None:
-            new_orders = np.concatenate([ov.orders, orders])[sources]
+            new_orders = concat_orders([ov.orders, orders])[sources]
         overlay = Overlay(
             np.concatenate([ov.hi, hi])[sources],
             np.concatenate([ov.lo, lo])[sources],

@@ -6,8 +6,9 @@ The state of a bucket is four aligned columns, sorted by key:
   the numeric order of ``(hi, lo)`` is the byte order of the key;
 - ``rows`` (Arrow ``large_binary``): the key's current encoded row, null for a
   tombstone;
-- ``orders`` (int64, global order scope only): the order value the key was last
-  decided with, tombstones included.
+- ``orders`` (global order scope only): the order value the key was last decided with,
+  tombstones included: int64 for one order column, order keys (numpy bytes,
+  ``upsert_core.order_keys``) for an order of several columns.
 
 It holds what the per-key ``StateValue`` holds once a snapshot is complete and every
 timestamp below the shard's upper has been fed back: finalized values and (global
@@ -26,6 +27,8 @@ Invariants:
 - Keys are strictly increasing by ``(hi, lo)``: unique and sorted, in each level. Every constructor
   that takes columns from outside (:meth:`ColumnarState.checked`) verifies this.
 - All columns have the same length; ``orders`` is None exactly in the batch scope.
+- Orders are of one kind in a state (both levels): int64 or order keys, never mixed
+  (``order_keys.concat_orders`` refuses it; numpy would turn integers into text).
 - Batch scope: ``rows`` has no nulls (a deleted key is absent), exactly what
   rehydration from the shard's snapshot yields.
 - A state is never mutated: draining returns a new state, so a state taken from a
@@ -48,9 +51,11 @@ import pyarrow as pa
 
 from upsert_core.codec import UPSERT_KEY_LEN
 from upsert_core.errors import InvalidUpsertState
+from upsert_core.order_keys import OrderArray, empty_orders, is_order_keys
 
 U64 = npt.NDArray[np.uint64]
-I64 = npt.NDArray[np.int64]
+I64 = OrderArray
+"""Orders: int64, or order keys (``upsert_core.order_keys``) for several order columns."""
 Index = npt.NDArray[np.intp]
 Mask = npt.NDArray[np.bool_]
 
@@ -154,13 +159,14 @@ class ColumnarState:
     overlay: Overlay | None = None
 
     @classmethod
-    def empty(cls, keeps_orders: bool) -> ColumnarState:
-        """The empty state (``keeps_orders``: the global order scope)."""
+    def empty(cls, keeps_orders: bool, order_keys: bool = False) -> ColumnarState:
+        """The empty state (``keeps_orders``: the global order scope; ``order_keys``: its
+        orders are order keys, for an order of several columns)."""
         return cls(
             np.zeros(0, np.uint64),
             np.zeros(0, np.uint64),
             pa.array([], ROW_TYPE),
-            np.zeros(0, np.int64) if keeps_orders else None,
+            empty_orders(order_keys) if keeps_orders else None,
         )
 
     @classmethod
@@ -181,12 +187,22 @@ class ColumnarState:
             np.ascontiguousarray(hi, dtype=np.uint64),
             np.ascontiguousarray(lo, dtype=np.uint64),
             rows,
-            None if orders is None else np.ascontiguousarray(orders, dtype=np.int64),
+            None if orders is None else np.ascontiguousarray(
+                orders, dtype=orders.dtype if is_order_keys(orders) else np.int64),
         )
 
     @property
     def keeps_orders(self) -> bool:
         return self.orders is not None
+
+    @property
+    def has_order_keys(self) -> bool:
+        """Whether the state's orders are order keys (several order columns)."""
+        return self.orders is not None and is_order_keys(self.orders)
+
+    def is_empty(self) -> bool:
+        """No key in either level."""
+        return len(self.hi) == 0 and (self.overlay is None or len(self.overlay) == 0)
 
     def __len__(self) -> int:
         """Keys held (tombstones included), both levels counted once."""
@@ -208,14 +224,14 @@ class ColumnarState:
             total += ov.base_index.nbytes + (0 if ov.orders is None else ov.orders.nbytes)
         return int(total)
 
-    def _level_items(self) -> Iterator[tuple[bytes, bytes | None, int | None]]:
+    def _level_items(self) -> Iterator[tuple[bytes, bytes | None, int | bytes | None]]:
         keys = join_keys(self.hi, self.lo).to_pylist()
-        orders: list[int | None] = (
+        orders: list[int | bytes | None] = (
             [None] * len(keys) if self.orders is None else self.orders.tolist()
         )
         yield from zip(keys, self.rows.to_pylist(), orders, strict=True)
 
-    def items(self) -> Iterator[tuple[bytes, bytes | None, int | None]]:
+    def items(self) -> Iterator[tuple[bytes, bytes | None, int | bytes | None]]:
         """Every ``(key, row or None for a tombstone, order or None)``, in key order
         (for tests and checks; the ingest never iterates keys)."""
         ov = self.overlay

@@ -40,7 +40,6 @@ from upsert_core.ingest.shard_api import IngestShard
 from upsert_core.ingest.spill import BucketSpill
 from upsert_core.ingest.statecache import StateCache
 from upsert_core.ingest.tasks import (
-    ROWS_SCHEMA,
     FileRead,
     FileTask,
     read_file,
@@ -66,7 +65,7 @@ def bucket_groups(task: FileTask, rows: pa.Table) -> dict[int, pa.Table]:
     bucket, file order kept), with an empty table for every forced bucket without rows."""
     groups = split_rows(rows, _bucket_column(rows))
     for bucket in task.forced_buckets():
-        groups.setdefault(bucket, ROWS_SCHEMA.empty_table())
+        groups.setdefault(bucket, task.rows_schema.empty_table())
     return groups
 
 
@@ -143,7 +142,7 @@ class InProcessEngine:
 
         def load(bucket: int) -> pa.Table:
             if bucket not in indices:
-                return ROWS_SCHEMA.empty_table()
+                return task.rows_schema.empty_table()
             return take_rows(rows, indices[bucket])
 
         self._guarded(task, read, order, load, self.threads, blob, outcome)
@@ -154,7 +153,7 @@ class InProcessEngine:
         each bucket's read back when its drain starts: memory follows a chunk while
         reading and the buckets in flight while draining, whose number the memory
         budget bounds (:func:`memory_budget`)."""
-        with BucketSpill(ROWS_SCHEMA, memory_limit=memory_budget() // SPILL_SHARE) as spill:
+        with BucketSpill(task.rows_schema, memory_limit=memory_budget() // SPILL_SHARE) as spill:
             read = read_file_streamed(task, blob, spill.add)
             outcome = FileOutcome(read=read)
             if read.file_error is not None or read.changed is not None:

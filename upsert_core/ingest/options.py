@@ -44,6 +44,7 @@ from upsert_core.ingest.shard_config import (
 from upsert_core.landing import SourceSchema, ValueCheck
 from upsert_core.landing.debezium import DEFAULT_ORDER as DEBEZIUM_ORDER
 from upsert_core.landing.debezium import DELETE_MARKER, Envelope, parse_envelope
+from upsert_core.landing.schema import normal_order, parse_order
 from upsert_core.persist.leases import DEFAULT_LEASE_DURATION_MS
 from upsert_core.persist.parts import DEFAULT_INLINE_THRESHOLD
 
@@ -70,7 +71,9 @@ class IngestRequest:
     """
 
     key: Sequence[str] | None = None
-    order: str | None = None
+    order: str | Sequence[str] | None = None
+    """The order column, or several: ``"c1,c2"`` (``landing.schema.parse_order``) or a
+    sequence of names."""
     deleted_col: str | None = None
     order_scope: str | OrderScope | None = None
     buckets: int | None = None
@@ -205,6 +208,11 @@ def buckets_for_first_file(size: int, suffix: str) -> int:
     return min(MAX_AUTO_BUCKETS, 1 << (wanted - 1).bit_length())
 
 
+def _order(order: str | Sequence[str]) -> str | tuple[str, ...]:
+    """A requested order: ``--order`` text parsed, or a sequence of names."""
+    return parse_order(order) if isinstance(order, str) else normal_order(order)
+
+
 def resolve_options(
     config: Mapping[str, str] | ShardIngestConfig, request: IngestRequest
 ) -> ShardOptions:
@@ -226,7 +234,8 @@ def resolve_options(
     if stored.options is None:
         schema = SourceSchema(
             key=key or DEFAULT_KEY,
-            order=request.order or (DEBEZIUM_ORDER if debezium else DEFAULT_ORDER),
+            order=_order(request.order) if request.order else (
+                DEBEZIUM_ORDER if debezium else DEFAULT_ORDER),
             deleted=DELETE_MARKER if debezium else request.deleted_col or DEFAULT_DELETED,
         )
         return ShardOptions(

@@ -33,6 +33,7 @@ from upsert_core.ingest.buckets import bucket_tables
 from upsert_core.ingest.checkpoint import new_state
 from upsert_core.landing import SourceSchema
 from upsert_core.landing.rows import decode_rows_to_table
+from upsert_core.order_keys import empty_orders, order_keys
 from upsert_core.persist.location import Blob
 from upsert_core.persist.read import snapshot
 from upsert_core.persist.state import ShardState
@@ -81,23 +82,31 @@ def rehydrate_bucket(
 
 
 def order_values(shard: str, schema: SourceSchema, rows: pa.Array) -> np.ndarray:
-    """The order value of each encoded row, as the int64 the drain compares
-    (timestamps in microseconds since the epoch, naive ones read as UTC).
+    """The order value of each encoded row, as the drain compares it: an int64
+    (timestamps in microseconds since the epoch, naive ones read as UTC), or for an
+    order of several columns the order key of the row's order columns
+    (``upsert_core.order_keys``, as validation made it).
 
     The one reading of orders from rows: rehydration builds global-scope states with
     it, and ``verify`` checks every live key's checkpointed order against it."""
     if not len(rows):
-        return np.zeros(0, np.int64)
-    if schema.order not in schema.names:
-        raise CorruptData(f"shard {shard}: has rows but its schema has no order column")
+        return empty_orders(schema.several_orders)
+    missing = [name for name in schema.order_columns if name not in schema.names]
+    if missing:
+        raise CorruptData(
+            f"shard {shard}: has rows but its schema has no order column {missing[0]!r}")
     try:
-        column = decode_rows_to_table(schema, rows.cast(pa.binary())).column(schema.order)
+        table = decode_rows_to_table(schema, rows.cast(pa.binary()))
     except (CodecError, TypeError) as exc:
         raise CorruptData(
             f"shard {shard}: cannot read the order values of stored rows: {exc}"
         ) from exc
-    if column.null_count:
+    columns = [table.column(name).combine_chunks() for name in schema.order_columns]
+    if any(column.null_count for column in columns):
         raise CorruptData(f"shard {shard}: a stored row has no order value")
+    if schema.several_orders:
+        return order_keys(columns)
+    column = columns[0]
     if pa.types.is_timestamp(column.type):
         column = pc.cast(column, pa.timestamp("us", column.type.tz)).cast(pa.int64())
-    return np.asarray(column.to_numpy(), np.int64)
+    return np.asarray(column.to_numpy(zero_copy_only=False), np.int64)

@@ -112,6 +112,16 @@ ROWS_SCHEMA = pa.schema(
 )
 """Validated rows as exchanged between the read step and the bucket steps."""
 
+ROWS_SCHEMA_ORDER_KEYS = ROWS_SCHEMA.set(
+    ROWS_SCHEMA.get_field_index("order"), pa.field("order", pa.binary())
+)
+""":data:`ROWS_SCHEMA` of a shard whose order has several columns (``order_keys``)."""
+
+
+def rows_schema(several_orders: bool) -> pa.Schema:
+    """The exchanged rows' schema: ``order`` int64, or binary order keys."""
+    return ROWS_SCHEMA_ORDER_KEYS if several_orders else ROWS_SCHEMA
+
 REPLAY_FRACTION = 0.35
 """A base is kept while the updates since it are at most this fraction of its rows.
 
@@ -198,6 +208,11 @@ class FileTask:
     def scope(self) -> OrderScope:
         return OrderScope(self.order_scope)
 
+    @property
+    def rows_schema(self) -> pa.Schema:
+        """The schema of this file's exchanged rows (:func:`rows_schema`)."""
+        return rows_schema(SourceSchema.from_json(self.schema_json).several_orders)
+
     def forced_buckets(self) -> list[int]:
         """Buckets to run even without rows: all of them when checkpoints are stale."""
         return [] if self.checkpoints_current else list(range(self.buckets))
@@ -261,7 +276,7 @@ def _record_errors(
 
 
 def _bucketed(batch: ValidatedBatch, buckets: int) -> pa.Table:
-    """The good rows of ``batch`` with their buckets (``ROWS_SCHEMA``), followed by their
+    """The good rows of ``batch`` with their buckets (:func:`rows_schema`), followed by their
     typed values as ``v:<column>`` columns when validation kept them (see
     :func:`part_values`)."""
     good = batch.to_arrow()
@@ -274,7 +289,7 @@ def _bucketed(batch: ValidatedBatch, buckets: int) -> pa.Table:
             good.column("order"),
             good.column("position"),
         ],
-        schema=ROWS_SCHEMA,
+        schema=rows_schema(batch.schema.several_orders),
     )
     if batch.values is None:
         return rows
@@ -343,13 +358,13 @@ def _read_file(task: FileTask, blob: Blob, *, write_errors: bool) -> tuple[FileR
         schema = SourceSchema.from_json(task.schema_json)
         batch = validate_file(task.file, schema, task.value_checks, task.envelope)
     except UpsertPlatformError as exc:
-        return _file_error(task.file.name, exc), ROWS_SCHEMA.empty_table()
+        return _file_error(task.file.name, exc), task.rows_schema.empty_table()
     read = FileRead(
         schema_json=batch.schema.to_json(), rows_read=batch.total_rows, good_rows=len(batch),
         skipped=batch.skipped,
     )
     if not _record_errors(task, blob, read, batch.errors_to_arrow(), write_errors):
-        return read, ROWS_SCHEMA.empty_table()
+        return read, task.rows_schema.empty_table()
     return read, _bucketed(batch, task.buckets)
 
 

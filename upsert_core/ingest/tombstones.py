@@ -42,6 +42,7 @@ from upsert_core.columnar.checkpoint_format import decode_state, encode_state, i
 from upsert_core.columnar.merge import fold
 from upsert_core.columnar.state import ROW_TYPE, locate
 from upsert_core.errors import CodecError, InvalidUpsertState, ShardError
+from upsert_core.order_keys import concat_orders
 from upsert_core.persist.keys import checkpoint_prefix, unique_name
 from upsert_core.persist.location import Blob
 
@@ -142,7 +143,7 @@ def with_tombstones(state: ColumnarState, dead: ColumnarState) -> ColumnarState:
     add = np.flatnonzero(~found)
     hi = np.concatenate([state.hi, dead.hi[add]])
     lo = np.concatenate([state.lo, dead.lo[add]])
-    orders = np.concatenate([state.orders, dead.orders[add]])
+    orders = concat_orders([state.orders, dead.orders[add]])
     rows = pa.concat_arrays([state.rows.cast(ROW_TYPE), pa.nulls(len(add), ROW_TYPE)])
     perm = np.lexsort((lo, hi))
     return ColumnarState.checked(

@@ -89,6 +89,7 @@ from upsert_core.ingest.tasks import Base
 from upsert_core.ingest.tombstones import TombstonesLost, load_tombstones, tombstones_of
 from upsert_core.ingest.verify_typed import verify_typed_parts
 from upsert_core.landing import SourceSchema
+from upsert_core.order_keys import describe, is_order_keys
 from upsert_core.persist.check import CONSOLIDATION, STORAGE, CheckReport
 from upsert_core.persist.check_batch import (
     check_batch_consolidated,
@@ -121,6 +122,13 @@ def _order_mismatches(
                                       bool))
     from_rows = order_values(shard, schema, state.rows.take(pa.array(live, pa.int64())))
     stored = state.orders[live]
+    if len(live) and is_order_keys(stored) != is_order_keys(from_rows):
+        return len(live), (
+            f"bucket {bucket}: its stored orders are "
+            + ("order keys" if is_order_keys(stored) else "int64")
+            + f" but the shard's order ({schema.order_text}) gives "
+            + ("order keys" if is_order_keys(from_rows) else "int64")
+        )
     bad = live[from_rows != stored]
     if not len(bad):
         return len(live), None
@@ -128,7 +136,7 @@ def _order_mismatches(
     keys = join_keys(state.hi[shown], state.lo[shown]).to_pylist()
     row_orders = from_rows[from_rows != stored][:MAX_LISTED]
     examples = ", ".join(
-        f"{k.hex()} (stored {int(o)}, row {int(r)})"
+        f"{k.hex()} (stored {describe(o)}, row {describe(r)})"
         for k, o, r in zip(keys, state.orders[shown], row_orders, strict=True)
     )
     return len(live), (

@@ -22,7 +22,9 @@ Invariants:
   error row, never confused with the envelope's own columns.
 - The order value is the event field the order names, a dot reaching inside
   (``source.lsn``, ``ts_ms``); it is a column of the batch named by the order, like a
-  plain file's order column, and so is stored in the shard's rows (see README).
+  plain file's order column, and so is stored in the shard's rows (see README). An
+  order of several fields (``source.file,source.pos,source.row``) gives one such
+  column per field, each read the same way.
 - The key and order columns are in the batch whenever it has rows, so a missing key or
   order in an event is a null key or order (an error row from validation), never a
   file-level "missing column".
@@ -43,7 +45,7 @@ import binascii
 import datetime as dt
 import decimal
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -113,10 +115,17 @@ class Unreadable(ValueError):
     """A value that does not read as its logical type."""
 
 
+def order_fields(order: str | Sequence[str]) -> tuple[str, ...]:
+    """The event fields an order names (one, or several for an order of several)."""
+    return (order,) if isinstance(order, str) else tuple(order)
+
+
 def translate_jsonl(
-    name: str, data: bytes, key: tuple[str, ...], order: str
+    name: str, data: bytes, key: tuple[str, ...], order: str | Sequence[str]
 ) -> DebeziumBatch:
-    """The events of a JSON Lines file as plain rows (module docstring)."""
+    """The events of a JSON Lines file as plain rows (module docstring); ``order`` is
+    the order's field, or its fields for an order of several."""
+    order = order_fields(order)
     errors: list[RowError] = []
     skipped = 0
     rows: list[tuple[int, dict[str, object], dict[str, str]]] = []
@@ -151,7 +160,7 @@ def translate_jsonl(
         for col in row:
             names.setdefault(col, None)
     if kept:
-        for col in (*key, order, DELETE_MARKER):
+        for col in (*key, *order, DELETE_MARKER):
             names.setdefault(col, None)
     columns: dict[str, Column] = {}
     kinds: dict[str, SourceKind] = {}
@@ -182,7 +191,7 @@ def _mismatch(row: dict[str, object], types: dict[str, str], logical: dict[str, 
 
 
 def _translate(
-    line: object, key: tuple[str, ...], order: str
+    line: object, key: tuple[str, ...], order: tuple[str, ...]
 ) -> tuple[dict[str, object], dict[str, str]] | str | None:
     """One line -> (row, {column: logical type name}), ``"skipped"``, or None (a
     tombstone); raises :class:`Unreadable` for an error row."""
@@ -219,10 +228,10 @@ def _translate(
     for col, value in image.items():
         if not is_utf8(col):
             raise Unreadable(f"malformed JSON line: a field of {side!r} is not UTF-8")
-        if col in (order, DELETE_MARKER):
+        if col in order or col == DELETE_MARKER:
             raise Unreadable(
                 f"field {col!r} of {side!r} is named like the envelope's "
-                + ("order" if col == order else "delete marker")
+                + ("order" if col in order else "delete marker")
             )
         type_name, parameters = fields.get(col, (None, {}))
         if type_name is not None and value is not None:
@@ -230,10 +239,12 @@ def _translate(
             types[col] = type_name
         else:
             row[col] = value
-    order_value = _reach(event, order)
-    if isinstance(order_value, dict | list):
-        raise Unreadable(f"order {order!r} is not a number or a timestamp: {short(order_value)}")
-    row[order] = order_value
+    for path in order:
+        order_value = _reach(event, path)
+        if isinstance(order_value, dict | list):
+            raise Unreadable(
+                f"order {path!r} is not a number or a timestamp: {short(order_value)}")
+        row[path] = order_value
     row[DELETE_MARKER] = op == "d"
     return row, types
 

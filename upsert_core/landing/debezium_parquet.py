@@ -44,7 +44,7 @@ Invariants:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -61,6 +61,7 @@ from upsert_core.landing.debezium import (
     DebeziumBatch,
     Unreadable,
     logical_value,
+    order_fields,
     short,
     translate_jsonl,
 )
@@ -96,10 +97,10 @@ _ZONED_RE = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,6}0*)?(Z|[+-]\d\d:\d\d)$"
 def read_debezium(file: LandingFile, schema: SourceSchema) -> DebeziumBatch:
     """One landing file of Debezium events, read whole: JSON Lines or Parquet."""
     if file.suffix == ".jsonl":
-        return translate_jsonl(file.name, file.read_bytes(), schema.key, schema.order)
+        return translate_jsonl(file.name, file.read_bytes(), schema.key, schema.order_columns)
     if file.suffix == ".parquet":
         raw = read_parquet(file.name, file.read_bytes())
-        return translate_parquet(raw, schema.key, schema.order)
+        return translate_parquet(raw, schema.key, schema.order_columns)
     raise IngestError(
         f"{file.name}: --envelope debezium reads JSON Lines (.jsonl) and Parquet (.parquet)"
         " files only"
@@ -113,11 +114,15 @@ def debezium_chunks(file: LandingFile, schema: SourceSchema) -> Iterator[Debeziu
     where the whole file's first kept event would order them otherwise, which no
     schema sees: validation appends each chunk's new columns in order)."""
     for raw in parquet_chunks(file):
-        yield translate_parquet(raw, schema.key, schema.order)
+        yield translate_parquet(raw, schema.key, schema.order_columns)
 
 
-def translate_parquet(raw: RawBatch, key: tuple[str, ...], order: str) -> DebeziumBatch:
-    """The events of a Parquet file (or chunk) read as ``raw`` as plain rows."""
+def translate_parquet(
+    raw: RawBatch, key: tuple[str, ...], order: str | Sequence[str]
+) -> DebeziumBatch:
+    """The events of a Parquet file (or chunk) read as ``raw`` as plain rows; ``order``
+    is the order's field, or its fields for an order of several."""
+    order = order_fields(order)
     name, n = raw.file, raw.num_rows
     columns = {col: _plain(arr) for col, arr in raw.columns.items()
                if isinstance(arr, pa.Array)}
@@ -149,8 +154,8 @@ def translate_parquet(raw: RawBatch, key: tuple[str, ...], order: str) -> Debezi
     after, before = images["after"], images["before"]
     after_fields = [] if after is None else [f.name for f in after.type]
     for col in after_fields:
-        if col in (order, DELETE_MARKER):
-            what = "order" if col == order else "delete marker"
+        if col in order or col == DELETE_MARKER:
+            what = "order" if col in order else "delete marker"
             flag(is_row, f"field {col!r} of 'after' is named like the envelope's {what}")
 
     # Values: every field of ``after`` for c/r/u, the key columns of ``before`` for d,
@@ -170,12 +175,7 @@ def translate_parquet(raw: RawBatch, key: tuple[str, ...], order: str) -> Debezi
             flag(is_del & bad, why=why)
             key_values[col] = arr
 
-    order_values = _reach(columns, order, n)
-    if _nested(order_values.type):
-        flag(events & _valid(order_values, n),
-             why=lambda i: f"order {order!r} is not a number or a timestamp: "
-                           f"{short(order_values[i].as_py())}")
-        order_values = pa.nulls(n, pa.int64())
+    order_values = {path: _order_values(columns, path, n, events, flag) for path in order}
 
     kept = np.flatnonzero((is_row & _valid(after, n)) | (is_del & _valid(before, n)))
     if reasons:
@@ -191,8 +191,8 @@ def translate_parquet(raw: RawBatch, key: tuple[str, ...], order: str) -> Debezi
     deletes = is_del[kept]
     out: dict[str, Column] = {}
     for col in _column_order(after_fields, key, order, bool(deletes[0]), bool((~deletes).any())):
-        if col == order:
-            out[col] = order_values.take(take)
+        if col in order_values:
+            out[col] = order_values[col].take(take)
         elif col == DELETE_MARKER:
             out[col] = pa.array(deletes, pa.bool_())
         else:
@@ -205,8 +205,23 @@ def _lacks(op: pa.Array | None, side: str) -> Why:
     return lambda i: f"Debezium event with op {_shown(op, i)} lacks {side!r}"
 
 
+def _order_values(
+    columns: Mapping[str, pa.Array], path: str, n: int, events: Mask,
+    flag: Callable[..., None],
+) -> pa.Array:
+    """The values of the order field ``path`` (null where absent); an event whose field
+    reaches a struct or a list is flagged and the column taken as null."""
+    values = _reach(columns, path, n)
+    if _nested(values.type):
+        flag(events & _valid(values, n),
+             why=lambda i: f"order {path!r} is not a number or a timestamp: "
+                           f"{short(values[i].as_py())}")
+        return pa.nulls(n, pa.int64())
+    return values
+
+
 def _column_order(
-    after_fields: list[str], key: tuple[str, ...], order: str, delete_first: bool,
+    after_fields: list[str], key: tuple[str, ...], order: tuple[str, ...], delete_first: bool,
     any_row: bool,
 ) -> list[str]:
     """The columns in order of first appearance over the kept events, as JSON Lines
@@ -219,7 +234,8 @@ def _column_order(
             continue
         for col in image:
             names.setdefault(col, None)
-        names.setdefault(order, None)
+        for path in order:
+            names.setdefault(path, None)
         names.setdefault(DELETE_MARKER, None)
     for col in key:
         names.setdefault(col, None)

@@ -2,8 +2,12 @@
 
 Invariants:
 
-- The options (key columns, order column, delete-marker column) are fixed by the
+- The options (key columns, order column(s), delete-marker column) are fixed by the
   shard's first ingest; :meth:`SourceSchema.check_options` rejects conflicting ones.
+- ``order`` is one column name, or a tuple of two or more (an order of several
+  columns, compared on the first, then the next: ``upsert_core.order_keys``); a tuple of
+  one is normalised to its name, so one column is always held, compared and stored as
+  before. ``--order`` text splits on commas (:func:`parse_order`).
 - ``columns`` lists every typed column in order of first appearance; a column's type is
   fixed by the first batch that gives it one (a column that is all null has no type
   yet and is not recorded). The delete-marker column is never in ``columns``: it is
@@ -12,9 +16,13 @@ Invariants:
   retypes them, so a row encoded under an older schema still decodes under a newer one.
 - Compatible batch types: the same logical type, or an ``int64`` batch column for a
   ``float64`` value column (widening on the way in). Key and order columns accept only
-  their exact type. The order column is ``int64`` or ``timestamp``. Anything else is an
-  :class:`IngestError` naming the file and the column.
-- ``to_json``/``from_json`` round-trip exactly (the JSON is stored in the shard).
+  their exact type. An order column is ``int64`` or ``timestamp``, or, in an order of
+  several columns, ``string``. Anything else is an :class:`IngestError` naming the file
+  and the column.
+- ``to_json``/``from_json`` round-trip exactly (the JSON is stored in the shard). A
+  schema with one order column is written as version 1, byte for byte as before; one
+  with several as version 2 (``order`` a list), which releases before several-column
+  orders refuse by its version instead of misreading it.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ import pyarrow as pa
 from upsert_core.errors import ConfigError, IngestError
 
 SCHEMA_VERSION = 1
+SEVERAL_ORDERS_SCHEMA_VERSION = 2
+"""The stored schema's version when the order has several columns."""
 
 
 class LogicalType(StrEnum):
@@ -54,6 +64,38 @@ ARROW_TYPES: dict[LogicalType, pa.DataType] = {
 }
 
 ORDER_TYPES = (LogicalType.INT64, LogicalType.TIMESTAMP)
+SEVERAL_ORDER_TYPES = (*ORDER_TYPES, LogicalType.STRING)
+"""Column types an order of several columns may hold (strings compared as text)."""
+
+
+def parse_order(text: str) -> str | tuple[str, ...]:
+    """``--order`` text: one column name, or several separated by commas.
+
+    Text without a comma is the column name exactly as given (as before several-column
+    orders existed); with commas each name is stripped, and an empty or repeated one is
+    a :class:`ConfigError`.
+    """
+    if "," not in text:
+        return text
+    names = tuple(part.strip() for part in text.split(","))
+    if any(not n for n in names):
+        raise ConfigError(f"--order {text!r}: give column names separated by commas")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"--order {text!r}: a column is named twice")
+    return names
+
+
+def normal_order(order: str | Sequence[str]) -> str | tuple[str, ...]:
+    """One column as its name, several as a tuple."""
+    if isinstance(order, str):
+        return order
+    names = tuple(order)
+    return names[0] if len(names) == 1 else names
+
+
+def order_text(order: str | tuple[str, ...]) -> str:
+    """An order as ``--order`` takes it (names joined by commas)."""
+    return order if isinstance(order, str) else ",".join(order)
 
 
 def logical_type_of(arrow_type: pa.DataType) -> LogicalType | None:
@@ -93,7 +135,8 @@ class SourceSchema:
     """Ingest options plus the typed columns, in order of first appearance."""
 
     key: tuple[str, ...] = ("key",)
-    order: str = "offset"
+    order: str | tuple[str, ...] = "offset"
+    """One order column, or a tuple of several (see the module docstring)."""
     deleted: str = "__deleted"
     columns: tuple[tuple[str, LogicalType], ...] = field(default=())
 
@@ -102,16 +145,38 @@ class SourceSchema:
             raise ConfigError("at least one non-empty key column is needed")
         if len(set(self.key)) != len(self.key):
             raise ConfigError(f"duplicate key columns: {','.join(self.key)}")
-        if not self.order or not self.deleted:
+        if not isinstance(self.order, str):
+            if not self.order or any(not isinstance(o, str) for o in self.order):
+                raise ConfigError(f"order columns must be names: {self.order!r}")
+            object.__setattr__(self, "order", normal_order(self.order))
+        if not self.order or any(not o for o in self.order_columns) or not self.deleted:
             raise ConfigError("the order and delete-marker column names must not be empty")
-        special = [*self.key, self.order, self.deleted]
+        if len(set(self.order_columns)) != len(self.order_columns):
+            raise ConfigError(f"duplicate order columns: {order_text(self.order)}")
+        special = [*self.key, *self.order_columns, self.deleted]
         if len(set(special)) != len(special):
             raise ConfigError(
                 "key, order and delete-marker columns must be distinct: "
-                f"key={','.join(self.key)} order={self.order} deleted={self.deleted}"
+                f"key={','.join(self.key)} order={order_text(self.order)} "
+                f"deleted={self.deleted}"
             )
 
     # --- lookups ------------------------------------------------------------------
+
+    @property
+    def order_columns(self) -> tuple[str, ...]:
+        """The order's columns, in comparison order (one for a single order column)."""
+        return (self.order,) if isinstance(self.order, str) else self.order
+
+    @property
+    def several_orders(self) -> bool:
+        """Whether the order has several columns (orders are order keys, not int64)."""
+        return not isinstance(self.order, str)
+
+    @property
+    def order_text(self) -> str:
+        """The order as ``--order`` takes it (names joined by commas)."""
+        return order_text(self.order)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -128,7 +193,7 @@ class SourceSchema:
         """``key``, ``order``, ``deleted`` or ``value``."""
         if name in self.key:
             return "key"
-        if name == self.order:
+        if name in self.order_columns:
             return "order"
         if name == self.deleted:
             return "deleted"
@@ -139,19 +204,36 @@ class SourceSchema:
     def check_options(
         self,
         key: Sequence[str] | None = None,
-        order: str | None = None,
+        order: str | Sequence[str] | None = None,
         deleted: str | None = None,
     ) -> None:
-        """Raise ConfigError if any given option differs from the shard's."""
+        """Raise ConfigError if any given option differs from the shard's (``order``
+        as ``--order`` text, or parsed)."""
         conflicts = []
         if key is not None and tuple(key) != self.key:
             conflicts.append(f"--key {','.join(key)} (shard has {','.join(self.key)})")
-        if order is not None and order != self.order:
-            conflicts.append(f"--order {order} (shard has {self.order})")
+        if order is not None:
+            wanted = normal_order(parse_order(order) if isinstance(order, str) else order)
+            if wanted != self.order:
+                conflicts.append(f"--order {order_text(wanted)} (shard has {self.order_text})")
         if deleted is not None and deleted != self.deleted:
             conflicts.append(f"--deleted-col {deleted} (shard has {self.deleted})")
         if conflicts:
             raise ConfigError("conflicting ingest options: " + "; ".join(conflicts))
+
+    @property
+    def order_types(self) -> tuple[LogicalType, ...]:
+        """The types an order column of this schema may have."""
+        return SEVERAL_ORDER_TYPES if self.several_orders else ORDER_TYPES
+
+    @property
+    def order_types_text(self) -> str:
+        """What an order column must be, for messages."""
+        if self.several_orders:
+            return ("each column of an order of several must be an integer, a timestamp or"
+                    " a string")
+        return ("it must be an integer or a timestamp (a string only in an order of several"
+                " columns, --order a,b)")
 
     # --- evolution ----------------------------------------------------------------
 
@@ -171,11 +253,9 @@ class SourceSchema:
                 continue
             have = known.get(name)
             if have is None:
-                if role == "order" and typ not in ORDER_TYPES:
-                    raise IngestError(
-                        f"{file}: order column {name!r} has type {typ}; it must be an integer "
-                        "or a timestamp"
-                    )
+                if role == "order" and typ not in self.order_types:
+                    raise IngestError(f"{file}: order column {name!r} has type {typ}; "
+                                      + self.order_types_text)
                 known[name] = typ
                 added.append((name, typ))
             elif not compatible(typ, have, role):
@@ -190,11 +270,12 @@ class SourceSchema:
     # --- persistence --------------------------------------------------------------
 
     def to_json(self) -> str:
+        several = self.several_orders
         return json.dumps(
             {
-                "version": SCHEMA_VERSION,
+                "version": SEVERAL_ORDERS_SCHEMA_VERSION if several else SCHEMA_VERSION,
                 "key": list(self.key),
-                "order": self.order,
+                "order": list(self.order) if several else self.order,
                 "deleted": self.deleted,
                 "columns": [[name, str(typ)] for name, typ in self.columns],
             },
@@ -206,11 +287,20 @@ class SourceSchema:
     def from_json(cls, text: str) -> SourceSchema:
         try:
             obj = json.loads(text)
-            if obj.get("version") != SCHEMA_VERSION:
-                raise ConfigError(f"unsupported source schema version {obj.get('version')!r}")
+            version = obj.get("version")
+            if version == SCHEMA_VERSION:
+                order: str | tuple[str, ...] = str(obj["order"])
+            elif version == SEVERAL_ORDERS_SCHEMA_VERSION:
+                listed = obj["order"]
+                if not isinstance(listed, list) or len(listed) < 2:
+                    raise ConfigError("malformed stored source schema: version 2 needs an"
+                                      " order of several columns")
+                order = tuple(str(o) for o in listed)
+            else:
+                raise ConfigError(f"unsupported source schema version {version!r}")
             return cls(
                 key=tuple(str(k) for k in obj["key"]),
-                order=str(obj["order"]),
+                order=order,
                 deleted=str(obj["deleted"]),
                 columns=tuple((str(n), LogicalType(t)) for n, t in obj["columns"]),
             )

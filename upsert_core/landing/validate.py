@@ -21,8 +21,11 @@ Invariants:
   Lines file, a Parquet file with no rows) is an empty batch; its column types still
   count as the first appearance of its columns.
 - Every good row decodes: no value reaches the codec that it cannot read back.
-- ``orders`` are int64: the order value itself, or microseconds since the epoch (UTC)
-  for a timestamp order column.
+- ``orders`` are int64 for one order column: the order value itself, or microseconds
+  since the epoch (UTC) for a timestamp order column. For an order of several columns
+  they are order keys (``upsert_core.order_keys``: one comparable bytes value per row,
+  in Arrow ``binary``), and a null in ANY of the columns makes the row a null-order
+  error row.
 - Value checks (ranges, allowed values, ...; :mod:`~upsert_core.landing.value_checks`)
   run only on the rows that passed the checks above, on their converted values; a row
   failing one is an error like any other (reason ``value check <column> <check>
@@ -49,6 +52,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from upsert_core import order_keys
 from upsert_core.codec import (
     UPSERT_KEY_LEN,
     Datum,
@@ -76,6 +80,7 @@ from upsert_core.landing.readers import read_batch
 from upsert_core.landing.rows import encode_row
 from upsert_core.landing.schema import ARROW_TYPES, LogicalType, SourceSchema
 from upsert_core.landing.value_checks import ValueCheck, value_check_problems
+from upsert_core.order_keys import OrderArray
 
 ARROW_SCHEMA = pa.schema(
     [
@@ -86,6 +91,17 @@ ARROW_SCHEMA = pa.schema(
         ("position", pa.int64()),
     ]
 )
+ARROW_SCHEMA_ORDER_KEYS = ARROW_SCHEMA.set(
+    ARROW_SCHEMA.get_field_index("order"), pa.field("order", pa.binary())
+)
+""":data:`ARROW_SCHEMA` of a shard whose order has several columns (order keys)."""
+
+
+def arrow_schema(several_orders: bool) -> pa.Schema:
+    """The good rows' Arrow schema: ``order`` int64, or binary order keys."""
+    return ARROW_SCHEMA_ORDER_KEYS if several_orders else ARROW_SCHEMA
+
+
 ERRORS_ARROW_SCHEMA = pa.schema(
     [("file", pa.string()), ("row", pa.int64()), ("reason", pa.string())]
 )
@@ -100,7 +116,9 @@ class ValidatedBatch:
     keys: list[bytes] = field(default_factory=list)
     row_values: list[bytes] | pa.BinaryArray = field(default_factory=list)
     deletes: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, np.bool_))
-    orders: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    orders: OrderArray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """int64, or order keys when ``schema`` has several order columns (empty batches of
+    such a schema may hold an empty int64 array: nothing to compare)."""
     positions: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
     errors: list[RowError] = field(default_factory=list)
     values: pa.Table | None = None
@@ -126,17 +144,20 @@ class ValidatedBatch:
         return len(self.keys) + len(self.errors)
 
     def to_arrow(self) -> pa.RecordBatch:
-        """The good rows as an Arrow record batch with :data:`ARROW_SCHEMA`."""
+        """The good rows as an Arrow record batch with :func:`arrow_schema`."""
+        several = self.schema.several_orders
+        orders = (order_keys.to_arrow(self.orders) if len(self.orders)
+                  else pa.array([], arrow_schema(several).field("order").type))
         return pa.record_batch(
             [
                 pa.array(self.keys, type=pa.binary(UPSERT_KEY_LEN)),
                 self.row_values if isinstance(self.row_values, pa.Array)
                 else pa.array(self.row_values, type=pa.binary()),
                 pa.array(self.deletes, type=pa.bool_()),
-                pa.array(self.orders, type=pa.int64()),
+                orders,
                 pa.array(self.positions, type=pa.int64()),
             ],
-            schema=ARROW_SCHEMA,
+            schema=arrow_schema(several),
         )
 
     def errors_to_arrow(self) -> pa.RecordBatch:
@@ -198,9 +219,9 @@ def validate_batch(
     that passed (:mod:`~upsert_core.landing.value_checks`); see the module docstring."""
     file, n = raw.file, raw.num_rows
     if raw.columns and n:
-        for needed in (*schema.key, schema.order):
+        for needed in (*schema.key, *schema.order_columns):
             if needed not in raw.columns:
-                what = "order" if needed == schema.order else "key"
+                what = "order" if needed in schema.order_columns else "key"
                 raise IngestError(f"{file}: missing {what} column {needed!r}")
 
     problems: dict[int, list[str]] = {}
@@ -248,8 +269,8 @@ def validate_batch(
             )
         arrays[name] = arr
 
-    for name in (*schema.key, schema.order):
-        role = "order" if name == schema.order else "key"
+    for name in (*schema.key, *schema.order_columns):
+        role = "order" if name in schema.order_columns else "key"
         arr = arrays.get(name)
         if arr is None:  # in the file but null in every row, so never typed
             flag(np.ones(n, dtype=np.bool_), f"null {role} column {name!r}")
@@ -337,10 +358,7 @@ def _encode(
             kept.append(j)
     keep = good_idx if len(kept) == len(good_idx) else good_idx[kept]
 
-    order = arrays[schema.order]
-    if schema.type_of(schema.order) is LogicalType.TIMESTAMP:
-        order = pc.cast(order, pa.int64())
-    order_values = pc.take(order, pa.array(keep, type=pa.int64()))
+    orders = _orders(schema, arrays, pa.array(keep, type=pa.int64()))
     typed = None
     if bulk_rows is not None and all(
         col.type == ARROW_TYPES[typ] for col, (_, typ) in zip(taken, schema.columns, strict=True)
@@ -352,10 +370,22 @@ def _encode(
         keys=keys,
         row_values=rows,
         deletes=deletes[keep],
-        orders=np.asarray(order_values.to_numpy(zero_copy_only=False), dtype=np.int64),
+        orders=orders,
         positions=raw.positions[keep],
         values=typed,
     )
+
+
+def _orders(schema: SourceSchema, arrays: dict[str, pa.Array], keep: pa.Array) -> OrderArray:
+    """The kept rows' orders: int64 for one order column, order keys for several."""
+    if schema.several_orders:
+        return order_keys.order_keys(
+            [pc.take(arrays[name], keep) for name in schema.order_columns])
+    order = arrays[schema.order_columns[0]]
+    if schema.type_of(schema.order_columns[0]) is LogicalType.TIMESTAMP:
+        order = pc.cast(order, pa.int64())
+    values = pc.take(order, keep)
+    return np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 def _python_values(arr: pa.Array) -> Sequence[Datum]:
