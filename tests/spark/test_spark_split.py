@@ -228,3 +228,35 @@ def test_ingest_json_reports_the_landing_bytes(
     assert entry["read_tasks"] == -(-size // 20000)
     assert size <= entry["landing_bytes_read"] - entry["digest_bytes_read"] <= 1.1 * size
     assert report.to_dict()["landing_bytes_read"] == entry["landing_bytes_read"]
+
+
+@pytest.mark.slow
+def test_the_split_path_runs_through_spark_connect(connect_url: str, tmp_path: Path) -> None:
+    """``upsertctl ingest --json`` with ``SPARK_REMOTE``: the same plan on a Connect
+    server (no local JVM: ``JAVA_HOME`` points nowhere), the same shard and error rows as
+    the in-process engine, several read and drain tasks, landing bytes counted."""
+    from tests.e2e.helpers import Cli
+
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    _landing(landing)
+    home = tmp_path / "remote"
+    remote = Cli(home, engine="spark", env={
+        "SPARK_REMOTE": connect_url, "UPSERT_BUCKETS": "8", "JAVA_HOME": str(tmp_path / "nojava"),
+        "UPSERT_SPARK_SPLIT": "on", "UPSERT_SPARK_SPLIT_BYTES": "6000"})
+    report = remote.ingest(landing, "--json").json()
+    local = memory_shard("local")
+    local_report = ingest(local, str(landing), IngestRequest(buckets=8))
+    shard = Shard.open(open_consensus(f"sqlite:///{home}/consensus.db"),
+                       open_blob(f"file://{home}/blob"), "s")
+    assert contents(shard) == contents(local)
+    assert list(shard.errors()) == list(local.errors())
+    assert [(f["name"], f["errors"]) for f in report["files"]] == [
+        (f.name, f.errors) for f in local_report.files]
+    for entry in report["files"]:
+        assert entry["read_tasks"] == len(
+            plan_splits(next(f for f in list_landing(str(landing)) if f.name == entry["name"]),
+                        6000))
+        assert entry["read_tasks"] >= 2 and entry["drain_tasks"] >= 2
+        assert entry["landing_bytes_read"] - entry["digest_bytes_read"] >= entry["size"]
+    assert unreferenced_blobs(shard) == set()
