@@ -10,15 +10,17 @@ run the same plan):
    rows ``(bucket, split, meta, payload)``: for every bucket ``b`` of ``N`` the split's
    rows of ``b`` as an Arrow IPC stream (empty when it has none), and for bucket ``-1``
    its error rows. Every row carries the split's meta (line count, schema, counts).
-2. ``.repartition(N + 1, "bucket").groupBy("bucket").applyInArrow(drain)``: the group
-   of bucket ``-1`` runs :func:`~upsert_core.ingest.split_steps.gather_read` (the file's
+2. ``.repartition(N + 1, "slot").groupBy("slot", "bucket").applyInArrow(drain)``: the
+   group of bucket ``-1`` runs :func:`~upsert_core.ingest.split_steps.gather_read` (the file's
    read: counts, error rows renumbered and written once, the buckets that must run); the
    group of bucket ``b`` runs
    :func:`~upsert_core.ingest.split_steps.bucket_rows` then the one bucket step of every
-   engine, :func:`~upsert_core.ingest.tasks.run_bucket`. ``repartition`` by the bucket
-   with ``N + 1`` partitions makes the exchange explicit (and keeps adaptive execution
-   from coalescing it); a partition holds the groups its hash gives it, so two buckets
-   may share a task and run one after the other.
+   engine, :func:`~upsert_core.ingest.tasks.run_bucket`. ``repartition`` with ``N + 1``
+   partitions makes the exchange explicit (adaptive execution does not coalesce it), and
+   its key is a *slot* per bucket (:func:`slot_keys`) chosen so that Spark's hash puts
+   bucket ``b`` in partition ``b + 1``: every bucket drains in a task of its own
+   (hashing the bucket numbers 0..7 into 9 partitions put 8 buckets in 4 tasks). The
+   grouping by ``(slot, bucket)`` needs no second exchange.
 
 Every group sees every split's meta (one row per split), so the row numbers, the schema
 check and the completeness check need nothing but the shuffle. The result lines are
@@ -69,8 +71,42 @@ from upsert_core.landing.splits import Split
 from upsert_core.landing.validate import ERRORS_ARROW_SCHEMA
 from upsert_core.persist.location import Blob
 
-READ_DDL = "bucket int, split int, meta string, payload binary"
+READ_DDL = "slot int, bucket int, split int, meta string, payload binary"
 META_BUCKET = -1
+_MASK = 0xFFFFFFFF
+
+
+def _rotl(x: int, r: int) -> int:
+    return ((x << r) | (x >> (32 - r))) & _MASK
+
+
+def spark_hash_int(value: int, seed: int = 42) -> int:
+    """Spark's ``hash`` of an int column (``Murmur3Hash``, ``Murmur3_x86_32.hashInt``,
+    seed 42): what ``repartition(n, column)`` places a row by, as ``pmod(hash, n)``."""
+    k = (value & _MASK) * 0xCC9E2D51 & _MASK
+    k = _rotl(k, 15) * 0x1B873593 & _MASK
+    h = _rotl(seed ^ k, 13)
+    h = (h * 5 + 0xE6546B64) & _MASK
+    h ^= 4
+    h ^= h >> 16
+    h = h * 0x85EBCA6B & _MASK
+    h ^= h >> 13
+    h = h * 0xC2B2AE35 & _MASK
+    h ^= h >> 16
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def slot_keys(buckets: int) -> dict[int, int]:
+    """For each bucket ``b`` (and ``-1``, the file's read) an int whose Spark hash puts
+    it in partition ``b + 1`` of ``buckets + 1``: shuffled by these, every bucket has a
+    task of its own (hashing the bucket numbers themselves lets some share one)."""
+    partitions = buckets + 1
+    found: dict[int, int] = {}
+    key = 0
+    while len(found) < partitions:
+        found.setdefault(spark_hash_int(key) % partitions, key)
+        key += 1
+    return {part - 1: k for part, k in found.items()}
 
 
 @dataclass(frozen=True)
@@ -117,6 +153,8 @@ def read_stage(
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``mapInArrow`` function of stage 1: each input row is a split number."""
 
+    slots = slot_keys(task.buckets)
+
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for index in batch.column(0).to_pylist():
@@ -132,14 +170,16 @@ def read_stage(
                 meta.where = _task_info("read", split.index)
                 text = meta.to_json()
                 yield pa.RecordBatch.from_pydict(
-                    {"bucket": [META_BUCKET], "split": [split.index], "meta": [text],
+                    {"slot": [slots[META_BUCKET]], "bucket": [META_BUCKET],
+                     "split": [split.index], "meta": [text],
                      "payload": [to_ipc(errors)]},
                     schema=_READ_SCHEMA,
                 )
                 for bucket in range(task.buckets):
                     rows = groups.get(bucket)
                     yield pa.RecordBatch.from_pydict(
-                        {"bucket": [bucket], "split": [split.index], "meta": [text],
+                        {"slot": [slots[bucket]], "bucket": [bucket],
+                         "split": [split.index], "meta": [text],
                          "payload": [b"" if rows is None else to_ipc(rows)]},
                         schema=_READ_SCHEMA,
                     )
@@ -148,7 +188,7 @@ def read_stage(
 
 
 _READ_SCHEMA = pa.schema(
-    [("bucket", pa.int32()), ("split", pa.int32()), ("meta", pa.string()),
+    [("slot", pa.int32()), ("bucket", pa.int32()), ("split", pa.int32()), ("meta", pa.string()),
      ("payload", pa.binary())]
 )
 
@@ -226,8 +266,8 @@ def run_split_job(
     frame = (
         spark.range(len(splits), numPartitions=len(splits))
         .mapInArrow(read_stage(task, env, splits, hooks), READ_DDL)
-        .repartition(task.buckets + 1, "bucket")
-        .groupBy("bucket")
+        .repartition(task.buckets + 1, "slot")
+        .groupBy("slot", "bucket")
         .applyInArrow(drain_stage(task, url, env, hooks), "result string")
     )
     return [row["result"] for row in frame.collect()]

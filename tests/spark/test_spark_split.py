@@ -18,6 +18,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from resources.spark_ingest import SparkEngine
+from resources.spark_split import slot_keys, spark_hash_int
 from tests.ingest.helpers import contents, memory_shard, write_jsonl
 from upsert_core.errors import ConfigError
 from upsert_core.ingest import IngestReport, IngestRequest, ingest
@@ -138,8 +139,9 @@ def test_a_parquet_file_of_row_groups_runs_several_read_and_bucket_tasks(
     assert run is not None and not run.fallback
     read_attempts = {t["attempt"] for t in run.read_tasks.values()}
     bucket_attempts = {t["attempt"] for t in run.bucket_tasks.values()}
-    assert len(read_attempts) >= 2 and len(bucket_attempts) >= 2
+    assert len(read_attempts) >= 8  # a task per row group (and one without)
     assert sorted(run.bucket_tasks) == list(range(8))  # every bucket drained once
+    assert len(bucket_attempts) == 8  # each in a task of its own (slot_keys)
     # Two stages: the reads and the drains are separate stages of one job.
     assert {t["stage"] for t in run.read_tasks.values()}.isdisjoint(
         {t["stage"] for t in run.bucket_tasks.values()})
@@ -260,3 +262,17 @@ def test_the_split_path_runs_through_spark_connect(connect_url: str, tmp_path: P
         assert entry["read_tasks"] >= 2 and entry["drain_tasks"] >= 2
         assert entry["landing_bytes_read"] - entry["digest_bytes_read"] >= entry["size"]
     assert unreferenced_blobs(shard) == set()
+
+
+def test_slot_keys_place_each_bucket_in_its_own_partition(spark: SparkSession) -> None:
+    from pyspark.sql import functions as F
+
+    values = list(range(-50, 300)) + [2**31 - 1, -(2**31)]
+    frame = spark.createDataFrame([(v,) for v in values], "v int")
+    hashed = {r["v"]: r["h"] for r in frame.select("v", F.hash("v").alias("h")).collect()}
+    assert hashed == {v: spark_hash_int(v) for v in values}
+    for buckets in (1, 4, 8, 64):
+        slots = slot_keys(buckets)
+        assert sorted(slots) == list(range(-1, buckets))
+        assert sorted(spark_hash_int(k) % (buckets + 1) for k in slots.values()) == list(
+            range(buckets + 1))
