@@ -1,7 +1,15 @@
 """The Spark engine: the per-file and per-bucket ingest steps as Spark tasks.
 
-For one file (see ``upsert_core.ingest.tasks``), ONE Spark stage of ``S`` tasks (the
-*slices*; ``S = min(buckets, default parallelism)`` unless given), and no shuffle:
+A file takes one of two paths, chosen by :func:`split_plan` from its listed size
+(``UPSERT_SPARK_SPLIT`` auto|on|off, ``UPSERT_SPARK_SPLIT_BYTES``): a Parquet or JSON
+Lines file larger than a split is read once, by read tasks, and shuffled by bucket
+(``resources/spark_split.py``); any other file, and a split file whose splits cannot
+stand for it (``split_steps.Fallback``), takes the one-stage path described here. Both
+return the same result lines (``resources/spark_lines.py``) to :func:`outcome_of`.
+
+The one-stage path: for one file (see ``upsert_core.ingest.tasks``), ONE Spark stage of
+``S`` tasks (the *slices*; ``S = min(buckets, default parallelism)`` unless given), and
+no shuffle:
 
 1. every task reads the landing file itself (local or ``s3://`` through the landing
    module; Spark has no s3a here), validates it and splits the good rows by bucket;
@@ -14,20 +22,22 @@ For one file (see ``upsert_core.ingest.tasks``), ONE Spark stage of ``S`` tasks 
    that every bucket that had to run ran exactly once, and builds a
    :class:`FileOutcome`; the ingest driver commits it like any engine's.
 
-Why this shape (measured on the bench workload, 2 cores): a shuffle of the encoded
-rows through the JVM plus a second stage cost more than reading the file once per
-slice (a read is a small part of a bucket step). The stage is ``mapInArrow`` over
-``spark.range(S, numPartitions=S)`` (one row, the slice number, per partition) on every
-kind of session: a classic one (``local[*]``, a standalone cluster) and a Spark Connect
-one alike, so there is one code path and it is the one a long-lived Connect server
-runs. It used to be the RDD API (``parallelize(...).mapPartitionsWithIndex``) on
-classic sessions, chosen because it skips the SQL planner and the Arrow exchange; but
-Spark Connect has no RDD API. The price, measured on 2 shared cores (issue 12): an
-empty two-task job costs about 50-70 ms more through ``mapInArrow`` (building the Arrow
-UDF and planning take ~40 py4j round trips; ``toArrow()`` instead of ``collect()`` saves
-nothing), against a bucket step of 0.2-0.3 s; whole bench batches (1M keys, 100k rows)
-ranged 0.28-0.99 s on the RDD path and 0.44-1.34 s on this one as the machine's load
-varied, too noisy to separate. A long-lived Connect server saves 9-13 s per command.
+Why this shape for small files (measured on the bench workload, 2 cores): a shuffle of
+the encoded rows through the JVM plus a second stage cost more than reading the file
+once per slice (a read is a small part of a bucket step); for large files the reads add
+up (a 1 GB file on 64 buckets would be read 64 times), hence the split path. The stage
+is ``mapInArrow`` over ``spark.range(S, numPartitions=S)`` (one row, the slice number,
+per partition) on every kind of session: a classic one (``local[*]``, a standalone
+cluster) and a Spark Connect one alike, so there is one code path and it is the one a
+long-lived Connect server runs. It used to be the RDD API
+(``parallelize(...).mapPartitionsWithIndex``) on classic sessions, chosen because it
+skips the SQL planner and the Arrow exchange; but Spark Connect has no RDD API. The
+price, measured on 2 shared cores (issue 12): an empty two-task job costs about 50-70 ms
+more through ``mapInArrow`` (building the Arrow UDF and planning take ~40 py4j round
+trips; ``toArrow()`` instead of ``collect()`` saves nothing), against a bucket step of
+0.2-0.3 s; whole bench batches (1M keys, 100k rows) ranged 0.28-0.99 s on the RDD path
+and 0.44-1.34 s on this one as the machine's load varied, too noisy to separate. A long-
+lived Connect server saves 9-13 s per command.
 
 Invariants:
 
