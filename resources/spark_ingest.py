@@ -36,8 +36,8 @@ price, measured on 2 shared cores (issue 12): an empty two-task job costs about 
 more through ``mapInArrow`` (building the Arrow UDF and planning take ~40 py4j round
 trips; ``toArrow()`` instead of ``collect()`` saves nothing), against a bucket step of
 0.2-0.3 s; whole bench batches (1M keys, 100k rows) ranged 0.28-0.99 s on the RDD path
-and 0.44-1.34 s on this one as the machine's load varied, too noisy to separate. A long-
-lived Connect server saves 9-13 s per command.
+and 0.44-1.34 s on this one as the machine's load varied, too noisy to separate. A
+long-lived Connect server saves 9-13 s per command.
 
 Invariants:
 
