@@ -22,11 +22,13 @@ snapshot (compared on sorted key/value/amount):
 
 ``--read-once`` measures only the Spark engine's two read paths on one Parquet file
 (``--keys`` rows, default 1M, in ``--row-groups`` row groups, default 8) loaded into a
-fresh shard of 8 buckets on ``local[2]``: the one-stage path (every slice reads the
-whole file) against the split path (one read task per row group, a shuffle, a task per
-bucket), alternating ``--repeats`` times (default 3), with the landing bytes each read
-(the ledger's digest apart) and the tasks Spark ran; both must give the in-process
-engine's snapshot. Written to ``bench/out/read_once.md``.
+fresh shard of ``--read-buckets`` buckets (default 8) on ``local[2]``: the one-stage
+path (every slice reads the whole file; with the default 2 slices and with one per
+bucket, as on that many executor cores) against the split path (one read task per row
+group, a shuffle, a task per bucket), alternating ``--repeats`` times (default 3), with
+the landing bytes each read (the ledger's digest apart) and the tasks Spark ran; both
+must give the in-process engine's snapshot (whose load is timed too, for scale). Written
+to ``bench/out/read_once.md``.
 
 Usage: ``.venv/bin/python -m bench.ingest [--quick] [--batches K] [--skip-scale]
 [--skip-spark] [--skip-cli]`` or ``... --read-once [--keys N] [--row-groups G]``.
@@ -439,7 +441,7 @@ def _timed(label: str, fn: Callable[[], Result]) -> Result:
         return Result(label, error=f"failed: {type(exc).__name__}: {str(exc)[:120]}")
 
 
-def read_once(n_rows: int, row_groups: int, repeats: int) -> int:
+def read_once(n_rows: int, row_groups: int, repeats: int, buckets: int = 8) -> int:
     """The ``--read-once`` comparison (module docstring); returns the exit status."""
     from resources.spark_ingest import SPLIT_BYTES_ENV, SPLIT_ENV, SparkEngine
     from resources.spark_session import get_spark
@@ -470,7 +472,7 @@ def read_once(n_rows: int, row_groups: int, repeats: int) -> int:
             shard = Shard.open(open_consensus(f"sqlite:///{work}.db"),
                                LocalBlob(str(work)), "bench")
             started = time.perf_counter()
-            report = ingest(shard, f"file://{landing}", IngestRequest(buckets=8),
+            report = ingest(shard, f"file://{landing}", IngestRequest(buckets=buckets),
                             engine=engine)
             seconds = time.perf_counter() - started
             (file,) = report.files
@@ -480,17 +482,26 @@ def read_once(n_rows: int, row_groups: int, repeats: int) -> int:
                        "read_tasks": file.read_tasks, "drain_tasks": file.drain_tasks}
             return figures, canonical(ShardTable(shard).snapshot())
 
-        _, reference = load("in-process", InProcessEngine())
+        local, reference = load("in-process", InProcessEngine())
+        local["path"] = "in-process"
+        rows.append(local)
+        log(f"  {local}")
         spark = get_spark("local[2]", app_name="bench-read-once", shuffle_partitions=4)
         engine = SparkEngine(spark)
         os.environ[SPLIT_BYTES_ENV] = str(-(-size // groups))
         os.environ[SPLIT_ENV] = "on"
         load("warm-up", engine)  # the first jobs pay the workers' start-up
+        # The one-stage path as it runs with as many slices as buckets (a cluster with
+        # that many executor cores): every slice reads the whole file.
+        wide = SparkEngine(spark, slices=buckets)
+        many = f"one-stage, {buckets} slices"
+        paths = {"one-stage": ("off", engine), many: ("off", wide),
+                 "split": ("on", engine)}
         for repeat in range(repeats):
-            for mode in ("off", "on"):
+            for label, (mode, runner) in paths.items():
                 os.environ[SPLIT_ENV] = mode
-                figures, snapshot = load(f"{mode}-{repeat}", engine)
-                figures["path"] = "one-stage" if mode == "off" else "split"
+                figures, snapshot = load(f"{mode}-{repeat}-{len(rows)}", runner)
+                figures["path"] = label
                 rows.append(figures)
                 log(f"  {figures}")
                 if not snapshot.equals(reference):
@@ -501,10 +512,10 @@ def read_once(n_rows: int, row_groups: int, repeats: int) -> int:
         return statistics.fmean(r[key] for r in rows if r["path"] == path)
 
     lines = [f"### Read once: {n_rows:,} rows, {size / 1e6:.1f} MB Parquet, {groups} row"
-             " groups, 8 buckets, local[2]", "",
+             f" groups, {buckets} buckets, local[2]", "",
              "| path | s (each run) | landing bytes read / file size | digest | read tasks"
              " | drain tasks |", "| --- | --- | --- | --- | --- | --- |"]
-    for path_name in ("one-stage", "split"):
+    for path_name in ("in-process", "one-stage", f"one-stage, {buckets} slices", "split"):
         mine = [r for r in rows if r["path"] == path_name]
         lines.append(
             f"| {path_name} | {', '.join(format(r['seconds'], '.2f') for r in mine)}"
@@ -536,10 +547,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="only the Spark engine's one-stage vs split read of one file")
     parser.add_argument("--row-groups", type=int, default=8, help="--read-once: row groups")
     parser.add_argument("--repeats", type=int, default=3, help="--read-once: runs per path")
+    parser.add_argument("--read-buckets", type=int, default=8, help="--read-once: buckets")
     args = parser.parse_args(argv)
     n_keys = args.keys or (50_000 if args.quick else 1_000_000)
     if args.read_once:
-        return read_once(n_keys, args.row_groups, args.repeats)
+        return read_once(n_keys, args.row_groups, args.repeats, args.read_buckets)
     rows = args.batch_rows or (10_000 if args.quick else 100_000)
     batches = args.batches or (3 if args.quick else 5)
 
