@@ -276,3 +276,35 @@ def test_slot_keys_place_each_bucket_in_its_own_partition(spark: SparkSession) -
         assert sorted(slots) == list(range(-1, buckets))
         assert sorted(spark_hash_int(k) % (buckets + 1) for k in slots.values()) == list(
             range(buckets + 1))
+
+
+def test_the_split_path_reads_an_s3_landing_by_ranges(
+    spark: SparkSession, s3_bucket: str, s3_env: str, tmp_path: Path,
+    split_on: pytest.MonkeyPatch,
+) -> None:
+    """Read tasks read their ranges of an S3 object (pinned to its ETag) on the moto
+    server; the result is the in-process engine's, each object read about once."""
+    import boto3
+
+    from tests.services import AWS_TEST_CREDENTIALS
+
+    local_landing = tmp_path / "landing"
+    local_landing.mkdir()
+    _landing(local_landing)
+    client = boto3.session.Session().client("s3", endpoint_url=s3_env, **AWS_TEST_CREDENTIALS)
+    for path in sorted(local_landing.iterdir()):
+        client.put_object(Bucket=s3_bucket, Key=f"split/{path.name}", Body=path.read_bytes())
+    split_on.setenv("UPSERT_SPARK_SPLIT_BYTES", "20000")
+    shard = Shard.open(open_consensus(f"sqlite:///{tmp_path}/c.db"),
+                       open_blob(f"s3://{s3_bucket}/blob-split"), "s3")
+    report = ingest(shard, f"s3://{s3_bucket}/split", IngestRequest(buckets=4),
+                    engine=SparkEngine(spark))
+    local = memory_shard("local")
+    local_report = ingest(local, str(local_landing), IngestRequest(buckets=4))
+    assert _counts(report) == _counts(local_report)
+    assert contents(shard) == contents(local)
+    assert list(shard.errors()) == list(local.errors())
+    for file in report.files:
+        assert file.read_tasks >= 2
+        assert file.size <= file.landing_bytes_read - file.digest_bytes_read <= 1.2 * file.size
+    assert unreferenced_blobs(shard) == set()
