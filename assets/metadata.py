@@ -79,6 +79,11 @@ def file_metadata(report: FileReport) -> dict[str, Any]:
         "retractions": MetadataValue.int(report.retractions),
         "errors": MetadataValue.int(report.errors),
         "bytes_written": MetadataValue.int(report.bytes_written),
+        "file_bytes": MetadataValue.int(report.size),
+        "landing_bytes_read": MetadataValue.int(report.landing_bytes_read),
+        "digest_bytes_read": MetadataValue.int(report.digest_bytes_read),
+        "read_tasks": MetadataValue.int(report.read_tasks),
+        "drain_tasks": MetadataValue.int(report.drain_tasks),
         "rehydrated_buckets": MetadataValue.int(len(report.rehydrated_buckets)),
         "ingest_seconds": MetadataValue.float(float(report.seconds)),
     }

@@ -6,8 +6,8 @@ The run: :class:`bench._workload.WideWorkload` (``--keys`` loaded, then ``--batc
 change batches of ``--rows`` rows: 70% updates, 20% new keys, 10% deletes, 5% in-batch
 duplicates), with every key taken modulo ``--keys`` so the key space stays that size
 ("over 100k keys": a "new" key revives or rewrites one of them; offsets stay unique, so
-the greatest still wins without ties), each batch one Parquet landing file ingested in this process by
-``upsert_core.ingest.ingest`` (the ingest's own maintenance included: automatic
+the greatest still wins without ties), each batch one Parquet landing file ingested in
+this process by ``upsert_core.ingest.ingest`` (the ingest's own maintenance included: automatic
 compaction, nothing else), on SQLite consensus and a local blob directory. At each
 checkpoint (after batch 10, 100 and the last, by default) it records, in a fresh
 ``open_shard`` each time: the latest ``snapshot()`` (best of 3 after one untimed read),

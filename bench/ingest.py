@@ -20,8 +20,18 @@ snapshot (compared on sorted key/value/amount):
 ``scale_ratio_10x`` is our per-batch time with 10x the keys over per-batch time with 1x
 (full: 1M vs 10M keys; ``--quick``: 50k vs 500k).
 
+``--read-once`` measures only the Spark engine's two read paths on one Parquet file
+(``--keys`` rows, default 1M, in ``--row-groups`` row groups, default 8) loaded into a
+fresh shard of ``--read-buckets`` buckets (default 8) on ``local[2]``: the one-stage
+path (every slice reads the whole file; with the default 2 slices and with one per
+bucket, as on that many executor cores) against the split path (one read task per row
+group, a shuffle, a task per bucket), alternating ``--repeats`` times (default 3), with
+the landing bytes each read (the ledger's digest apart) and the tasks Spark ran; both
+must give the in-process engine's snapshot (whose load is timed too, for scale). Written
+to ``bench/out/read_once.md``.
+
 Usage: ``.venv/bin/python -m bench.ingest [--quick] [--batches K] [--skip-scale]
-[--skip-spark] [--skip-cli]``.
+[--skip-spark] [--skip-cli]`` or ``... --read-once [--keys N] [--row-groups G]``.
 Progress goes to stderr; a table goes to stdout and ``bench/out/ingest.md``, a chart to
 ``docs/bench_ingest.png``; the LAST line printed is one JSON object with every figure.
 """
@@ -431,6 +441,96 @@ def _timed(label: str, fn: Callable[[], Result]) -> Result:
         return Result(label, error=f"failed: {type(exc).__name__}: {str(exc)[:120]}")
 
 
+def read_once(n_rows: int, row_groups: int, repeats: int, buckets: int = 8) -> int:
+    """The ``--read-once`` comparison (module docstring); returns the exit status."""
+    from resources.spark_ingest import SPLIT_BYTES_ENV, SPLIT_ENV, SparkEngine
+    from resources.spark_session import get_spark
+    from upsert_core.ingest import IngestRequest, InProcessEngine, ingest
+    from upsert_core.landing import listing
+    from upsert_core.persist.location.blob_local import LocalBlob
+    from upsert_core.persist.location.urls import open_consensus
+    from upsert_core.persist.shard import Shard
+    from upsert_core.shard_table import ShardTable
+
+    rows: list[dict[str, Any]] = []
+    problems: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="bench-read-once-") as tmp:
+        root = Path(tmp)
+        landing = root / "landing"
+        landing.mkdir()
+        table = Workload(n_rows, 10).initial()
+        path = landing / "0000-initial.parquet"
+        pq.write_table(table, path, row_group_size=-(-table.num_rows // row_groups))
+        size = path.stat().st_size
+        groups = pq.ParquetFile(path).metadata.num_row_groups
+        log(f"read-once: {table.num_rows} rows, {size / 1e6:.1f} MB, {groups} row groups")
+
+        def load(name: str, engine: Any) -> tuple[dict[str, Any], pa.Table]:
+            # As in a fresh upsertctl process: no digest remembered from an earlier read.
+            listing._digests.clear()  # noqa: SLF001
+            work = root / name
+            shard = Shard.open(open_consensus(f"sqlite:///{work}.db"),
+                               LocalBlob(str(work)), "bench")
+            started = time.perf_counter()
+            report = ingest(shard, f"file://{landing}", IngestRequest(buckets=buckets),
+                            engine=engine)
+            seconds = time.perf_counter() - started
+            (file,) = report.files
+            figures = {"seconds": round(seconds, 3), "size": size,
+                       "engine_bytes": file.landing_bytes_read - file.digest_bytes_read,
+                       "digest_bytes": file.digest_bytes_read,
+                       "read_tasks": file.read_tasks, "drain_tasks": file.drain_tasks}
+            return figures, canonical(ShardTable(shard).snapshot())
+
+        local, reference = load("in-process", InProcessEngine())
+        local["path"] = "in-process"
+        rows.append(local)
+        log(f"  {local}")
+        spark = get_spark("local[2]", app_name="bench-read-once", shuffle_partitions=4)
+        engine = SparkEngine(spark)
+        os.environ[SPLIT_BYTES_ENV] = str(-(-size // groups))
+        os.environ[SPLIT_ENV] = "on"
+        load("warm-up", engine)  # the first jobs pay the workers' start-up
+        # The one-stage path as it runs with as many slices as buckets (a cluster with
+        # that many executor cores): every slice reads the whole file.
+        wide = SparkEngine(spark, slices=buckets)
+        many = f"one-stage, {buckets} slices"
+        paths = {"one-stage": ("off", engine), many: ("off", wide),
+                 "split": ("on", engine)}
+        for repeat in range(repeats):
+            for label, (mode, runner) in paths.items():
+                os.environ[SPLIT_ENV] = mode
+                figures, snapshot = load(f"{mode}-{repeat}-{len(rows)}", runner)
+                figures["path"] = label
+                rows.append(figures)
+                log(f"  {figures}")
+                if not snapshot.equals(reference):
+                    problems.append(f"{figures['path']} (repeat {repeat}): snapshot differs")
+        spark.stop()
+
+    def mean(path: str, key: str) -> float:
+        return statistics.fmean(r[key] for r in rows if r["path"] == path)
+
+    lines = [f"### Read once: {n_rows:,} rows, {size / 1e6:.1f} MB Parquet, {groups} row"
+             f" groups, {buckets} buckets, local[2]", "",
+             "| path | s (each run) | landing bytes read / file size | digest | read tasks"
+             " | drain tasks |", "| --- | --- | --- | --- | --- | --- |"]
+    for path_name in ("in-process", "one-stage", f"one-stage, {buckets} slices", "split"):
+        mine = [r for r in rows if r["path"] == path_name]
+        lines.append(
+            f"| {path_name} | {', '.join(format(r['seconds'], '.2f') for r in mine)}"
+            f" | {mean(path_name, 'engine_bytes') / size:.3f}"
+            f" | {mean(path_name, 'digest_bytes') / size:.3f}"
+            f" | {mine[0]['read_tasks']} | {mine[0]['drain_tasks']} |")
+    lines.extend(f"MISMATCH: {p}" for p in problems)
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    (OUT_DIR / "read_once.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(json.dumps({"rows": n_rows, "size": size, "row_groups": groups, "runs": rows,
+                      "snapshots_equal": not problems}))
+    return 1 if problems else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, a few minutes")
@@ -443,8 +543,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="no Spark engine rows (ours on Spark, naive PySpark)")
     parser.add_argument("--skip-cli", action="store_true",
                         help="no user-path rows (an upsertctl process per file)")
+    parser.add_argument("--read-once", action="store_true",
+                        help="only the Spark engine's one-stage vs split read of one file")
+    parser.add_argument("--row-groups", type=int, default=8, help="--read-once: row groups")
+    parser.add_argument("--repeats", type=int, default=3, help="--read-once: runs per path")
+    parser.add_argument("--read-buckets", type=int, default=8, help="--read-once: buckets")
     args = parser.parse_args(argv)
     n_keys = args.keys or (50_000 if args.quick else 1_000_000)
+    if args.read_once:
+        return read_once(n_keys, args.row_groups, args.repeats, args.read_buckets)
     rows = args.batch_rows or (10_000 if args.quick else 100_000)
     batches = args.batches or (3 if args.quick else 5)
 

@@ -39,6 +39,7 @@ from upsert_core.ingest.engine import Engine, InProcessEngine
 from upsert_core.ingest.outcome import FileOutcome
 from upsert_core.ingest.shard_api import IngestShard
 from upsert_core.ingest.tasks import FileTask, read_file
+from upsert_core.landing import read_counter
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -116,10 +117,13 @@ class LazySparkEngine:
         return self._engine is not None
 
     def run_file(self, task: FileTask, shard: IngestShard) -> FileOutcome:
+        checked = 0  # landing bytes the preflight read (the outcome reports every read)
         if self._engine is None:
+            before = read_counter.bytes_read(task.file.url)
             found = preflight(task, shard)
             if found is not None:
                 return found  # no session for a file Spark would refuse anyway
+            checked = read_counter.bytes_read(task.file.url) - before
             from resources.spark_ingest import SparkEngine, failure_line  # heavy: pyspark
 
             before = _active_session()
@@ -137,7 +141,9 @@ class LazySparkEngine:
             from resources import local_spark  # heavy: the pyspark package's paths
 
             local_spark.note_use()
-        return self._engine.run_file(task, shard)
+        outcome = self._engine.run_file(task, shard)
+        outcome.read.landing_bytes += checked
+        return outcome
 
     def stop(self) -> None:
         """Stop the session if this engine created it; forget it either way."""

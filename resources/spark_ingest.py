@@ -1,7 +1,15 @@
 """The Spark engine: the per-file and per-bucket ingest steps as Spark tasks.
 
-For one file (see ``upsert_core.ingest.tasks``), ONE Spark stage of ``S`` tasks (the
-*slices*; ``S = min(buckets, default parallelism)`` unless given), and no shuffle:
+A file takes one of two paths, chosen by :func:`split_plan` from its listed size
+(``UPSERT_SPARK_SPLIT`` auto|on|off, ``UPSERT_SPARK_SPLIT_BYTES``): a Parquet or JSON
+Lines file larger than a split is read once, by read tasks, and shuffled by bucket
+(``resources/spark_split.py``); any other file, and a split file whose splits cannot
+stand for it (``split_steps.Fallback``), takes the one-stage path described here. Both
+return the same result lines (``resources/spark_lines.py``) to :func:`outcome_of`.
+
+The one-stage path: for one file (see ``upsert_core.ingest.tasks``), ONE Spark stage of
+``S`` tasks (the *slices*; ``S = min(buckets, default parallelism)`` unless given), and
+no shuffle:
 
 1. every task reads the landing file itself (local or ``s3://`` through the landing
    module; Spark has no s3a here), validates it and splits the good rows by bucket;
@@ -14,20 +22,22 @@ For one file (see ``upsert_core.ingest.tasks``), ONE Spark stage of ``S`` tasks 
    that every bucket that had to run ran exactly once, and builds a
    :class:`FileOutcome`; the ingest driver commits it like any engine's.
 
-Why this shape (measured on the bench workload, 2 cores): a shuffle of the encoded
-rows through the JVM plus a second stage cost more than reading the file once per
-slice (a read is a small part of a bucket step). The stage is ``mapInArrow`` over
-``spark.range(S, numPartitions=S)`` (one row, the slice number, per partition) on every
-kind of session: a classic one (``local[*]``, a standalone cluster) and a Spark Connect
-one alike, so there is one code path and it is the one a long-lived Connect server
-runs. It used to be the RDD API (``parallelize(...).mapPartitionsWithIndex``) on
-classic sessions, chosen because it skips the SQL planner and the Arrow exchange; but
-Spark Connect has no RDD API. The price, measured on 2 shared cores (issue 12): an
-empty two-task job costs about 50-70 ms more through ``mapInArrow`` (building the Arrow
-UDF and planning take ~40 py4j round trips; ``toArrow()`` instead of ``collect()`` saves
-nothing), against a bucket step of 0.2-0.3 s; whole bench batches (1M keys, 100k rows)
-ranged 0.28-0.99 s on the RDD path and 0.44-1.34 s on this one as the machine's load
-varied, too noisy to separate. A long-lived Connect server saves 9-13 s per command.
+Why this shape for small files (measured on the bench workload, 2 cores): a shuffle of
+the encoded rows through the JVM plus a second stage cost more than reading the file
+once per slice (a read is a small part of a bucket step); for large files the reads add
+up (a 1 GB file on 64 buckets would be read 64 times), hence the split path. The stage
+is ``mapInArrow`` over ``spark.range(S, numPartitions=S)`` (one row, the slice number,
+per partition) on every kind of session: a classic one (``local[*]``, a standalone
+cluster) and a Spark Connect one alike, so there is one code path and it is the one a
+long-lived Connect server runs. It used to be the RDD API
+(``parallelize(...).mapPartitionsWithIndex``) on classic sessions, chosen because it
+skips the SQL planner and the Arrow exchange; but Spark Connect has no RDD API. The
+price, measured on 2 shared cores (issue 12): an empty two-task job costs about 50-70 ms
+more through ``mapInArrow`` (building the Arrow UDF and planning take ~40 py4j round
+trips; ``toArrow()`` instead of ``collect()`` saves nothing), against a bucket step of
+0.2-0.3 s; whole bench batches (1M keys, 100k rows) ranged 0.28-0.99 s on the RDD path
+and 0.44-1.34 s on this one as the machine's load varied, too noisy to separate. A
+long-lived Connect server saves 9-13 s per command.
 
 Invariants:
 
@@ -88,7 +98,9 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
+from resources.spark_lines import BUCKET, CHANGED, ERROR, EXPECT, LANDING, READ, lines_of
 from resources.spark_session import is_connect, master_of
+from resources.spark_split import SplitRun, WorkerHooks, run_split_job
 from resources.task_env import SHIPPED_ENV, apply_env, driver_env
 from upsert_core.errors import ConfigError, IngestError
 from upsert_core.ingest.engine import bucket_groups
@@ -96,6 +108,7 @@ from upsert_core.ingest.outcome import BucketResult, FileOutcome, FileRead
 from upsert_core.ingest.shard_api import IngestShard
 from upsert_core.ingest.statecache import StateCache
 from upsert_core.ingest.tasks import FileTask, cache_key, read_file, run_bucket
+from upsert_core.landing.splits import Split, plan_splits, splittable
 from upsert_core.persist.codec_state import encode_state
 from upsert_core.persist.keys import WRITER_TOKEN_ENV
 from upsert_core.persist.location import Blob
@@ -106,8 +119,11 @@ from upsert_core.persist.location.urls import open_blob
 PROFILE_ENV = "UPSERT_SPARK_PROFILE_DIR"
 RESULT_DDL = "result string"
 
-# Result lines a task returns, each "<tag>:<payload>".
-READ, EXPECT, BUCKET, ERROR, CHANGED = "read", "expect", "bucket", "error", "changed"
+SPLIT_ENV = "UPSERT_SPARK_SPLIT"
+"""``auto`` (default), ``on`` or ``off``: whether a file is read by the split path."""
+SPLIT_BYTES_ENV = "UPSERT_SPARK_SPLIT_BYTES"
+"""Bytes per read task of the split path; ``auto`` splits files larger than this."""
+DEFAULT_SPLIT_BYTES = 32 << 20
 
 _blobs: dict[tuple[str, tuple[tuple[str, str], ...]], Blob] = {}
 _cache: StateCache | None = None
@@ -299,6 +315,7 @@ def run_slice(
         _claim_cached(task, claims, cache)
         blob = _task_blob(url, env)
         read, rows = read_file(task, blob, write_errors=index == 0)
+        lines.append(f"{LANDING}:{read.landing_bytes}")
         if index == 0:
             lines.append(f"{READ}:{read.to_json()}")
         if read.changed is not None:
@@ -360,6 +377,8 @@ class SparkEngine:
         self.spark = spark
         self.blob_url = blob_url
         self.slices = slices
+        self.last_split: SplitRun | None = None
+        """Which tasks read and drained the last file, when it took the split path."""
 
     def _slices(self, task: FileTask, master: str) -> int:
         wanted = self.slices or default_parallelism(self.spark, master)
@@ -379,24 +398,90 @@ class SparkEngine:
         except Exception as exc:  # noqa: BLE001 - e.g. a Connect server that went away
             raise IngestError(f"{task.file.name}: Spark does not answer: {failure_line(exc)}"
                               ) from exc
+        self.last_split = None
+        splits = split_plan(task, slices)
+        if splits is None:
+            return self._one_stage(task, shipped, url, env, slices, master)
+        results = self._job(task, lambda: run_split_job(self.spark, shipped, url, env, splits,
+                                                         _HOOKS))
+        self.last_split = SplitRun.of(results)
+        if not self.last_split.fallback:
+            outcome = outcome_of(task, results)
+            outcome.read.read_tasks = len(self.last_split.read_tasks)
+            outcome.read.drain_tasks = len(
+                {t.get("attempt") for t in self.last_split.bucket_tasks.values()})
+            return outcome
+        # The splits cannot stand for the file (split_steps.Fallback): read it whole. The
+        # split job ran no bucket then; whatever a task may have written goes.
+        written = [k for r in _split(results, BUCKET) for k in BucketResult.from_json(r).new_blobs]
+        for key in written:
+            shard.blob.delete(key)
+        outcome = self._one_stage(task, shipped, url, env, slices, master)
+        outcome.read.landing_bytes += sum(int(n) for n in _split(results, LANDING))
+        return outcome
+
+    def _job(self, task: FileTask, run: Callable[[], list[str]]) -> list[str]:
+        try:
+            return run()
+        except Exception as exc:  # noqa: BLE001 - a failed job is one line for the user
+            raise IngestError(f"{task.file.name}: the Spark job failed: {failure_line(exc)}"
+                              ) from exc
+
+    def _one_stage(
+        self, task: FileTask, shipped: FileTask, url: str, env: dict[str, str], slices: int,
+        master: str,
+    ) -> FileOutcome:
         # Claims need one filesystem shared by every task: tasks on this host only.
         claims = None
         if slices > 1 and claims_are_shared(self.spark, master):
             claims = tempfile.mkdtemp(prefix="upsert-claims-")
         try:
-            rows = (
-                self.spark.range(slices, numPartitions=slices)
+            results = self._job(task, lambda: [
+                r["result"] for r in self.spark.range(slices, numPartitions=slices)
                 .mapInArrow(_arrow_slice(shipped, url, env, slices, claims), RESULT_DDL)
                 .collect()
-            )
-            results: list[str] = [r["result"] for r in rows]
-        except Exception as exc:  # noqa: BLE001 - a failed job is one line for the user
-            raise IngestError(f"{task.file.name}: the Spark job failed: {failure_line(exc)}"
-                              ) from exc
+            ])
         finally:
             if claims is not None:
                 shutil.rmtree(claims, ignore_errors=True)
-        return outcome_of(task, results)
+        outcome = outcome_of(task, results)
+        outcome.read.read_tasks = outcome.read.drain_tasks = slices
+        return outcome
+
+
+_HOOKS = WorkerHooks(frozen=_frozen_after, blob=_task_blob, cache=_worker_cache)
+
+
+def split_mode() -> str:
+    """``UPSERT_SPARK_SPLIT``: ``auto`` (default), ``on`` or ``off``."""
+    text = os.environ.get(SPLIT_ENV, "").strip().lower() or "auto"
+    if text not in ("auto", "on", "off"):
+        raise ConfigError(f"{SPLIT_ENV} must be auto, on or off, got {text!r}")
+    return text
+
+
+def split_bytes() -> int:
+    """``UPSERT_SPARK_SPLIT_BYTES`` (default 32 MiB): bytes per read task."""
+    text = os.environ.get(SPLIT_BYTES_ENV, "").strip()
+    if not text:
+        return DEFAULT_SPLIT_BYTES
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise ConfigError(f"{SPLIT_BYTES_ENV} must be a whole number of bytes >= 1, got {text!r}")
+    return int(text)
+
+
+def split_plan(task: FileTask, slices: int) -> list[Split] | None:
+    """The splits ``task``'s file is read as, or None for the one-stage path: ``off``
+    never splits; ``on`` splits every file that can be split (Parquet, JSON Lines; plain
+    envelope); ``auto`` those larger than ``UPSERT_SPARK_SPLIT_BYTES`` when more than
+    one slice would read the file on the one-stage path (one slice reads it once too)."""
+    mode = split_mode()
+    size = split_bytes()
+    if mode == "off" or task.envelope != "plain" or not splittable(task.file):
+        return None
+    if mode == "auto" and (slices < 2 or task.file.size <= size):
+        return None
+    return plan_splits(task.file, size)
 
 
 TRACEBACK = "Traceback (most recent call last):"
@@ -453,9 +538,7 @@ def default_parallelism(spark: SparkSession, master: str) -> int:
     return 2
 
 
-def _split(results: list[str], tag: str) -> list[str]:
-    prefix = f"{tag}:"
-    return [r[len(prefix):] for r in results if r.startswith(prefix)]
+_split = lines_of
 
 
 def outcome_of(task: FileTask, results: list[str]) -> FileOutcome:
@@ -466,6 +549,9 @@ def outcome_of(task: FileTask, results: list[str]) -> FileOutcome:
     bucket listed by slice 0 must have exactly one result."""
     name = task.file.name
     reads = [FileRead.from_json(r) for r in _split(results, READ)]
+    landing = _split(results, LANDING)
+    if landing and reads:  # every slice read the file: the read costs them all
+        reads[0].landing_bytes = sum(int(n) for n in landing)
     buckets = sorted(
         (BucketResult.from_json(r) for r in _split(results, BUCKET)), key=lambda b: b.bucket
     )

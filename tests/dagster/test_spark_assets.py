@@ -31,6 +31,13 @@ def test_partition_materializes_through_spark(plat: Platform, spark_session: obj
     assert state["engine"].value == "spark"
     assert state["files_applied"].value == 2 and state["upper"].value == 2
     assert (state["ts"].value, state["applied_by"].value) == (1, "this run")
+    # What reading the partition's own file cost: Spark slices read it whole, and the
+    # driver's digest once more.
+    size = (plat.landing / names[1]).stat().st_size
+    assert state["file_bytes"].value == size
+    assert state["read_tasks"].value >= 1 and state["drain_tasks"].value >= 1
+    assert state["digest_bytes_read"].value in (0, size)
+    assert state["landing_bytes_read"].value >= state["read_tasks"].value * size
     assert all(c.passed for c in result.get_asset_check_evaluations()
                if c.check_name != "error_rows_did_not_grow")
 

@@ -227,6 +227,16 @@ def test_ingest_json_prints_the_report_on_stdout(cli: Cli, landing: Path) -> Non
     assert (second["ts"], second["retractions"], second["inserts"]) == (1, 1, 0)
     assert report["files"] and report["rows_read"] == 3 and report["errors"] == 1
     assert report["seqno"] == cli.inspect()["seqno"]
+    sizes = [(landing / f["name"]).stat().st_size for f in report["files"]]
+    assert [f["size"] for f in report["files"]] == sizes
+    if cli.engine == "local":  # read once, whole, in the driver: its digest is remembered
+        assert [(f["landing_bytes_read"], f["digest_bytes_read"])
+                for f in report["files"]] == [(n, 0) for n in sizes]
+    else:  # each Spark task reads a small file whole; the driver once more (the first
+        # file's preflight, which spares the digest a read, or the digest)
+        assert all(f["landing_bytes_read"] >= 2 * n and f["digest_bytes_read"] in (0, n)
+                   for f, n in zip(report["files"], sizes, strict=True)), report["files"]
+    assert report["landing_bytes_read"] == sum(f["landing_bytes_read"] for f in report["files"])
     again = cli.ingest(landing, "--json").json()
     assert again["files"] == [] and again["start_upper"] == again["upper"] == 2
     assert cli.ingest(landing).out == ""  # without --json, stdout stays empty

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from upsert_core.columnar import ColumnarState, drain_to_upper
-from upsert_core.ingest.tasks import ROWS_SCHEMA, _bucketed, part_values
+from upsert_core.ingest.tasks import ROWS_SCHEMA, bucketed, part_values
 from upsert_core.landing import RawBatch, SourceKind, SourceSchema, validate_batch
 from upsert_core.landing.rows import decode_rows_to_table
 
@@ -33,7 +33,7 @@ def _drain(state: ColumnarState, raw: RawBatch, schema: SourceSchema, ts: int
            ) -> tuple[ColumnarState, SourceSchema]:
     batch = validate_batch(raw, schema)
     assert batch.values is not None
-    rows = _bucketed(batch, 1)
+    rows = bucketed(batch, 1)
     drained = drain_to_upper(state, rows.select(ROWS_SCHEMA.names), ts)
     got = part_values(batch.schema, rows, drained.updates, drained.sources)
     want = decode_rows_to_table(batch.schema, drained.updates.column("row"))

@@ -112,6 +112,9 @@ class FileRead:
     file_error: str | None = None  # a file-level problem: "<file>: <problem>"
     changed: str | None = None  # the file changed while being read: "<file>: <how>"
     skipped: int = 0  # Debezium events that change nothing (op t/m; landing.debezium)
+    landing_bytes: int = 0  # bytes of the landing file the engine's reads took
+    read_tasks: int = 0  # tasks that read the file (0: not run as tasks)
+    drain_tasks: int = 0  # distinct tasks that drained its buckets (0: not run as tasks)
 
     def to_json(self) -> str:
         eb = self.error_batch
@@ -128,6 +131,9 @@ class FileRead:
                 "file_error": self.file_error,
                 "changed": self.changed,
                 "skipped": self.skipped,
+                "landing_bytes": self.landing_bytes,
+                "read_tasks": self.read_tasks,
+                "drain_tasks": self.drain_tasks,
             }
         )
 
@@ -147,6 +153,9 @@ class FileRead:
             file_error=obj["file_error"],
             changed=obj.get("changed"),
             skipped=int(obj.get("skipped", 0)),
+            landing_bytes=int(obj.get("landing_bytes", 0)),
+            read_tasks=int(obj.get("read_tasks", 0)),
+            drain_tasks=int(obj.get("drain_tasks", 0)),
         )
 
 

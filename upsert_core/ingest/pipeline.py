@@ -70,7 +70,7 @@ from upsert_core.ingest.report import FileReport, IngestReport, ProgressEvent
 from upsert_core.ingest.shard_api import IngestShard
 from upsert_core.ingest.shard_config import ShardIngestConfig, ShardOptions, recent_history
 from upsert_core.ingest.tasks import FileTask
-from upsert_core.landing import LandingFile, SourceSchema, list_landing, pending
+from upsert_core.landing import LandingFile, SourceSchema, list_landing, pending, read_counter
 from upsert_core.persist.append import AppendRequest
 from upsert_core.persist.location import Blob
 from upsert_core.persist.shard import Shard
@@ -205,7 +205,10 @@ def _live_rows_after(task: FileTask, outcome: FileOutcome) -> int | None:
     return None
 
 
-def _file_report(task: FileTask, outcome: FileOutcome, seconds: float, attempt: int) -> FileReport:
+def _file_report(
+    task: FileTask, outcome: FileOutcome, seconds: float, attempt: int,
+    landing: tuple[int, int],
+) -> FileReport:
     read = outcome.read
     return FileReport(
         name=task.file.name,
@@ -219,6 +222,11 @@ def _file_report(task: FileTask, outcome: FileOutcome, seconds: float, attempt: 
         rehydrated_buckets=tuple(b.bucket for b in outcome.buckets if b.rehydrated),
         attempts=attempt,
         skipped=read.skipped,
+        size=task.file.size,
+        landing_bytes_read=landing[0] + landing[1],
+        digest_bytes_read=landing[1],
+        read_tasks=read.read_tasks,
+        drain_tasks=read.drain_tasks,
     )
 
 
@@ -242,6 +250,7 @@ def _ingest_one(
 ) -> tuple[ShardState, FileReport | None]:
     """Commit ``file`` (or notice another writer did); returns the new state."""
     attempts = max(1, request.max_attempts)
+    landing_bytes = digest_bytes = 0  # over every attempt
     for attempt in range(1, attempts + 1):
         if lease.lost:  # the heartbeat found the registration gone: a new id first
             report.warnings.append(
@@ -253,6 +262,7 @@ def _ingest_one(
         task = plan_file(state, options, file, request, lease.writer_id)
         started = time.monotonic()
         outcome = engine.run_file(task, shard)
+        landing_bytes += outcome.read.landing_bytes
         if outcome.read.changed is not None:
             _delete_new_blobs(shard.blob, outcome)
             raise LandingFileChanged(outcome.read.changed)
@@ -274,11 +284,14 @@ def _ingest_one(
             _delete_new_blobs(shard.blob, outcome)
             message = outcome.read.file_error or f"{file.name}: {outcome.failure}"
             raise IngestError(message)
+        before = read_counter.bytes_read(file.url)
         try:  # the file's ledger record commits with its name (ingest.ledger)
             commit = with_ledger(_commit_request(task, options, outcome), file)
         except IngestError:  # changed since it was read (LandingFileChanged) or unreadable
             _delete_new_blobs(shard.blob, outcome)
             raise
+        finally:  # the digest reads the file again unless it was just read whole here
+            digest_bytes += read_counter.bytes_read(file.url) - before
         # SUBTLE: two writers can build byte-identical batches (inline parts, same file
         # at the same ts); ``append`` then reports the loser's request as "already
         # applied". A per-attempt nonce in the config (``task.commit_nonce``, fresh per
@@ -306,7 +319,10 @@ def _ingest_one(
             result.committed
             and ShardIngestConfig.read(result.state.config).commit_nonce == nonce
         ):
-            file_report = _file_report(task, outcome, time.monotonic() - started, attempt)
+            file_report = _file_report(
+                task, outcome, time.monotonic() - started, attempt,
+                (landing_bytes, digest_bytes),
+            )
             for b in outcome.buckets:
                 if b.rehydrated:
                     report.rehydrations.append(

@@ -27,6 +27,19 @@ class FileReport:
     attempts: int = 1
     skipped: int = 0
     """Debezium events that change nothing and are not error rows (op t/m)."""
+    size: int = -1
+    """The file's size as listed (-1: unknown)."""
+    landing_bytes_read: int = 0
+    """Bytes of the file this run read from the landing: the engine's reads (every
+    attempt, every task) and the ledger's digest, when it had to read the file again."""
+    digest_bytes_read: int = 0
+    """Of ``landing_bytes_read``, the bytes the ledger's digest read (``ingest.ledger``:
+    0 when the engine read the file whole in this process)."""
+    read_tasks: int = 0
+    """Spark tasks that read the file (the split path's read tasks, or the one-stage
+    path's slices, each reading it whole); 0 in-process."""
+    drain_tasks: int = 0
+    """Distinct Spark tasks that drained its buckets; 0 in-process."""
 
 
 @dataclass
@@ -72,6 +85,10 @@ class IngestReport:
         return sum(f.bytes_written for f in self.files)
 
     @property
+    def landing_bytes_read(self) -> int:
+        return sum(f.landing_bytes_read for f in self.files)
+
+    @property
     def seconds(self) -> float:
         return sum(f.seconds for f in self.files)
 
@@ -84,6 +101,7 @@ class IngestReport:
             "errors": self.errors,
             "skipped": self.skipped,
             "bytes_written": self.bytes_written,
+            "landing_bytes_read": self.landing_bytes_read,
             "seconds": self.seconds,
         }
 
@@ -112,6 +130,11 @@ class IngestReport:
                     "rehydrated_buckets": list(f.rehydrated_buckets),
                     "attempts": f.attempts,
                     "skipped": f.skipped,
+                    "size": f.size,
+                    "landing_bytes_read": f.landing_bytes_read,
+                    "digest_bytes_read": f.digest_bytes_read,
+                    "read_tasks": f.read_tasks,
+                    "drain_tasks": f.drain_tasks,
                 }
                 for f in self.files
             ],

@@ -83,6 +83,7 @@ from upsert_core.landing import (
     SourceSchema,
     ValidatedBatch,
     ValueCheck,
+    read_counter,
     validate_chunks,
     validate_file,
 )
@@ -242,10 +243,13 @@ def read_file(
     ``write_errors=False`` skips writing the error part (``error_batch`` stays None):
     for engines where several tasks read the same file and one of them records it."""
     with writing_as(task.writer_id):
-        return _read_file(task, blob, write_errors=write_errors)
+        before = read_counter.bytes_read(task.file.url)
+        read, rows = _read_file(task, blob, write_errors=write_errors)
+        read.landing_bytes = read_counter.bytes_read(task.file.url) - before
+        return read, rows
 
 
-def _file_error(name: str, exc: UpsertPlatformError) -> FileRead:
+def file_error_read(name: str, exc: UpsertPlatformError) -> FileRead:
     """The :class:`FileRead` of a file that failed as a whole with ``exc``."""
     if isinstance(exc, LandingFileChanged):
         return FileRead(changed=str(exc))
@@ -255,7 +259,7 @@ def _file_error(name: str, exc: UpsertPlatformError) -> FileRead:
     return FileRead(file_error=message)
 
 
-def _record_errors(
+def record_errors(
     task: FileTask, blob: Blob, read: FileRead, errors: pa.RecordBatch, write_errors: bool
 ) -> bool:
     """Write the file's error rows as its error part (if any and ``write_errors``);
@@ -275,7 +279,7 @@ def _record_errors(
     return True
 
 
-def _bucketed(batch: ValidatedBatch, buckets: int) -> pa.Table:
+def bucketed(batch: ValidatedBatch, buckets: int) -> pa.Table:
     """The good rows of ``batch`` with their buckets (:func:`rows_schema`), followed by their
     typed values as ``v:<column>`` columns when validation kept them (see
     :func:`part_values`)."""
@@ -358,14 +362,14 @@ def _read_file(task: FileTask, blob: Blob, *, write_errors: bool) -> tuple[FileR
         schema = SourceSchema.from_json(task.schema_json)
         batch = validate_file(task.file, schema, task.value_checks, task.envelope)
     except UpsertPlatformError as exc:
-        return _file_error(task.file.name, exc), task.rows_schema.empty_table()
+        return file_error_read(task.file.name, exc), task.rows_schema.empty_table()
     read = FileRead(
         schema_json=batch.schema.to_json(), rows_read=batch.total_rows, good_rows=len(batch),
         skipped=batch.skipped,
     )
-    if not _record_errors(task, blob, read, batch.errors_to_arrow(), write_errors):
+    if not record_errors(task, blob, read, batch.errors_to_arrow(), write_errors):
         return read, task.rows_schema.empty_table()
-    return read, _bucketed(batch, task.buckets)
+    return read, bucketed(batch, task.buckets)
 
 
 def read_file_streamed(
@@ -378,26 +382,35 @@ def read_file_streamed(
     one error part. A file-level problem in any chunk comes back in ``file_error`` as
     for :func:`read_file`, and the caller discards what ``sink`` received."""
     with writing_as(task.writer_id):
-        name = task.file.name
-        errors: list[RowError] = []
-        rows_read = good = skipped = 0
-        try:
-            schema = SourceSchema.from_json(task.schema_json)
-            for batch in validate_chunks(task.file, schema, task.value_checks, task.envelope):
-                schema = batch.schema
-                errors.extend(batch.errors)
-                rows_read += batch.total_rows
-                good += len(batch)
-                skipped += batch.skipped
-                if len(batch):
-                    sink(_bucketed(batch, task.buckets))
-        except UpsertPlatformError as exc:
-            return _file_error(name, exc)
-        read = FileRead(schema_json=schema.to_json(), rows_read=rows_read, good_rows=good,
-                        skipped=skipped)
-        error_rows = ValidatedBatch(name, schema, errors=errors).errors_to_arrow()
-        _record_errors(task, blob, read, error_rows, write_errors)
+        before = read_counter.bytes_read(task.file.url)
+        read = _read_file_streamed(task, blob, sink, write_errors=write_errors)
+        read.landing_bytes = read_counter.bytes_read(task.file.url) - before
         return read
+
+
+def _read_file_streamed(
+    task: FileTask, blob: Blob, sink: Callable[[pa.Table], None], *, write_errors: bool
+) -> FileRead:
+    name = task.file.name
+    errors: list[RowError] = []
+    rows_read = good = skipped = 0
+    try:
+        schema = SourceSchema.from_json(task.schema_json)
+        for batch in validate_chunks(task.file, schema, task.value_checks, task.envelope):
+            schema = batch.schema
+            errors.extend(batch.errors)
+            rows_read += batch.total_rows
+            good += len(batch)
+            skipped += batch.skipped
+            if len(batch):
+                sink(bucketed(batch, task.buckets))
+    except UpsertPlatformError as exc:
+        return file_error_read(name, exc)
+    read = FileRead(schema_json=schema.to_json(), rows_read=rows_read, good_rows=good,
+                    skipped=skipped)
+    error_rows = ValidatedBatch(name, schema, errors=errors).errors_to_arrow()
+    record_errors(task, blob, read, error_rows, write_errors)
+    return read
 
 
 # --- step 2: one bucket -------------------------------------------------------------------

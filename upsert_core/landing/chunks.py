@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 from upsert_core.errors import ConfigError, IngestError, LandingFileChanged
 from upsert_core.landing.batch import Column, RawBatch, SourceKind
 from upsert_core.landing.listing import LandingFile
+from upsert_core.landing.read_counter import CountingReader
 
 STREAM_BYTES_ENV = "UPSERT_STREAM_BYTES"
 DEFAULT_STREAM_BYTES = 256 << 20
@@ -78,8 +79,8 @@ def parquet_chunks(file: LandingFile, rows_per_chunk: int | None = None) -> Iter
     if path is None:
         source = pa.BufferReader(file.read_bytes())
     else:
-        try:
-            source = pa.OSFile(str(path), "rb")
+        try:  # counted: the ingest reports the landing bytes it read
+            source = pa.PythonFile(CountingReader(open(path, "rb"), file.url), mode="r")  # noqa: SIM115 - closed by the with below
         except OSError as exc:
             raise IngestError(f"{file.name}: cannot read file: {exc}") from exc
     with source:

@@ -55,6 +55,7 @@ from urllib.parse import unquote, urlparse
 import xxhash
 
 from upsert_core.errors import ConfigError, IngestError, LandingFileChanged
+from upsert_core.landing import read_counter
 from upsert_core.redact import redact_url
 
 SUFFIXES: tuple[str, ...] = (".parquet", ".jsonl", ".csv")
@@ -118,9 +119,45 @@ class LandingFile:
             raise
         except Exception as exc:  # noqa: BLE001 - every I/O failure becomes one clear line
             raise IngestError(f"{self.name}: cannot read file: {exc}") from exc
+        read_counter.add(self.url, len(data))
         if self.size >= 0 and len(data) != self.size:
             raise self._changed(f"listed with {self.size} bytes, read {len(data)}")
         _remember(self, len(data), digest_bytes(data))
+        return data
+
+    def read_range(self, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of the file as listed (fewer at its end). Raises as
+        :meth:`read_bytes` does: :class:`LandingFileChanged` if the file is no longer
+        the version listed (S3: pinned to the ETag; locally: inode, modification time
+        and size compared after the read)."""
+        if self.problem:
+            raise IngestError(self.problem)
+        if end <= start:
+            return b""
+        try:
+            if self.root.startswith("s3://"):
+                data = self._read_s3_range(start, end)
+            else:
+                data = self._read_local_range(start, end)
+        except IngestError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every I/O failure becomes one clear line
+            raise IngestError(f"{self.name}: cannot read file: {exc}") from exc
+        read_counter.add(self.url, len(data))
+        return data
+
+    def _read_local_range(self, start: int, end: int) -> bytes:
+        with _local_path(self.root, self.name).open("rb") as fh:
+            fh.seek(start)
+            data = fh.read(end - start)
+            after = os.fstat(fh.fileno())
+        self.check_local_version(after)
+        return data
+
+    def _read_s3_range(self, start: int, end: int) -> bytes:
+        if self.size >= 0 and start >= self.size:
+            return b""
+        data: bytes = self._get_s3(f"bytes={start}-{end - 1}")["Body"].read()
         return data
 
     def fingerprint(self) -> tuple[int, str]:
@@ -151,6 +188,7 @@ class LandingFile:
             while piece := fh.read(_DIGEST_PIECE):
                 hasher.update(piece)
                 size += len(piece)
+                read_counter.add(self.url, len(piece))
             after = os.fstat(fh.fileno())
         if self.version and _local_version(after) != self.version:
             raise self._changed("replaced or modified since it was listed")
@@ -162,6 +200,7 @@ class LandingFile:
         while piece := body.read(_DIGEST_PIECE):
             hasher.update(piece)
             size += len(piece)
+            read_counter.add(self.url, len(piece))
         return size
 
     def local_path(self) -> Path | None:
@@ -180,7 +219,7 @@ class LandingFile:
         if self.size >= 0 and st.st_size != self.size:
             raise self._changed(f"listed with {self.size} bytes, now {st.st_size}")
 
-    def _read_local(self) -> bytes:
+    def _read_local(self) -> bytes:  # counted by read_bytes
         with _local_path(self.root, self.name).open("rb") as fh:
             data = fh.read()
             after = os.fstat(fh.fileno())
@@ -192,12 +231,15 @@ class LandingFile:
         data: bytes = self._get_s3()["Body"].read()
         return data
 
-    def _get_s3(self) -> Any:
-        """The listed version of the object (``get_object`` pinned to its ETag)."""
+    def _get_s3(self, byte_range: str = "") -> Any:
+        """The listed version of the object (``get_object`` pinned to its ETag), or the
+        ``byte_range`` of it (an HTTP ``Range``, e.g. ``bytes=0-99``)."""
         from botocore.exceptions import ClientError
 
         bucket, prefix = _split_s3(self.root)
-        pinned = {"IfMatch": self.version} if self.version else {}
+        pinned: dict[str, str] = {"IfMatch": self.version} if self.version else {}
+        if byte_range:
+            pinned["Range"] = byte_range
         try:
             response = _s3_client().get_object(
                 Bucket=bucket, Key=_join(prefix, self.name), **pinned

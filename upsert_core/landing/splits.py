@@ -1,0 +1,258 @@
+"""Reading one landing file as several independent *splits*, each byte read once.
+
+An engine that reads a large file in parallel plans its splits with :func:`plan_splits`
+(by listed size only: no read) and reads split ``i`` with :func:`read_split`, anywhere
+(a Spark task). Together the splits are exactly the rows :func:`~.readers.read_batch`
+returns, and together they read each byte of the file about once.
+
+- **JSON Lines**: split ``i`` has the nominal byte range ``[i*R, (i+1)*R)`` and owns the
+  lines that *start* in it (a line starts at byte 0 or after a ``\\n``). It reads from
+  one byte before its range (to see whether a line starts at its first byte) to the
+  newline that ends its last line, which may lie past its range: a line split across a
+  boundary is read whole by the split where it starts, and skipped by the next one. A
+  JSON line cannot hold a raw newline (JSON escapes it), so a line is always one row.
+- **Parquet**: split ``i`` owns the row groups whose first page lies in its range, and
+  reads the footer and those row groups' column chunks (ranged reads).
+- **CSV is not split**: a quoted value may hold a newline, so a line end is not known to
+  end a row without parsing the file from its start; CSV files are read whole.
+
+Invariants:
+
+- Row numbers: a Parquet split's rows carry their row numbers in the file (the footer
+  gives the rows of the row groups before). A JSON Lines split numbers its lines from
+  1 (``SplitRows.absolute`` is False) and reports how many lines it owns
+  (``SplitRows.lines``, blank lines included): the file row number of a row is its
+  number plus the lines of every split before it (:func:`line_offsets`).
+- Every split of a Parquet file carries every column the file declares (typed, even
+  with no rows), so validation evolves the same schema from each; a JSON Lines split
+  without lines has no columns.
+- Every read is of the version listed (``LandingFile.read_range``): a change raises
+  :class:`~upsert_core.errors.LandingFileChanged`; an unreadable file raises
+  ``IngestError("<file>: ...")``.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from upsert_core.errors import IngestError
+from upsert_core.landing.batch import Column, RawBatch, SourceKind
+from upsert_core.landing.listing import LandingFile
+from upsert_core.landing.readers import read_jsonl
+
+SPLIT_SUFFIXES = (".parquet", ".jsonl")
+"""Formats that split (module docstring: not CSV)."""
+
+TAIL_READ = 1 << 10
+"""A JSON Lines split reads past its range to finish its last line in pieces of this
+size, doubling up to ``TAIL_READ_MAX`` (a line usually ends within the first)."""
+TAIL_READ_MAX = 1 << 20
+
+
+@dataclass(frozen=True)
+class Split:
+    """Split ``index`` of ``count``: the nominal byte range ``[start, end)``."""
+
+    index: int
+    count: int
+    start: int
+    end: int
+
+
+@dataclass
+class SplitRows:
+    """What one split read: its rows as a :class:`RawBatch` (positions absolute, or
+    local when ``absolute`` is False) and the lines it owns (JSON Lines)."""
+
+    raw: RawBatch
+    absolute: bool
+    lines: int = 0
+
+
+def splittable(file: LandingFile) -> bool:
+    """Whether ``file``'s format splits and its size is known (module docstring)."""
+    return file.suffix in SPLIT_SUFFIXES and file.size > 0 and not file.problem
+
+
+def plan_splits(file: LandingFile, split_bytes: int) -> list[Split]:
+    """``file``'s splits of about ``split_bytes`` bytes each (one for a file that does
+    not split or fits in one)."""
+    if split_bytes < 1:
+        raise ValueError(f"split_bytes must be at least 1, got {split_bytes}")
+    size = max(0, file.size)
+    count = max(1, -(-size // split_bytes)) if splittable(file) else 1
+    step = -(-size // count) if size else 0
+    return [
+        Split(i, count, min(size, i * step), size if i == count - 1 else min(size, (i + 1) * step))
+        for i in range(count)
+    ]
+
+
+def read_split(file: LandingFile, split: Split) -> SplitRows:
+    """The rows split ``split`` of ``file`` owns (module docstring)."""
+    if file.suffix == ".jsonl":
+        data = _jsonl_bytes(file, split)
+        lines = data.split(b"\n")
+        if lines and lines[-1] == b"":
+            lines.pop()
+        return SplitRows(read_jsonl(file.name, data), absolute=False, lines=len(lines))
+    if file.suffix == ".parquet":
+        return SplitRows(_parquet_rows(file, split), absolute=True)
+    raise IngestError(f"{file.name}: {file.suffix or 'this'} files are not read in splits")
+
+
+def line_offsets(lines: Sequence[int]) -> list[int]:
+    """For each split (in order), the lines of the splits before it."""
+    return [int(x) for x in np.concatenate([[0], np.cumsum(lines[:-1])])] if lines else []
+
+
+# --- JSON Lines ---------------------------------------------------------------------
+
+
+def _jsonl_bytes(file: LandingFile, split: Split) -> bytes:
+    """The bytes of the lines that start in the split's range (module docstring)."""
+    size = file.size
+    if split.start == 0:
+        head = file.read_range(0, split.end)
+        begin = 0
+    else:
+        head = file.read_range(split.start - 1, split.end)
+        # A line starts at p in [start, end) iff byte p-1 is a newline.
+        first = head.find(b"\n", 0, max(0, split.end - split.start))
+        if first < 0:
+            return b""  # no line starts here: one line spans the whole range
+        begin = first + 1
+    data = bytearray(head[begin:])
+    if not data:
+        return b""
+    # Finish the last line: up to the first newline at or after byte end - 1.
+    at, step = split.end, TAIL_READ
+    while not data.endswith(b"\n") and at < size:
+        piece = file.read_range(at, min(size, at + step))
+        step = min(TAIL_READ_MAX, step * 2)
+        if not piece:
+            break
+        newline = piece.find(b"\n")
+        if newline >= 0:
+            data += piece[: newline + 1]
+            break
+        data += piece
+        at += len(piece)
+    return bytes(data)
+
+
+# --- Parquet ------------------------------------------------------------------------
+
+
+class _RangeFile(io.RawIOBase):
+    """The listed version of ``file`` as a seekable file over ranged reads."""
+
+    def __init__(self, file: LandingFile) -> None:
+        super().__init__()
+        self._file = file
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._file.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def read(self, size: int = -1) -> bytes:
+        end = self._file.size if size is None or size < 0 else min(self._file.size,
+                                                                    self._pos + size)
+        data = self._file.read_range(self._pos, end)
+        self._pos += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def _first_byte(row_group: Any) -> int:
+    """Where a row group's first page lies in the file."""
+    starts = []
+    for j in range(row_group.num_columns):
+        column = row_group.column(j)
+        starts.append(column.data_page_offset)
+        if column.has_dictionary_page and column.dictionary_page_offset:
+            starts.append(column.dictionary_page_offset)
+    return min(starts) if starts else 0
+
+
+def _footer(file: LandingFile) -> pq.FileMetaData:
+    """The file's Parquet footer, read by itself (two ranged reads: its length, then
+    it), so that reading the row groups then reads only their column chunks."""
+    tail = file.read_range(max(0, file.size - 8), file.size)
+    if len(tail) < 8 or tail[4:] != b"PAR1":
+        raise IngestError(f"{file.name}: unreadable or truncated Parquet file: no footer")
+    length = int.from_bytes(tail[:4], "little")
+    if length + 12 > file.size:
+        raise IngestError(f"{file.name}: unreadable or truncated Parquet file: bad footer length")
+    footer = file.read_range(file.size - 8 - length, file.size - 8)
+    return pq.read_metadata(pa.BufferReader(b"PAR1" + footer + tail))
+
+
+def _parquet_rows(file: LandingFile, split: Split) -> RawBatch:
+    source = pa.PythonFile(_RangeFile(file), mode="r")
+    try:
+        parquet = pq.ParquetFile(source, metadata=_footer(file))
+        meta = parquet.metadata
+        names = parquet.schema_arrow.names
+        metadata = dict(parquet.schema_arrow.metadata or {})
+        mine, firsts, first = [], [], 0
+        for i in range(meta.num_row_groups):
+            group = meta.row_group(i)
+            if split.start <= _first_byte(group) < split.end or (
+                split.index == split.count - 1 and _first_byte(group) >= split.end
+            ):
+                mine.append(i)
+                firsts.append(first)
+            first += group.num_rows
+        table = (parquet.read_row_groups(mine, use_threads=False) if mine
+                 else parquet.schema_arrow.empty_table())
+    except IngestError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for bad files
+        raise IngestError(f"{file.name}: unreadable or truncated Parquet file: {exc}") from exc
+    seen: set[str] = set()
+    for col in names:
+        if col in seen:
+            raise IngestError(f"{file.name}: duplicate column {col!r}")
+        seen.add(col)
+    positions = np.concatenate(
+        [np.arange(f + 1, f + meta.row_group(i).num_rows + 1, dtype=np.int64)
+         for i, f in zip(mine, firsts, strict=True)]
+    ) if mine else np.zeros(0, np.int64)
+    columns: dict[str, Column] = {
+        col: table.column(k).combine_chunks() for k, col in enumerate(names)
+    }
+    return RawBatch(file.name, SourceKind.TYPED, columns, positions, metadata=metadata)
+
+
+__all__ = [
+    "SPLIT_SUFFIXES",
+    "Split",
+    "SplitRows",
+    "line_offsets",
+    "plan_splits",
+    "read_split",
+    "splittable",
+]
