@@ -108,7 +108,12 @@ from assets.metadata import (
 )
 from assets.spec import SourceSpec
 from resources.spark import SparkResource
-from resources.stores import BlobStoreResource, ConsensusResource, open_shard
+from resources.stores import (
+    BlobStoreResource,
+    ConsensusResource,
+    open_shard,
+    open_shard_to_ingest,
+)
 from upsert_core.errors import (
     ConcurrentModification,
     LandingFileChanged,
@@ -318,7 +323,11 @@ def build_source_assets(
         # which is what protects and fences the blobs it writes; the legacy process token
         # only names blobs written outside any registration (rollups).
         claim_writer_token()
-        shard = open_shard(consensus, blob_store, spec.shard, create=True)
+        try:  # a first file refused as a whole leaves no empty shard behind
+            shard = open_shard_to_ingest(consensus, blob_store, spec.shard, spec.landing,
+                                         spec.request(), max(keys))
+        except UpsertPlatformError as exc:
+            raise _failure(exc) from exc
         # Files earlier attempts of this step committed before losing a race (they
         # reported them): this run's too.
         earlier = (applied_by_run(context.instance, context.run.run_id, state_key)

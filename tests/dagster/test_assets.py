@@ -13,8 +13,10 @@ from resources.spark import SparkResource
 from tests.dagster.helpers import Platform, shard_contents
 from upsert_core.ingest import InProcessEngine, ingest
 from upsert_core.persist.keys import host_id, writer_of
+from upsert_core.persist.location.urls import open_consensus
 from upsert_core.persist.testing import typed_parts
 from upsert_core.shard_table import ShardTable
+from upsert_core.stores import shard_names
 
 
 def _meta(result, key: AssetKey, partition: str | None = None) -> dict[str, object]:  # type: ignore[no-untyped-def]
@@ -160,6 +162,27 @@ def test_missing_and_broken_files_fail_with_one_line(plat: Platform) -> None:
     message = failure_message(broken)
     assert message.startswith("b-02.jsonl: ") and "key" in message
     # The file before the broken one is committed; the broken one is not.
+    assert dict(plat.shard().state().ingested_files) == {"b-01.jsonl": 0}
+
+
+def test_a_first_file_refused_whole_creates_no_shard(plat: Platform) -> None:
+    # Issue 23: a run whose first file lacks its key column left an empty shard behind.
+    plat.landing.mkdir(parents=True, exist_ok=True)
+    (plat.landing / "b-01.jsonl").write_text('{"offset": 1, "v": "x"}\n')
+    spec = plat.spec()
+    _, defs = plat.build(spec)
+    plat.add_partitions(spec, ["b-01.jsonl"])
+    job = defs.resolve_job_def("feed_ingest")
+    failed = job.execute_in_process(
+        partition_key="b-01.jsonl", instance=plat.instance, raise_on_error=False
+    )
+    assert not failed.success
+    assert failure_message(failed) == "b-01.jsonl: missing key column 'key'"
+    consensus = open_consensus(f"sqlite:///{plat.root / 'stores' / 'consensus.db'}")
+    assert shard_names(consensus) == []
+    # Fixed under the same name, the run creates the shard and applies it at ts 0.
+    plat.write_batches(["b-01.jsonl"])
+    assert job.execute_in_process(partition_key="b-01.jsonl", instance=plat.instance).success
     assert dict(plat.shard().state().ingested_files) == {"b-01.jsonl": 0}
 
 

@@ -40,6 +40,21 @@ def test_ingest_from_a_missing_landing_creates_no_shard(
     assert "not been initialised" in r.error_line()
 
 
+def test_a_first_file_refused_whole_creates_no_shard(cli: Cli, landing: Path) -> None:
+    # Issue 23: a first ingest whose first file lacks its key column left an empty shard
+    # behind, which `shards` listed and reads found.
+    write_jsonl(landing, "a.jsonl", [{"id": 1, "offset": 1, "v": "x"}])
+    r = cli.ingest(landing, shard="orders", rc=1)
+    assert r.error_line() == "upsertctl: error: a.jsonl: missing key column 'key'"
+    assert cli.run("shards").out == ""
+    assert "not been initialised" in cli.run("inspect", "--shard", "orders", rc=1).error_line()
+    # Fixed, the same command creates the shard and applies the file at ts 0.
+    write_jsonl(landing, "a.jsonl", [{"key": 1, "offset": 1, "v": "x"}])
+    cli.ingest(landing, shard="orders")
+    assert cli.run("shards").out.splitlines() == ["orders"]
+    assert cli.inspect("orders")["ingested_files"] == {"a.jsonl": 0}
+
+
 @pytest.mark.parametrize("command", ["snapshot", "changes", "errors", "inspect", "gc", "check"])
 def test_a_missing_shard_says_what_to_do(cli: Cli, command: str) -> None:
     r = cli.run(command, "--shard", "nope", rc=1)
