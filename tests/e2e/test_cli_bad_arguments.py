@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.helpers import Cli, write_jsonl
+from upsert_core.redact import redact_url
 
 
 def _one_file(landing: Path) -> None:
@@ -94,7 +95,9 @@ def test_a_wrong_shard_name_lists_the_shards_there(cli: Cli, landing: Path) -> N
     cli.ingest(landing, shard="orders")
     cli.ingest(landing, shard="customers")
     r = cli.run("inspect", "--shard", "ordres", rc=1)
-    assert "(shards here: customers, orders)" in r.error_line(), r.error_line()
+    # ... and names the stores it looked in (a password redacted)
+    where = redact_url(cli.stores[0])
+    assert f"(shards in {where}: customers, orders)" in r.error_line(), r.error_line()
     assert cli.run("shards").out.splitlines() == ["customers", "orders"]
 
 
