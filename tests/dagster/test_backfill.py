@@ -54,6 +54,17 @@ def test_shuffled_single_run_backfill_equals_sequential_ingest(plat: Platform) -
     state_ts = _partition_ts(plat, AssetKey(["feed", "upsert_state"]))
     assert state_ts == {n: i for i, n in enumerate(names)}
     assert _partition_ts(plat, AssetKey(["feed", "output_shard"])) == state_ts
+    # Each partition's events carry its own file and figures, never a count of the run
+    # (Dagster copies a result's metadata onto every partition of a backfill run).
+    for asset in ("source_snapshot", "upsert_state"):
+        records = plat.instance.fetch_materializations(AssetKey(["feed", asset]),
+                                                       limit=1000).records
+        for record in records:
+            event = record.asset_materialization
+            assert event is not None
+            assert not {"files_applied", "partitions", "pending_through"} & set(event.metadata)
+            if asset == "source_snapshot":
+                assert event.metadata["file"].value == event.partition
     [run] = plat.instance.get_runs()
     starts = plat.instance.all_logs(run.run_id, of_type=DagsterEventType.STEP_START)
     assert len(starts) == 4  # each asset and the checks ran once for all five partitions
