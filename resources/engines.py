@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 from upsert_core.errors import ConfigError, IngestError, UpsertPlatformError
 from upsert_core.ingest.engine import Engine, InProcessEngine
-from upsert_core.ingest.outcome import FileOutcome
 from upsert_core.ingest.first_file import PREFLIGHT_BYTES
+from upsert_core.ingest.outcome import FileOutcome
 from upsert_core.ingest.shard_api import IngestShard
 from upsert_core.ingest.tasks import FileTask, read_file
 
