@@ -108,7 +108,12 @@ from assets.metadata import (
 )
 from assets.spec import SourceSpec
 from resources.spark import SparkResource
-from resources.stores import BlobStoreResource, ConsensusResource, open_shard
+from resources.stores import (
+    BlobStoreResource,
+    ConsensusResource,
+    open_shard,
+    open_shard_to_ingest,
+)
 from upsert_core.errors import (
     ConcurrentModification,
     LandingFileChanged,
@@ -281,9 +286,13 @@ def build_source_assets(
         except UpsertPlatformError as exc:
             raise _failure(exc) from exc
         by_name = {f.name: f for f in files}
+        # Each partition's own file; the result's metadata (copied by Dagster onto every
+        # partition of the run) holds only what the run shares, and no count.
         for k in keys:
-            f = by_name.get(k)
+            f = chosen.get(k) or by_name.get(k)
             context.add_asset_metadata({
+                "file": MetadataValue.text(k),
+                "format": MetadataValue.text(f.suffix.lstrip(".") if f else ""),
                 "file_bytes": MetadataValue.int(max(f.size, 0) if f else 0),
                 "already_ingested": MetadataValue.bool(k in ingested),
                 "in_landing": MetadataValue.bool(f is not None),
@@ -292,13 +301,7 @@ def build_source_assets(
         todo = [f for f in pending(files, ingested) if f.name <= target]
         file = chosen.get(target) or by_name.get(target)
         return MaterializeResult(metadata={
-            "file": MetadataValue.text(target),
             "landing": MetadataValue.text(file.root if file else redact_url(spec.landing)),
-            "format": MetadataValue.text(file.suffix.lstrip(".") if file else ""),
-            "file_bytes": MetadataValue.int(max(file.size, 0) if file else 0),
-            "already_ingested": MetadataValue.bool(target in ingested),
-            "partitions": MetadataValue.int(len(keys)),
-            "pending_through": MetadataValue.int(len(todo)),
             "pending_files": MetadataValue.json([f.name for f in todo[:20]]),
         })
 
@@ -317,7 +320,11 @@ def build_source_assets(
         # which is what protects and fences the blobs it writes; the legacy process token
         # only names blobs written outside any registration (rollups).
         claim_writer_token()
-        shard = open_shard(consensus, blob_store, spec.shard, create=True)
+        try:  # a first file refused as a whole leaves no empty shard behind
+            shard = open_shard_to_ingest(consensus, blob_store, spec.shard, spec.landing,
+                                         spec.request(), max(keys))
+        except UpsertPlatformError as exc:
+            raise _failure(exc) from exc
         if shard.state().upper:  # stored first, so this run's maintenance applies it
             spec.store_retention(shard)
         # Files earlier attempts of this step committed before losing a race (they

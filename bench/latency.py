@@ -279,10 +279,12 @@ print(f"{committed - start:.4f} {committed - started:.4f}")
 
 
 def dagster_file_runs(landing: Landing, work: Path, engine: str,
-                      extra_env: dict[str, str] | None = None) -> list[Row]:
+                      extra_env: dict[str, str] | None = None,
+                      label: str | None = None) -> list[Row]:
     """One fresh process per new file running the source's ingest job for it (imports,
     code location, engine start, ingest, checks): what a run worker lives through."""
-    label = "Spark Connect server" if extra_env and "SPARK_REMOTE" in extra_env else engine
+    if label is None:
+        label = "Spark Connect server" if extra_env and "SPARK_REMOTE" in extra_env else engine
     in_run = Row(f"Dagster run for one new 1,000-row file ({label}): run start to committed",
                  target_s=10.0)
     whole = Row(f"Dagster run for one new 1,000-row file ({label}): whole process")

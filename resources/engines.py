@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from upsert_core.errors import ConfigError, IngestError, UpsertPlatformError
 from upsert_core.ingest.engine import Engine, InProcessEngine
+from upsert_core.ingest.first_file import PREFLIGHT_BYTES
 from upsert_core.ingest.outcome import FileOutcome
 from upsert_core.ingest.shard_api import IngestShard
 from upsert_core.ingest.tasks import FileTask, read_file
@@ -87,8 +88,6 @@ def _active_session() -> Any:
         return None
 
 
-PREFLIGHT_BYTES = 16 * 1024 * 1024
-"""A first file up to this size is validated in this process before Spark starts."""
 
 
 def preflight(task: FileTask, shard: IngestShard) -> FileOutcome | None:

@@ -68,7 +68,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
 from resources.task_env import apply_env, driver_env
-from upsert_core.errors import ConfigError, NotReadable
+from upsert_core.errors import ConfigError, NotReadable, ShardNotFound
 from upsert_core.ingest.shard_config import ShardIngestConfig
 from upsert_core.landing import SourceSchema
 from upsert_core.persist.commit_times import as_of_ts, changes_ts
@@ -84,7 +84,7 @@ from upsert_core.shard_table import (
     open_shard,
     snapshot_schema,
 )
-from upsert_core.stores import open_stores, resolve
+from upsert_core.stores import existing_shards_note, open_stores, resolve
 
 FORMAT = "upsert"
 SNAPSHOT, CHANGES = "snapshot", "changes"
@@ -160,8 +160,11 @@ def plan_read(options: Mapping[str, str]) -> ReadPlan:
     if not 1 <= partitions <= MAX_PARTITIONS:
         raise ConfigError(f"option 'partitions' must be 1..{MAX_PARTITIONS}, got {partitions}")
     config = resolve(lowered.get("consensus"), lowered.get("blob"))
-    consensus, blob = open_stores(config, create=False, shard=shard_name)  # creates nothing
-    state = Shard.open(consensus, blob, shard_name, create=False).state()
+    try:
+        consensus, blob = open_stores(config, create=False, shard=shard_name)  # creates nothing
+        state = Shard.open(consensus, blob, shard_name, create=False).state()
+    except ShardNotFound as exc:  # name the stores and the shards there, as upsertctl does
+        raise ShardNotFound(f"{exc}{existing_shards_note(config)}") from None
     plan = ReadPlan(consensus=config.consensus_url, blob=config.blob_url, shard=shard_name,
                     read=read, partitions=partitions,
                     schema_json=_schema_json(state), planned_since=state.since,
@@ -342,11 +345,15 @@ def read_shard(
         # As exact UTC text, so the planning process reads the same instant.
         times[option] = None if moment is None else _utc_text(require_time(moment, name))
     config = resolve(consensus, blob)
-    register(spark)
     options: dict[str, Any] = {"shard": shard, "consensus": config.consensus_url,
                                "blob": config.blob_url, "read": CHANGES if changes else SNAPSHOT,
                                "asOf": as_of, "since": since, "until": until,
                                "partitions": partitions, **times}
+    # Planned here first, so a wrong shard name or an unreadable time is this process's
+    # one-line error (ShardNotFound, NotReadable, ...), not a Python data source
+    # traceback from Spark; the data source plans again, pinning the time it reads.
+    plan_read({key: str(value) for key, value in options.items() if value is not None})
+    register(spark)
     reader = spark.read.format(FORMAT)
     for key, value in options.items():
         if value is not None:

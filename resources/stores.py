@@ -28,6 +28,9 @@ from urllib.parse import quote
 
 from dagster import ConfigurableResource, EnvVar
 
+from upsert_core.errors import IngestError, ShardNotFound
+from upsert_core.ingest.first_file import first_file_problem
+from upsert_core.ingest.options import IngestRequest
 from upsert_core.persist.location import Blob, Consensus
 from upsert_core.persist.location.urls import open_blob, open_consensus
 from upsert_core.persist.shard import Shard
@@ -139,3 +142,20 @@ def open_shard(
     """A handle on ``shard`` in the configured stores."""
     return Shard.open(consensus.open(), blob_store.open(), shard, create=create)
 
+
+
+def open_shard_to_ingest(
+    consensus: ConsensusResource, blob_store: BlobStoreResource, shard: str, landing: str,
+    request: IngestRequest, through: str,
+) -> Shard:
+    """A handle on ``shard`` for an ingest of ``landing`` through file ``through``; a
+    missing shard is created only when its first file has no file-level problem (else
+    :class:`IngestError` naming the file, and nothing is created), as ``upsertctl ingest``
+    does (``upsert_core.ingest.first_file``)."""
+    try:
+        return open_shard(consensus, blob_store, shard, create=False)
+    except ShardNotFound:
+        problem = first_file_problem(shard, landing, request, through=through)
+        if problem is not None:
+            raise IngestError(problem) from None
+        return open_shard(consensus, blob_store, shard, create=True)

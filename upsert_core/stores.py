@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from upsert_core.errors import ShardNotFound
+from upsert_core.redact import redact_url
 
 if TYPE_CHECKING:
     from upsert_core.persist.location import Blob, Consensus
@@ -109,22 +110,26 @@ def shard_names(consensus: Consensus) -> list[str]:
 
 
 def existing_shards_note(config: StoreConfig) -> str:
-    """``" (shards here: a, b, ...)"``, ``" (no shard here yet)"``, or ``""`` when the
-    stores cannot be listed: what a message about a missing shard adds. Creates nothing."""
+    """What a message about a missing shard adds: the consensus it looked in (secrets
+    redacted) and the shards that are there, ``" (shards in URL: a, b, ...)"`` or
+    ``" (no shard in URL yet)"``, or ``" (looked in URL)"`` when it cannot be listed;
+    ``""`` for a SQLite file that does not exist (:func:`open_stores`'s message names
+    it). Creates nothing."""
     if sqlite_file_missing(config.consensus_url) is not None:
-        return " (no shard here yet)"
+        return ""
     # heavy: the store modules, only when a shard was not found
     from upsert_core.persist.location.urls import open_consensus
 
+    where = redact_url(config.consensus_url)
     try:
         names = shard_names(open_consensus(config.consensus_url))
     except Exception:  # noqa: BLE001 - the note is a courtesy; the error stands without it
-        return ""
+        return f" (looked in {where})"
     if not names:
-        return " (no shard here yet)"
+        return f" (no shard in {where} yet)"
     shown = ", ".join(names[:SHARDS_SHOWN])
     more = f" and {len(names) - SHARDS_SHOWN} more" if len(names) > SHARDS_SHOWN else ""
-    return f" (shards here: {shown}{more})"
+    return f" (shards in {where}: {shown}{more})"
 
 
 def sqlite_file_missing(url: str) -> Path | None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from orchestration.cli.config import open_shard
 from orchestration.cli.progress import ProgressPrinter, summary_line
-from upsert_core.errors import ConfigError, ShardNotFound
+from upsert_core.errors import ConfigError, IngestError, ShardNotFound
 from upsert_core.read_times import parse_ts_text
 
 if TYPE_CHECKING:
@@ -113,15 +113,19 @@ def run_ingest(args: argparse.Namespace) -> int:
     # writes (upsert_core.persist.writers); this legacy process token only names blobs
     # written outside any registration (rollups).
     claim_writer_token()
-    from upsert_core.landing import list_landing  # heavy: pyarrow, only for an ingest
+    # heavy: pyarrow, only for an ingest
+    from upsert_core.ingest.first_file import first_file_problem
 
     request = request_from_args(args)
     try:
         shard = open_shard(args)
     except ShardNotFound:
-        # A new shard is created only once its landing can be listed: a typo in the
-        # landing path must not leave an empty shard behind.
-        list_landing(args.landing)
+        # A new shard is created only once its landing can be listed and its first file
+        # has no file-level problem: a typo in the landing path or a first file without
+        # its key column must not leave an empty shard behind.
+        problem = first_file_problem(args.shard, args.landing, request)
+        if problem is not None:
+            raise IngestError(problem) from None
         shard = open_shard(args, create=True)
     report = ingest_landing(
         shard, args.landing, request, args.engine, progress_bar=False if args.no_progress else None

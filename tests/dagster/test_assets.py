@@ -13,8 +13,10 @@ from resources.spark import SparkResource
 from tests.dagster.helpers import Platform, shard_contents
 from upsert_core.ingest import InProcessEngine, ingest
 from upsert_core.persist.keys import host_id, writer_of
+from upsert_core.persist.location.urls import open_consensus
 from upsert_core.persist.testing import typed_parts
 from upsert_core.shard_table import ShardTable
+from upsert_core.stores import shard_names
 
 
 def _meta(result, key: AssetKey, partition: str | None = None) -> dict[str, object]:  # type: ignore[no-untyped-def]
@@ -42,12 +44,12 @@ def test_partition_run_applies_pending_files_through_it(plat: Platform) -> None:
     assert result.success
     snap = _meta(result, built.key("source_snapshot"))
     assert snap["file"] == names[2]
-    assert snap["pending_through"] == 3
     assert snap["pending_files"] == names[:3]
     assert snap["already_ingested"] is False
 
     state = _meta(result, built.key("upsert_state"))
-    assert state["files_applied"] == 3 and state["files"] == names[:3]
+    assert state["status"] == f"applied 3 file(s) through {names[2]}"
+    assert state["files"] == names[:3]
     assert (state["start_upper"], state["upper"]) == (0, 3)
     assert state["engine"] == "local"
     # Each partition's event carries its own file's figures, never the run's totals
@@ -58,6 +60,10 @@ def test_partition_run_applies_pending_files_through_it(plat: Platform) -> None:
     assert sum(int(m["inserts"]) for m in per_file) > 0  # type: ignore[call-overload]
     assert sum(int(m["retractions"]) for m in per_file) > 0  # type: ignore[call-overload]
     assert all(int(m["bytes_written"]) > 0 for m in per_file)  # type: ignore[call-overload]
+    # ... and no count of the run, which Dagster would copy onto every partition (issue
+    # 23: the UI plotted files_applied 3 on each of 3 partitions).
+    for m in [*per_file, snap]:
+        assert not {"files_applied", "partitions", "pending_through"} & set(m), m
 
     assert (state["ts"], state["applied_by"]) == (2, "this run")
     assert state["partition_status"] == "applied at ts 2"
@@ -132,7 +138,7 @@ def test_already_ingested_partition_is_a_no_op(plat: Platform) -> None:
         partition_key=names[0], instance=plat.instance)
     assert again.success
     meta = _meta(again, built.key("upsert_state"))
-    assert meta["files_applied"] == 0 and "rows_read" not in meta
+    assert "files" not in meta and "rows_read" not in meta
     assert meta["status"] == f"{names[0]} was already ingested at ts 0"
     assert (meta["ts"], meta["applied_by"]) == (0, "already in the shard")
     after = plat.shard().state()
@@ -160,6 +166,27 @@ def test_missing_and_broken_files_fail_with_one_line(plat: Platform) -> None:
     message = failure_message(broken)
     assert message.startswith("b-02.jsonl: ") and "key" in message
     # The file before the broken one is committed; the broken one is not.
+    assert dict(plat.shard().state().ingested_files) == {"b-01.jsonl": 0}
+
+
+def test_a_first_file_refused_whole_creates_no_shard(plat: Platform) -> None:
+    # Issue 23: a run whose first file lacks its key column left an empty shard behind.
+    plat.landing.mkdir(parents=True, exist_ok=True)
+    (plat.landing / "b-01.jsonl").write_text('{"offset": 1, "v": "x"}\n')
+    spec = plat.spec()
+    _, defs = plat.build(spec)
+    plat.add_partitions(spec, ["b-01.jsonl"])
+    job = defs.resolve_job_def("feed_ingest")
+    failed = job.execute_in_process(
+        partition_key="b-01.jsonl", instance=plat.instance, raise_on_error=False
+    )
+    assert not failed.success
+    assert failure_message(failed) == "b-01.jsonl: missing key column 'key'"
+    consensus = open_consensus(f"sqlite:///{plat.root / 'stores' / 'consensus.db'}")
+    assert shard_names(consensus) == []
+    # Fixed under the same name, the run creates the shard and applies it at ts 0.
+    plat.write_batches(["b-01.jsonl"])
+    assert job.execute_in_process(partition_key="b-01.jsonl", instance=plat.instance).success
     assert dict(plat.shard().state().ingested_files) == {"b-01.jsonl": 0}
 
 

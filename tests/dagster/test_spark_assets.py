@@ -29,7 +29,7 @@ def test_partition_materializes_through_spark(plat: Platform, spark_session: obj
         if e.asset_key == built.key("upsert_state") and e.partition == names[1]
     ]
     assert state["engine"].value == "spark"
-    assert state["files_applied"].value == 2 and state["upper"].value == 2
+    assert state["files"].value == names[:2] and state["upper"].value == 2
     assert (state["ts"].value, state["applied_by"].value) == (1, "this run")
     # What reading the partition's own file cost: Spark slices read it whole, and the
     # driver's digest once more.

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.helpers import Cli, write_jsonl
+from upsert_core.redact import redact_url
 
 
 def _one_file(landing: Path) -> None:
@@ -38,6 +39,21 @@ def test_ingest_from_a_missing_landing_creates_no_shard(
     assert "no-such-landing" in r.error_line() or "no-such-bucket" in r.error_line()
     r = cli.run("inspect", "--shard", "typo", rc=1)
     assert "not been initialised" in r.error_line()
+
+
+def test_a_first_file_refused_whole_creates_no_shard(cli: Cli, landing: Path) -> None:
+    # Issue 23: a first ingest whose first file lacks its key column left an empty shard
+    # behind, which `shards` listed and reads found.
+    write_jsonl(landing, "a.jsonl", [{"id": 1, "offset": 1, "v": "x"}])
+    r = cli.ingest(landing, shard="orders", rc=1)
+    assert r.error_line() == "upsertctl: error: a.jsonl: missing key column 'key'"
+    assert cli.run("shards").out == ""
+    assert "not been initialised" in cli.run("inspect", "--shard", "orders", rc=1).error_line()
+    # Fixed, the same command creates the shard and applies the file at ts 0.
+    write_jsonl(landing, "a.jsonl", [{"key": 1, "offset": 1, "v": "x"}])
+    cli.ingest(landing, shard="orders")
+    assert cli.run("shards").out.splitlines() == ["orders"]
+    assert cli.inspect("orders")["ingested_files"] == {"a.jsonl": 0}
 
 
 @pytest.mark.parametrize("command", ["snapshot", "changes", "errors", "inspect", "gc", "check"])
@@ -79,7 +95,9 @@ def test_a_wrong_shard_name_lists_the_shards_there(cli: Cli, landing: Path) -> N
     cli.ingest(landing, shard="orders")
     cli.ingest(landing, shard="customers")
     r = cli.run("inspect", "--shard", "ordres", rc=1)
-    assert "(shards here: customers, orders)" in r.error_line(), r.error_line()
+    # ... and names the stores it looked in (a password redacted)
+    where = redact_url(cli.stores[0])
+    assert f"(shards in {where}: customers, orders)" in r.error_line(), r.error_line()
     assert cli.run("shards").out.splitlines() == ["customers", "orders"]
 
 

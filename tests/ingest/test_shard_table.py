@@ -340,5 +340,5 @@ def test_a_wrong_name_lists_the_shards_that_exist(home: Path) -> None:
     landing = home / "landing"
     landing.mkdir()
     _ingest(landing, BATCHES)  # shard "t"
-    with pytest.raises(ShardNotFound, match=r"\(shards here: t\)"):
+    with pytest.raises(ShardNotFound, match=r"\(shards in sqlite:///.*consensus\.db: t\)"):
         upsert_core.open_shard("typo")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -27,6 +28,7 @@ from resources.spark_source import (
 )
 from tests.ingest.helpers import write_jsonl
 from upsert_core import open_shard
+from upsert_core.errors import ShardNotFound
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.persist.shard import Shard
 from upsert_core.stores import open_stores, resolve
@@ -120,6 +122,22 @@ def test_format_option_path_and_bad_options(
     for kwargs in ({"as_of": 1.5}, {"as_of": True}, {"changes": True, "since": 1.0}):
         with pytest.raises(Exception, match="must be an integer"):
             read_shard(spark, "t", consensus=consensus, blob=blob, **kwargs)
+
+
+def test_a_wrong_shard_name_is_one_line_naming_the_stores_and_the_shards(
+    spark: SparkSession, stores: tuple[str, str]
+) -> None:
+    # Issue 23: read_shard of a typo raised Spark's AnalysisException carrying a 15-line
+    # Python data source traceback; it is the caller's own one-line ShardNotFound now,
+    # as upsertctl and open_shard say it, and the format path names the shards too.
+    consensus, blob = stores
+    with pytest.raises(ShardNotFound) as raised:
+        read_shard(spark, "typo", consensus=consensus, blob=blob)
+    assert str(raised.value) == (
+        f"shard 'typo' has not been initialised (shards in {consensus}: t)")
+    with pytest.raises(Exception, match=re.escape(f"shards in {consensus}: t)")):
+        (spark.read.format("upsert").option("shard", "typo").option("consensus", consensus)
+         .option("blob", blob).load())
 
 
 def test_read_shard_registers_the_data_source_once_per_session(
