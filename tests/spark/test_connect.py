@@ -10,7 +10,6 @@ caches, their shipped environment), as every Dagster run and CLI call would."""
 from __future__ import annotations
 
 import random
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -59,10 +58,8 @@ def test_upsertctl_ingests_through_a_spark_connect_server(
             write_jsonl(landing, "04.jsonl", _batch(rng))
             write_jsonl(landing, "05.jsonl", [{"key": k, "offset": 100, "v": "late"}
                                               for k in range(10)])
-        started = time.monotonic()
+        # JAVA_HOME names no Java: a JVM started on this side would fail the ingest.
         result = remote.ingest(landing, "--order-scope", "global")
-        seconds = time.monotonic() - started
-        assert seconds < 60, f"ingest took {seconds:.1f} s"
         assert "error row" in result.err, result.err
         ingest(local, str(landing), request)
         shard = Shard.open(open_consensus(f"sqlite:///{home}/consensus.db"),
