@@ -109,5 +109,5 @@ def test_a_retention_duration_without_a_whole_number_and_unit_is_refused(
     _one_file(landing)
     cli.ingest(landing, shard="s")
     r = cli.run("retention", "--shard", "s", f"--keep-for={text}", rc=2)
-    assert "a whole number and a unit (s, m, h, d or w)" in r.err, r.err
+    assert "a whole number (ASCII digits, at most 12) and a unit (s, m, h, d or w)" in r.err, r.err
     assert '"retention_keep_for":null' in cli.run("retention", "--shard", "s").out.replace(" ", "")
