@@ -54,8 +54,10 @@ Typed loosely on purpose: which of the two a state holds is checked at run time
 (:func:`concat_orders`, the drain), where numpy's promotion could otherwise mix them."""
 
 _SIGN = np.uint64(1 << 63)
-_TERMINATOR = pa.scalar(b"\x00\x01", pa.binary())
-_END = pa.scalar(b"\x01", pa.binary())
+# Byte strings, made Arrow scalars where used: an Arrow conversion at import would run
+# pyarrow's pandas probe in every process that imports this module (upsertctl inspect).
+_TERMINATOR = b"\x00\x01"
+_END = b"\x01"
 
 
 def order_keys(columns: Sequence[pa.Array]) -> npt.NDArray[np.bytes_]:
@@ -71,7 +73,7 @@ def order_keys(columns: Sequence[pa.Array]) -> npt.NDArray[np.bytes_]:
         if col.null_count:
             raise CodecError("a null order value cannot be encoded in an order key")
         parts.extend(_component(col))
-    parts.append(_END)
+    parts.append(pa.scalar(_END, pa.binary()))
     joined = pc.binary_join_element_wise(*parts, b"")
     return _fixed(joined)
 
@@ -91,7 +93,7 @@ def _component(col: pa.Array) -> list[pa.Array | pa.Scalar]:
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         raw = col.cast(pa.binary() if pa.types.is_string(t) else pa.large_binary())
         escaped = pc.replace_substring(raw, b"\x00", b"\x00\xff").cast(pa.binary())
-        return [escaped, _TERMINATOR]
+        return [escaped, pa.scalar(_TERMINATOR, pa.binary())]
     raise InvalidUpsertState(f"an order column of type {t} cannot be part of an order key")
 
 
