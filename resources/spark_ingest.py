@@ -89,7 +89,6 @@ import json
 import os
 import re
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -113,8 +112,7 @@ from upsert_core.landing.splits import Split, plan_splits, splittable
 from upsert_core.persist.codec_state import encode_state
 from upsert_core.persist.keys import WRITER_TOKEN_ENV
 from upsert_core.persist.location import Blob
-from upsert_core.persist.location.blob_local import LocalBlob
-from upsert_core.persist.location.urls import open_blob
+from upsert_core.persist.location.urls import blob_url, open_blob
 
 PROFILE_ENV = "UPSERT_SPARK_PROFILE_DIR"
 RESULT_DDL = "result string"
@@ -139,19 +137,13 @@ def _worker_cache() -> StateCache:
 
 def blob_url_of(blob: Blob) -> str:
     """A URL a Spark task can open to reach ``blob`` (local directory or S3)."""
-    if isinstance(blob, LocalBlob):
-        return f"file://{blob.root}"
-    # An S3Blob exists only once its module is imported: a local blob's run does not
-    # import it, nor boto3 with it (0.3-0.5 s of a 1,000-row file's CLI ingest).
-    s3 = sys.modules.get("upsert_core.persist.location.blob_s3")
-    if s3 is not None and isinstance(blob, s3.S3Blob):
-        prefix = blob.prefix.strip("/")
-        endpoint = blob._client.meta.endpoint_url  # noqa: SLF001 - the one way to learn it
-        return f"s3://{blob.bucket}/{prefix}?endpoint_url={endpoint}"
-    raise ConfigError(
-        f"the Spark engine needs a blob store its tasks can open by URL (file:// or s3://),"
-        f" not {type(blob).__name__}; pass blob_url= or use the in-process engine"
-    )
+    url = blob_url(blob)
+    if url is None:
+        raise ConfigError(
+            f"the Spark engine needs a blob store its tasks can open by URL (file:// or"
+            f" s3://), not {type(blob).__name__}; pass blob_url= or use the in-process engine"
+        )
+    return url
 
 
 def _task_blob(url: str, env: dict[str, str]) -> Blob:

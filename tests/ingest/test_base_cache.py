@@ -231,3 +231,22 @@ def test_check_verifies_the_stored_base_not_the_local_copy(
         data[at] ^= 0x5A
     stored.write_bytes(bytes(data))
     assert not compare_state(shard).ok, "check passed on a damaged base it never read"
+
+
+def test_an_s3_store_is_cached_by_its_bucket_prefix_and_endpoint(
+    tmp_path: Path, cache_dir: Path, s3_bucket: str, s3_endpoint: str
+) -> None:
+    """On the moto S3 server: a fresh engine's batch reads its bases from the cache,
+    gives the shard a memory-store run gives, and another prefix is another cache."""
+    from tests.services import AWS_TEST_CREDENTIALS
+    from upsert_core.persist.location.blob_s3 import S3Blob
+
+    def s3_shard(prefix: str) -> Shard:
+        blob = S3Blob(s3_bucket, prefix, s3_endpoint, **AWS_TEST_CREDENTIALS)
+        return Shard.open(MemoryConsensus(), blob, "s")
+
+    shard = s3_shard("one")
+    one, other = (BaseCache.for_blob(s3_shard(p).blob, "s") for p in ("one", "two"))
+    assert one is not None and other is not None and one.root != other.root
+    assert _run(tmp_path / "a", 4, shard) == _run(tmp_path / "b", 4, memory_shard())
+    assert any(p.is_relative_to(one.root) for p in _entries(cache_dir))

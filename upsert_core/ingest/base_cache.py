@@ -37,7 +37,6 @@ import contextlib
 import hashlib
 import os
 import struct
-import sys
 import time
 import uuid
 import zlib
@@ -48,7 +47,7 @@ import pyarrow as pa
 from upsert_core.errors import ConfigError
 from upsert_core.ingest.options import on_off_setting
 from upsert_core.persist.location import Blob
-from upsert_core.persist.location.blob_local import LocalBlob
+from upsert_core.persist.location.urls import blob_url
 
 ENABLED_ENV = "UPSERT_BASE_CACHE"
 DIR_ENV = "UPSERT_CACHE_DIR"
@@ -95,17 +94,6 @@ def _limit_bytes() -> int:
     return int(text) << 20
 
 
-def _location_of(blob: Blob) -> str | None:
-    if isinstance(blob, LocalBlob):
-        return f"file://{blob.root}"
-    # Imported only if some S3 store exists (boto3 is slow to import).
-    s3 = sys.modules.get("upsert_core.persist.location.blob_s3")
-    if s3 is not None and isinstance(blob, s3.S3Blob):
-        endpoint = blob._client.meta.endpoint_url  # noqa: SLF001 - the one way to learn it
-        return f"s3://{blob.bucket}/{blob.prefix.strip('/')}@{endpoint}"
-    return None
-
-
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
@@ -123,7 +111,7 @@ class BaseCache:
         is not cached (see the module docstring)."""
         if not on_off_setting(os.environ, ENABLED_ENV):
             return None
-        location = _location_of(blob)
+        location = blob_url(blob)
         root = cache_root()
         if location is None or root is None:
             return None
