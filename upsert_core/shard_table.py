@@ -52,6 +52,8 @@ import pyarrow as pa
 
 from upsert_core.drain import OrderScope
 from upsert_core.errors import CorruptData, ShardNotFound, UpsertPlatformError
+from upsert_core.ingest.base_cache import BaseCache
+from upsert_core.ingest.checkpoint import checkpoint_intact
 from upsert_core.ingest.shard_config import ShardIngestConfig
 from upsert_core.ingest.tasks import Base
 from upsert_core.landing import ARROW_TYPES, SourceSchema
@@ -61,7 +63,12 @@ from upsert_core.persist.commit_times import as_of_ts, changes_ts
 from upsert_core.persist.read import check_snapshot_readable
 from upsert_core.persist.shard import READ_ATTEMPTS, Shard
 from upsert_core.persist.state import ShardState
-from upsert_core.persist.typed_read import BucketBase, TypedSnapshot, open_typed_snapshot
+from upsert_core.persist.typed_read import (
+    BaseLoader,
+    BucketBase,
+    TypedSnapshot,
+    open_typed_snapshot,
+)
 from upsert_core.shard_summary import shard_summary
 from upsert_core.stores import existing_shards_note, open_stores, resolve
 
@@ -135,7 +142,7 @@ class ShardTable:
         fields = list(snapshot_schema(schema))
         try:
             typed = open_typed_snapshot(self.shard.blob, state, as_of, fields,
-                                        typed_bases(state))
+                                        typed_bases(state), self._base_copies(state))
         except CorruptData:
             typed = None  # the merged read resumes after GC, or reports the damage
         if typed is not None and selection is not None and typed.buckets != selection.buckets:
@@ -147,6 +154,22 @@ class ShardTable:
                 merged = _in_buckets(merged, selection.buckets, selection.mask)
             return self._decoded(schema, merged)
         return self._typed(typed, state, as_of, fields, schema, selection)
+
+    def _base_copies(self, state: ShardState) -> BaseLoader | None:
+        """This machine's decoded copies of the bases (``ingest.base_cache``, kept by
+        the ingests that read them), each used only while its blob is still there as
+        committed; None when there is no cache to use."""
+        blob = self.shard.blob
+        cache = BaseCache.for_blob(blob, state.shard_id)
+        if cache is None:
+            return None
+
+        def load(bucket: int, base: BucketBase) -> pa.Table | None:
+            if not checkpoint_intact(blob, base.key, base.size):
+                return None
+            return cache.get(bucket, base.key)
+
+        return load
 
     def _decoded(
         self, schema: SourceSchema | None, batches: Iterator[pa.RecordBatch]
@@ -197,7 +220,8 @@ class ShardTable:
                 try:
                     if current is None:  # a restart: reopen on the fresh state
                         current = open_typed_snapshot(self.shard.blob, state, as_of, fields,
-                                                      typed_bases(state))
+                                                      typed_bases(state),
+                                                      self._base_copies(state))
                         if current is not None and current.buckets != buckets:
                             current.close()
                             current = None

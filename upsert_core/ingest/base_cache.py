@@ -6,7 +6,8 @@ is read whole by every batch a fresh process ingests (``upsertctl ingest`` is on
 process per run): its Parquet decode was a third of such a batch. After a process has
 read a base, it keeps the decoded columns here as an uncompressed Arrow IPC file; the
 next process memory-maps it (Paimon keeps local lookup files of its remote sorted runs
-for the same reason).
+for the same reason). Typed snapshots use the copies too (``shard_table``), but only
+ingests write them.
 
 Invariants:
 

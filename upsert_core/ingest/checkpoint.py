@@ -116,6 +116,16 @@ def write_checkpoint(
     return key, len(data)
 
 
+def checkpoint_intact(blob: Blob, ref: str, size: int) -> bool:
+    """Whether checkpoint (or base) blob ``ref`` still exists with ``size`` bytes (any
+    size when ``size`` is negative: not recorded), so a local copy of it may stand in
+    for it (``ingest.base_cache``)."""
+    for meta in blob.list_keys(ref):
+        if meta.key == ref:
+            return size < 0 or meta.size_in_bytes == size
+    return False
+
+
 def load_checkpoint(
     blob: Blob, key: str, shard: str, bucket: int, buckets: int, scope: OrderScope,
     *, local_cache: bool = True,

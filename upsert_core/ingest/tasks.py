@@ -67,6 +67,7 @@ from upsert_core.errors import (
 from upsert_core.ingest.buckets import bucket_of_keys
 from upsert_core.ingest.checkpoint import (
     CheckpointUnusable,
+    checkpoint_intact,
     load_checkpoint,
     new_state,
     write_checkpoint,
@@ -423,12 +424,7 @@ def cache_key(task: FileTask, bucket: int) -> CacheKey:
 
 def _intact(blob: Blob, ref: str, base: Base) -> bool:
     """Whether checkpoint ``ref`` still exists (with the recorded size, when known)."""
-    if not ref:
-        return True
-    for meta in blob.list_keys(ref):
-        if meta.key == ref:
-            return base.size < 0 or meta.size_in_bytes == base.size
-    return False
+    return not ref or checkpoint_intact(blob, ref, base.size)
 
 
 def _load_state(

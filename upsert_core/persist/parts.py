@@ -504,18 +504,12 @@ class OpenPart:
         return parquet.metadata
 
     def _layout(self, actual: pa.Schema, *, derived_rows: bool) -> PartLayout:
-        meta = actual.metadata or {}
-        values = tuple(
-            pa.field(f.name[len(VALUE_PREFIX):], f.type)
-            for f in actual if f.name.startswith(VALUE_PREFIX)
-        )
-        label = meta.get(BUCKET_META)
-        bucket = None
-        if label is not None:
-            bucket = parse_bucket(label.decode("ascii", errors="replace"))
-            if bucket is None:
-                raise CorruptData(f"{self.where} has an invalid bucket label {label!r}")
-        return PartLayout(values, bucket, meta.get(CONSOLIDATED_META) == b"1", derived_rows)
+        return layout_of(actual, self.where, derived_rows=derived_rows)
+
+    @property
+    def num_rows(self) -> int:
+        """The part's number of stored updates."""
+        return int(self.metadata.num_rows)
 
     def read_row_group(
         self, index: int, *, use_threads: bool = False, columns: list[str] | None = None
@@ -579,6 +573,87 @@ class OpenPart:
             readers, self._readers, self._idle = self._readers, [], []
         for reader in readers:
             reader.close()
+
+
+def layout_of(schema: pa.Schema, where: str, *, derived_rows: bool) -> PartLayout:
+    """What a part's schema (its footer's, or a decoded copy's) says beyond its updates;
+    :class:`CorruptData` naming ``where`` for an invalid bucket label."""
+    meta = schema.metadata or {}
+    values = tuple(
+        pa.field(f.name[len(VALUE_PREFIX):], f.type)
+        for f in schema if f.name.startswith(VALUE_PREFIX)
+    )
+    label = meta.get(BUCKET_META)
+    bucket = None
+    if label is not None:
+        bucket = parse_bucket(label.decode("ascii", errors="replace"))
+        if bucket is None:
+            raise CorruptData(f"{where} has an invalid bucket label {label!r}")
+    return PartLayout(values, bucket, meta.get(CONSOLIDATED_META) == b"1", derived_rows)
+
+
+class LoadedPart:
+    """A format-3 part whose ``key``, ``diff`` and value columns are already decoded in
+    memory (a local copy of a base blob, ``ingest.base_cache``), read as an
+    :class:`OpenPart` is by a whole-part reader (the typed snapshot).
+
+    Invariants: the table is checked as a footer is (``key`` binary and ``diff`` int64
+    first, then only value columns, format 3, ``rows`` rows) or :class:`CorruptData` is
+    raised; its layout comes from its schema metadata as a footer's does. A copy keeps
+    no ``ts``: every row reads at ``ts`` (the caller's time for a run wholly at one
+    time, such as a base). ``row`` is computed from the value columns, as for format 3.
+    """
+
+    def __init__(self, table: pa.Table, *, where: str, rows: int, ts: int) -> None:
+        self.where = where
+        schema = table.schema
+        head = schema.names[:2], schema.types[:2]
+        extra = schema.names[2:]
+        if (
+            head != (["key", "diff"], [pa.binary(), pa.int64()])
+            or not extra or not all(n.startswith(VALUE_PREFIX) for n in extra)
+            or _format_of(schema, where) != VALUES_ONLY_FORMAT
+            or table.num_rows != rows
+        ):
+            raise CorruptData(
+                f"{where} (a local copy) has {table.num_rows} rows of schema {schema},"
+                f" expected {rows} rows of key, diff and value columns in format"
+                f" {VALUES_ONLY_FORMAT}"
+            )
+        self.layout = layout_of(schema, where, derived_rows=True)
+        self._table = table
+        self._ts = ts
+        self._value_names = extra
+
+    @property
+    def num_rows(self) -> int:
+        return self._table.num_rows
+
+    def read_whole(
+        self, columns: list[str] | None = None, *, use_threads: bool = False
+    ) -> pa.Table:
+        """The ``columns`` (stored names, ``ts`` and ``row`` included) of every row."""
+        del use_threads  # nothing to decode
+        wanted = list(UPDATE_SCHEMA.names) if columns is None else columns
+        arrays: list[pa.Array | pa.ChunkedArray] = []
+        for name in wanted:
+            if name == "ts":
+                arrays.append(pa.repeat(pa.scalar(self._ts, pa.int64()), self.num_rows))
+            elif name == "row":
+                try:
+                    arrays.append(rows_of_values(
+                        [self._table.column(n) for n in self._value_names]
+                    ))
+                except CodecError as exc:
+                    raise CorruptData(
+                        f"{self.where}: its values do not encode as rows: {exc}"
+                    ) from exc
+            else:
+                arrays.append(self._table.column(name))
+        return pa.Table.from_arrays(arrays, names=wanted)
+
+    def close(self) -> None:
+        """Nothing to close (the table is released with the part)."""
 
 
 STORED_VALUES_ONLY_SCHEMA = pa.schema(

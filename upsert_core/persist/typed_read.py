@@ -50,7 +50,7 @@ Invariants:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -61,7 +61,7 @@ import pyarrow.compute as pc
 from upsert_core.errors import CorruptData
 from upsert_core.persist.consolidate import UPDATE_SCHEMA, key_words, merge_consolidation
 from upsert_core.persist.location import Blob
-from upsert_core.persist.parts import VALUE_PREFIX, OpenPart, value_table
+from upsert_core.persist.parts import VALUE_PREFIX, LoadedPart, OpenPart, value_table
 from upsert_core.persist.read import check_snapshot_readable
 from upsert_core.persist.state import BlobPart, HollowBatch, ShardState
 
@@ -73,6 +73,12 @@ AHEAD_ROWS = 4 * 1024 * 1024
 
 OPEN_THREADS = 8
 """Part footers fetched concurrently when a snapshot is opened (latency-bound on S3)."""
+
+
+BaseLoader = Callable[[int, "BucketBase"], "pa.Table | None"]
+"""``(bucket, base) -> table``: a decoded copy of a base's blob (its ``key``, ``diff``
+and value columns with the blob's schema metadata) the caller vouches for, or None to
+read the blob. A copy that does not check out as the base is not used."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +97,7 @@ class _Member:
     ``floor`` are not read (a bucket base holds them: see :func:`_with_base`)."""
 
     batch: HollowBatch
-    part: OpenPart
+    part: OpenPart | LoadedPart
     floor: int = 0
 
     @property
@@ -147,10 +153,11 @@ def _open_all(blob: Blob, state: ShardState, as_of: int) -> list[_Member]:
 
 def open_typed_snapshot(
     blob: Blob, state: ShardState, as_of: int, fields: Sequence[pa.Field],
-    bases: Mapping[int, BucketBase] | None = None,
+    bases: Mapping[int, BucketBase] | None = None, load_base: BaseLoader | None = None,
 ) -> TypedSnapshot | None:
     """The typed snapshot as of ``as_of`` when every part it reads is typed and
-    labelled (see the module docstring), else None; ``bases`` by bucket. Raises
+    labelled (see the module docstring), else None; ``bases`` by bucket, read through
+    ``load_base`` when it has them (see :data:`BaseLoader`). Raises
     :class:`NotReadable` unless ``since <= as_of < upper``, and :class:`CorruptData`
     for an unreadable part."""
     check_snapshot_readable(state, as_of)
@@ -173,13 +180,13 @@ def open_typed_snapshot(
     for bucket, base in (bases or {}).items():
         if bucket in groups:
             groups[bucket] = _with_base(blob, state, groups[bucket], base, bucket, buckets,
-                                        as_of)
+                                        as_of, load_base)
     return TypedSnapshot(groups, buckets, as_of, tuple(fields))
 
 
 def _with_base(
     blob: Blob, state: ShardState, members: list[_Member], base: BucketBase, bucket: int,
-    buckets: int, as_of: int,
+    buckets: int, as_of: int, load_base: BaseLoader | None = None,
 ) -> list[_Member]:
     """``members`` with those wholly before ``base.upper`` replaced by the base, when
     it applies (see the module docstring); else ``members``."""
@@ -194,9 +201,8 @@ def _with_base(
     spanning = [m for m in members if m not in before and m not in after]
     if not (before or spanning) or any(m.batch.since >= base.upper for m in spanning):
         return members
-    try:
-        opened = OpenPart(blob, BlobPart(base.key, base.size, base.rows), shard=state.shard_id)
-    except CorruptData:
+    opened = _open_base(blob, state, base, bucket, load_base)
+    if opened is None:
         return members
     layout = opened.layout
     if layout.bucket != (bucket, buckets) or not layout.consolidated or not (
@@ -211,6 +217,25 @@ def _with_base(
         for m in members if m not in before
     ]
     return [_Member(HollowBatch(base.upper - 1, base.upper, 0, ()), opened), *rest]
+
+
+def _open_base(
+    blob: Blob, state: ShardState, base: BucketBase, bucket: int,
+    load_base: BaseLoader | None,
+) -> OpenPart | LoadedPart | None:
+    """Bucket ``bucket``'s base: its decoded copy when ``load_base`` has a usable one,
+    else its blob; None when neither opens."""
+    where = f"base {base.key} of bucket {bucket} of shard {state.shard_id!r}"
+    copy = load_base(bucket, base) if load_base is not None else None
+    if copy is not None:
+        try:
+            return LoadedPart(copy, where=where, rows=base.rows, ts=base.upper - 1)
+        except CorruptData:
+            pass  # not a copy this release reads: the blob is
+    try:
+        return OpenPart(blob, BlobPart(base.key, base.size, base.rows), shard=state.shard_id)
+    except CorruptData:
+        return None
 
 
 class TypedSnapshot:
@@ -240,7 +265,7 @@ class TypedSnapshot:
 
     def bucket_rows(self, bucket: int) -> int:
         """The number of updates stored for ``bucket`` (what reading it holds, at most)."""
-        return sum(m.part.metadata.num_rows for m in self._groups.get(bucket, []))
+        return sum(m.part.num_rows for m in self._groups.get(bucket, []))
 
     def tables(self, skip: Iterable[int] = ()) -> Iterator[tuple[int, list[pa.Table]]]:
         """``(bucket, its tables)`` for every bucket not in ``skip``, in bucket order,
