@@ -38,9 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
-from upsert_core.backends import InMemoryBackend, SqliteBackend
+from tests.oracle.backends import InMemoryBackend, SqliteBackend
 from upsert_core.codec import encode_columns
-from upsert_core.drain import (
+from tests.oracle.drain import (
     DrainOutput,
     OrderScope,
     Stash,
@@ -49,7 +49,7 @@ from upsert_core.drain import (
     drain_staged_input,
 )
 from upsert_core.landing import LogicalType, SourceSchema, decode_row, decode_rows_to_table
-from upsert_core.state import UpsertState
+from tests.oracle.state import UpsertState
 
 CHUNK = 100_000
 

@@ -7,7 +7,7 @@ Semantics, one batch (one landing file) at a time, each at the next timestamp ``
 
 - Winner: per key, the row with the greatest order value; on equal order values the
   row that comes LATER in the batch wins (the greatest ``(order, row number)``). This is
-  what the engines do: both ``upsert_core.drain.operator.winners`` and
+  what the engines do: both ``tests.oracle.drain.operator.winners`` and
   ``upsert_core.columnar.drain.winners`` keep the greatest ``(order, position)``, and
   ``position`` is the row's 1-based row number in its file. A caller holding engine
   updates with explicit positions passes them sorted by position (= file order).

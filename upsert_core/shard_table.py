@@ -50,7 +50,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from upsert_core.drain import OrderScope
 from upsert_core.errors import CorruptData, ShardNotFound, UpsertPlatformError
 from upsert_core.ingest.base_cache import BaseCache
 from upsert_core.ingest.checkpoint import checkpoint_intact
@@ -58,6 +57,7 @@ from upsert_core.ingest.shard_config import ShardIngestConfig
 from upsert_core.ingest.tasks import Base
 from upsert_core.landing import ARROW_TYPES, SourceSchema
 from upsert_core.landing.rows import decode_rows_to_table
+from upsert_core.order_scope import OrderScope
 from upsert_core.persist.buckets import bucket_of_keys
 from upsert_core.persist.commit_times import as_of_ts, changes_ts
 from upsert_core.persist.read import check_snapshot_readable

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from upsert_core.backends import InMemoryBackend, SqliteBackend
-from upsert_core.state import StateBackend
+from tests.oracle.backends import InMemoryBackend, SqliteBackend
+from tests.oracle.state import StateBackend
 
 BACKEND_KINDS = ("memory", "sqlite")
 

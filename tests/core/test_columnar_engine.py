@@ -39,7 +39,7 @@ from upsert_core.columnar import (
     state_from_snapshot,
 )
 from upsert_core.columnar.checkpoint_format import decode_state, encode_state
-from upsert_core.drain import (
+from tests.oracle.drain import (
     GLOBAL_POSITION,
     DrainOutput,
     OrderScope,

@@ -44,7 +44,7 @@ from upsert_core.columnar import (
 )
 from upsert_core.columnar.checkpoint_format import decode_state, encode_state
 from upsert_core.columnar.state import strictly_increasing
-from upsert_core.drain import OrderScope
+from upsert_core.order_scope import OrderScope
 
 N_KEYS = 24
 

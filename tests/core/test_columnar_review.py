@@ -24,7 +24,7 @@ from upsert_core.columnar import (
     state_from_snapshot,
 )
 from upsert_core.columnar.merge import merge_changes
-from upsert_core.drain import (
+from tests.oracle.drain import (
     OrderScope,
 )
 from upsert_core.persist.consolidate import UPDATE_SCHEMA, sort_updates

@@ -29,7 +29,7 @@ from upsert_core.columnar import (
 )
 from upsert_core.columnar.checkpoint_format import decode_state, encode_state
 from upsert_core.columnar.merge import fold
-from upsert_core.drain import OrderScope
+from upsert_core.order_scope import OrderScope
 
 rows_st = st.lists(
     st.tuples(st.integers(0, 9), st.one_of(st.none(), st.sampled_from([b"a", b"b", b""])),

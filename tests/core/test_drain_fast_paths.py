@@ -14,10 +14,10 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from upsert_core.backends import InMemoryBackend
-from upsert_core.drain import DrainOutput, Stash, ToUpper, winners
-from upsert_core.drain.operator import _drain_final_single_ts, _drain_general
-from upsert_core.state import PutValue, StateValue, UpsertState
+from tests.oracle.backends import InMemoryBackend
+from tests.oracle.drain import DrainOutput, Stash, ToUpper, winners
+from tests.oracle.drain.operator import _drain_final_single_ts, _drain_general
+from tests.oracle.state import PutValue, StateValue, UpsertState
 
 # Keys 0 and 1 share their first 8 bytes.
 KEYS = [b"\x07" * 8 + b"\x00" * 8, b"\x07" * 8 + b"\x01" * 8, b"\x02" * 16, b"\x09" * 16]

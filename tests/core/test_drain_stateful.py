@@ -18,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from tests.core.test_drain_support import collection, fresh_state, key
 from tests.model import UpsertModel
-from upsert_core.drain import (
+from tests.oracle.drain import (
     GLOBAL_POSITION,
     AtTime,
     DrainOutput,
@@ -29,7 +29,7 @@ from upsert_core.drain import (
     apply_feedback,
     drain_staged_input,
 )
-from upsert_core.state import UpsertState
+from tests.oracle.state import UpsertState
 
 KEYS = [key(i) for i in range(5)]
 VALUES = [b"a", b"b", b"c", b""]
@@ -163,7 +163,7 @@ class DrainMachine(RuleBasedStateMachine):
 
 
 def fresh_state_unsnapshotted() -> UpsertState:
-    from upsert_core.backends import InMemoryBackend
+    from tests.oracle.backends import InMemoryBackend
 
     return UpsertState(InMemoryBackend())
 

@@ -9,8 +9,8 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-from upsert_core.drain import DrainOutput, OutputUpdate
-from upsert_core.state import UpsertState
+from tests.oracle.drain import DrainOutput, OutputUpdate
+from tests.oracle.state import UpsertState
 
 
 def key(i: int) -> bytes:
@@ -23,7 +23,7 @@ def val(s: str) -> bytes:
 
 def fresh_state(backend_name: str = "memory", tmp_path: Path | None = None) -> UpsertState:
     """An UpsertState with a completed (empty) snapshot, ready for draining."""
-    from upsert_core.backends import InMemoryBackend, SqliteBackend
+    from tests.oracle.backends import InMemoryBackend, SqliteBackend
 
     if backend_name == "memory":
         state = UpsertState(InMemoryBackend())

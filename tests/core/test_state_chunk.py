@@ -1,4 +1,4 @@
-"""Bulk consolidation (``upsert_core.state.chunk``) equals the per-update fold.
+"""Bulk consolidation (``tests.oracle.state.chunk``) equals the per-update fold.
 
 The reference fold here is the definition: per key, start from ``to_consolidating()`` of
 the stored value, ``merge_update`` each update in chunk order, restart from the empty
@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from upsert_core.backends import InMemoryBackend
+from tests.oracle.backends import InMemoryBackend
 from upsert_core.errors import InvalidUpsertState
-from upsert_core.state import StateValue, UpsertState
-from upsert_core.state.chunk import fold_groups, group_chunk
+from tests.oracle.state import StateValue, UpsertState
+from tests.oracle.state.chunk import fold_groups, group_chunk
 
 Update = tuple[bytes, bytes, int]
 

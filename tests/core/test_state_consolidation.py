@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from tests.core.conftest import BACKEND_KINDS, MakeBackend
 from upsert_core.codec import encode_datums, key_digest
 from upsert_core.errors import InvalidUpsertState, SnapshotAlreadyCompleted
-from upsert_core.state import PutValue, StateBackend, StateValue, UpsertState
+from tests.oracle.state import PutValue, StateBackend, StateValue, UpsertState
 
 Update = tuple[bytes, bytes, int]
 

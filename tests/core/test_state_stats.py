@@ -22,9 +22,9 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from upsert_core.backends import InMemoryBackend, SqliteBackend
+from tests.oracle.backends import InMemoryBackend, SqliteBackend
 from upsert_core.errors import InvalidUpsertState
-from upsert_core.state import (
+from tests.oracle.state import (
     GetStats,
     PutValue,
     StateBackend,

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from upsert_core.codec import encode_datums, value_checksum
 from upsert_core.errors import CodecError, InvalidUpsertState
-from upsert_core.state import STATE_FORMAT_VERSION, OrderKey, StateValue, order_ge
+from tests.oracle.state import STATE_FORMAT_VERSION, OrderKey, StateValue, order_ge
 
 I64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 orders: st.SearchStrategy[OrderKey] = st.tuples(I64, I64)

@@ -102,7 +102,7 @@ def _bucket_base(tmp: Path) -> tuple[Shard, int, str]:
 
 
 def _load(shard: Shard, bucket: int, key: str) -> object:
-    from upsert_core.drain import OrderScope
+    from upsert_core.order_scope import OrderScope
 
     state = load_checkpoint(shard.blob, key, "s", bucket, BUCKETS, OrderScope.BATCH)
     return state.hi.tolist(), state.lo.tolist(), state.rows.materialize().to_pylist()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from upsert_core.drain import OrderScope
+from upsert_core.order_scope import OrderScope
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.base_cache import BaseCache
 from upsert_core.ingest.checkpoint import CheckpointUnusable, load_checkpoint

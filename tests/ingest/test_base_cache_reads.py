@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from upsert_core.drain import OrderScope
+from upsert_core.order_scope import OrderScope
 from upsert_core.errors import CorruptData
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.base_cache import BaseCache

@@ -10,12 +10,12 @@ import pyarrow as pa
 import pytest
 
 from upsert_core.columnar.checkpoint_format import METADATA_KEY
-from upsert_core.drain import GLOBAL_POSITION, OrderScope
+from tests.oracle.drain import GLOBAL_POSITION, OrderScope
 from upsert_core.ingest.buckets import bucket_of
 from upsert_core.ingest.checkpoint import LEGACY_SCHEMA, CheckpointUnusable, load_checkpoint
 from upsert_core.persist.location.blob_memory import MemoryBlob
 from upsert_core.persist.parts import encode_parquet
-from upsert_core.state import StateValue
+from tests.oracle.state import StateValue
 
 BUCKETS = 4
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from upsert_core.drain import OrderScope
+from upsert_core.order_scope import OrderScope
 from upsert_core.errors import ConfigError
 from upsert_core.ingest.options import IngestRequest, resolve_options
 from upsert_core.ingest.shard_config import CONFIG_ENVELOPE, ShardIngestConfig

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from upsert_core.columnar.derived_rows import DerivedRows, as_row_array, take_rows
-from upsert_core.drain import OrderScope
+from upsert_core.order_scope import OrderScope
 from upsert_core.errors import ConfigError
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.checkpoint import CheckpointUnusable, is_part_base, load_checkpoint

@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from upsert_core.drain import OrderScope
+from upsert_core.order_scope import OrderScope
 from upsert_core.errors import IngestError, InvalidUpsertState
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.engine import InProcessEngine

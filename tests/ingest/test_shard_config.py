@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from upsert_core.drain import OrderScope
+from upsert_core.order_scope import OrderScope
 from upsert_core.errors import ConfigError
 from upsert_core.ingest import IngestRequest, ingest, pipeline
 from upsert_core.ingest.options import resolve_options

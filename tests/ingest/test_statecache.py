@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from upsert_core.drain import OrderScope
+from upsert_core.order_scope import OrderScope
 from upsert_core.ingest import IngestRequest, InProcessEngine, ingest
 from upsert_core.ingest.checkpoint import new_state
 from upsert_core.ingest.pipeline import commit_history

@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from upsert_core.columnar import ColumnarState
 from upsert_core.columnar.checkpoint_format import decode_state
-from upsert_core.drain import OrderScope
+from upsert_core.order_scope import OrderScope
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.buckets import bucket_of
 from upsert_core.ingest.checkpoint import load_checkpoint, write_checkpoint

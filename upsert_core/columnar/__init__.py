@@ -11,8 +11,8 @@
 - :mod:`~upsert_core.columnar.derived_rows`: a base's rows kept as typed values (read
   from a part) and encoded only where a batch touches them.
 
-It keeps the semantics of the per-key engine (:mod:`upsert_core.state` and
-:mod:`upsert_core.drain`, which stay the reference the property tests compare against)
+It keeps the semantics of the per-key engine (now ``tests/oracle``: ``state`` and
+``drain``, the reference the property tests compare against)
 with no Python object per key on the hot path.
 """
 

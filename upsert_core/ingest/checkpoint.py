@@ -53,9 +53,10 @@ from upsert_core.columnar.checkpoint_format import (
     schema_metadata,
 )
 from upsert_core.columnar.derived_rows import DerivedRows
-from upsert_core.drain import OrderScope
 from upsert_core.errors import CodecError, InvalidUpsertState, UpsertPlatformError
 from upsert_core.ingest.base_cache import BaseCache
+from upsert_core.ingest.legacy_values import decode_finalized
+from upsert_core.order_scope import OrderScope
 from upsert_core.persist.keys import checkpoint_prefix, unique_name
 from upsert_core.persist.location import Blob
 from upsert_core.persist.parts import (
@@ -66,13 +67,12 @@ from upsert_core.persist.parts import (
     VALUES_ONLY_FORMAT,
     format_bucket,
 )
-from upsert_core.state import StateValue
 
 CHECKPOINT_FORMAT = 2
 LEGACY_FORMAT = 1
 
 LEGACY_SCHEMA = pa.schema([("key", pa.binary()), ("state", pa.binary())])
-"""Format 1: one ``StateValue.encode()`` per key, as Parquet."""
+"""Format 1: one per-key state value per key, as Parquet (``ingest.legacy_values``)."""
 
 
 class CheckpointUnusable(UpsertPlatformError):
@@ -264,19 +264,17 @@ def _load_legacy(
     if table.column("state").null_count:
         raise CheckpointUnusable(f"checkpoint {key} has a key without a state")
     try:
-        values = [StateValue.decode(v) for v in table.column("state").to_pylist()]
+        values = [decode_finalized(v) for v in table.column("state").to_pylist()]
     except CodecError as exc:
         raise CheckpointUnusable(f"checkpoint {key} cannot be decoded: {exc}") from exc
-    if any(v.is_consolidating or v.is_provisional for v in values):
-        raise CheckpointUnusable(f"checkpoint {key} holds undecoded or provisional values")
     keys = table.column("key").combine_chunks()
     try:
         hi, lo = split_keys(keys)
         order = np.lexsort((lo, hi))
         orders = None
         if scope is OrderScope.GLOBAL:
-            orders = np.array([_order_of(v) for v in values], np.int64)[order]
-        rows = pa.array([v.finalized_value for v in values], pa.large_binary())
+            orders = np.array([_order_of(o) for _, o in values], np.int64)[order]
+        rows = pa.array([row for row, _ in values], pa.large_binary())
         return ColumnarState.checked(
             hi[order], lo[order], rows.take(pa.array(order, pa.int64())), orders
         )
@@ -284,8 +282,7 @@ def _load_legacy(
         raise CheckpointUnusable(f"checkpoint {key} holds malformed keys: {exc}") from exc
 
 
-def _order_of(value: StateValue) -> int:
-    order = value.finalized_order
+def _order_of(order: int | None) -> int:
     if order is None:
         raise InvalidUpsertState("a global-scope checkpoint value has no order")
-    return order[0]
+    return order

@@ -34,11 +34,11 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from upsert_core.drain import OrderScope
 from upsert_core.errors import ConfigError, UpsertPlatformError
 from upsert_core.ingest.part_typer import part_typer
 from upsert_core.ingest.shard_config import ShardIngestConfig
 from upsert_core.ingest.tasks import MAX_REPLAY_BATCHES, Base
+from upsert_core.order_scope import OrderScope
 from upsert_core.persist.commit_times import with_since
 from upsert_core.persist.gc import GcReport, retained_since
 from upsert_core.persist.retention import retention_keep

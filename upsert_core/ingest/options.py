@@ -32,7 +32,6 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from upsert_core.drain import OrderScope
 from upsert_core.errors import ConfigError
 from upsert_core.ingest.shard_config import (
     DEFAULT_BUCKETS,
@@ -45,6 +44,7 @@ from upsert_core.landing import SourceSchema, ValueCheck
 from upsert_core.landing.debezium import DEFAULT_ORDER as DEBEZIUM_ORDER
 from upsert_core.landing.debezium import DELETE_MARKER, Envelope, parse_envelope
 from upsert_core.landing.schema import normal_order, parse_order
+from upsert_core.order_scope import OrderScope
 from upsert_core.persist.leases import DEFAULT_LEASE_DURATION_MS
 from upsert_core.persist.parts import DEFAULT_INLINE_THRESHOLD
 

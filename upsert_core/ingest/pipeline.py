@@ -53,7 +53,6 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
-from upsert_core.drain import OrderScope
 from upsert_core.errors import (
     ConcurrentModification,
     IngestError,
@@ -71,6 +70,7 @@ from upsert_core.ingest.shard_api import IngestShard
 from upsert_core.ingest.shard_config import ShardIngestConfig, ShardOptions, recent_history
 from upsert_core.ingest.tasks import FileTask
 from upsert_core.landing import LandingFile, SourceSchema, list_landing, pending, read_counter
+from upsert_core.order_scope import OrderScope
 from upsert_core.persist.append import AppendRequest
 from upsert_core.persist.location import Blob
 from upsert_core.persist.shard import Shard

@@ -27,13 +27,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from upsert_core.columnar import ColumnarState, state_from_snapshot
-from upsert_core.drain import OrderScope
 from upsert_core.errors import CodecError, CorruptData, NotReadable
 from upsert_core.ingest.buckets import bucket_tables
 from upsert_core.ingest.checkpoint import new_state
 from upsert_core.landing import SourceSchema
 from upsert_core.landing.rows import decode_rows_to_table
 from upsert_core.order_keys import empty_orders, order_keys
+from upsert_core.order_scope import OrderScope
 from upsert_core.persist.location import Blob
 from upsert_core.persist.read import snapshot
 from upsert_core.persist.state import ShardState

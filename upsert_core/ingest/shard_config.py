@@ -69,10 +69,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from upsert_core.drain import OrderScope
 from upsert_core.errors import ConfigError
 from upsert_core.landing import SourceSchema
 from upsert_core.landing.debezium import Envelope, parse_envelope
+from upsert_core.order_scope import OrderScope
 from upsert_core.persist.state import BLOB_REF_PREFIX
 
 CONFIG_SCHEMA = "ingest.schema"

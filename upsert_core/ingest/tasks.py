@@ -56,7 +56,6 @@ import pyarrow as pa
 
 from upsert_core.columnar import ColumnarState, drain_to_upper
 from upsert_core.columnar.merge import fold
-from upsert_core.drain import OrderScope
 from upsert_core.errors import (
     IngestError,
     InvalidUpsertState,
@@ -90,6 +89,7 @@ from upsert_core.landing import (
 )
 from upsert_core.landing.rows import decode_rows_to_table
 from upsert_core.landing.schema import ARROW_TYPES
+from upsert_core.order_scope import OrderScope
 from upsert_core.persist.codec_state import decode_state
 from upsert_core.persist.keys import writing_as
 from upsert_core.persist.location import Blob

@@ -78,7 +78,6 @@ import pyarrow as pa
 from upsert_core.columnar import ColumnarState, apply_changes, join_keys
 from upsert_core.columnar.derived_rows import as_row_array
 from upsert_core.columnar.merge import fold
-from upsert_core.drain import OrderScope
 from upsert_core.errors import ConfigError, InvalidUpsertState, NotReadable, UpsertPlatformError
 from upsert_core.ingest.buckets import bucket_of, bucket_of_keys, split_rows
 from upsert_core.ingest.checkpoint import CheckpointUnusable, load_checkpoint, new_state
@@ -90,6 +89,7 @@ from upsert_core.ingest.tombstones import TombstonesLost, load_tombstones, tombs
 from upsert_core.ingest.verify_typed import verify_typed_parts
 from upsert_core.landing import SourceSchema
 from upsert_core.order_keys import describe, is_order_keys
+from upsert_core.order_scope import OrderScope
 from upsert_core.persist.check import CONSOLIDATION, STORAGE, CheckReport
 from upsert_core.persist.check_batch import (
     check_batch_consolidated,

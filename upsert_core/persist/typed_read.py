@@ -299,7 +299,7 @@ class TypedSnapshot:
 
     # --- reading one bucket -------------------------------------------------------------
 
-    def _stored_values(self, part: OpenPart) -> list[str]:
+    def _stored_values(self, part: OpenPart | LoadedPart) -> list[str]:
         """The stored names of the caller's value columns this part has (types checked)."""
         names = []
         for field in self.fields:

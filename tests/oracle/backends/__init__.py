@@ -7,8 +7,8 @@ Both pass the same conformance suite (``tests/core/test_backends.py``) and repor
 identical sizes (``StateValue.memory_size()``, which equals the encoded length).
 """
 
-from upsert_core.backends.memory import InMemoryBackend
-from upsert_core.backends.sqlite import SqliteBackend
-from upsert_core.state.backend import StateBackend
+from tests.oracle.backends.memory import InMemoryBackend
+from tests.oracle.backends.sqlite import SqliteBackend
+from tests.oracle.state.backend import StateBackend
 
 __all__ = ["InMemoryBackend", "SqliteBackend", "StateBackend"]

@@ -20,18 +20,14 @@ Invariants:
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
+from upsert_core.order_scope import OrderScope
 
-class OrderScope(enum.Enum):
-    """How long an order value is remembered (CONTRACT.md ``--order-scope``)."""
-
-    BATCH = "batch"
-    GLOBAL = "global"
+__all__ = ["AtTime", "DrainStyle", "OrderScope", "ToUpper"]
 
 
 @dataclass(frozen=True, slots=True)

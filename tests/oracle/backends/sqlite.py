@@ -34,7 +34,7 @@ from types import TracebackType
 
 from upsert_core.codec import UpsertKey
 from upsert_core.errors import CodecError, StateBackendError
-from upsert_core.state.stats import (
+from tests.oracle.state.stats import (
     ABSENT,
     GetStats,
     PutStats,
@@ -42,7 +42,7 @@ from upsert_core.state.stats import (
     ValueAndSize,
     ValueMetadata,
 )
-from upsert_core.state.value import STATE_FORMAT_VERSION, StateValue
+from tests.oracle.state.value import STATE_FORMAT_VERSION, StateValue
 
 # Keys per ``IN (...)`` query: well under SQLite's host-parameter limit (32766).
 _GET_CHUNK = 900

@@ -5,12 +5,12 @@ get and merge statistics and the records passed to backends), ``backend`` (the
 ``StateBackend`` protocol), ``upsert_state`` (the wrapper that consolidates snapshot
 and feedback chunks), ``chunk`` (the column-wise fold behind that consolidation) and
 ``gc_pause`` (no cyclic GC during bulk steps). Implementations of the protocol live in
-``upsert_core.backends``.
+``tests.oracle.backends``.
 """
 
 from upsert_core.codec import UpsertKey
-from upsert_core.state.backend import StateBackend
-from upsert_core.state.stats import (
+from tests.oracle.state.backend import StateBackend
+from tests.oracle.state.stats import (
     ABSENT,
     GetStats,
     MergeStats,
@@ -19,8 +19,8 @@ from upsert_core.state.stats import (
     ValueAndSize,
     ValueMetadata,
 )
-from upsert_core.state.upsert_state import UpsertState
-from upsert_core.state.value import STATE_FORMAT_VERSION, OrderKey, StateValue, order_ge
+from tests.oracle.state.upsert_state import UpsertState
+from tests.oracle.state.value import STATE_FORMAT_VERSION, OrderKey, StateValue, order_ge
 
 __all__ = [
     "ABSENT",

@@ -21,10 +21,10 @@ Invariants:
 
 from __future__ import annotations
 
-from upsert_core.drain.output import DrainOutput
-from upsert_core.drain.styles import OrderScope
-from upsert_core.state import PutStats, PutValue, StateValue, UpsertState, ValueMetadata
-from upsert_core.state.gc_pause import gc_paused
+from tests.oracle.drain.output import DrainOutput
+from tests.oracle.drain.styles import OrderScope
+from tests.oracle.state import PutStats, PutValue, StateValue, UpsertState, ValueMetadata
+from tests.oracle.state.gc_pause import gc_paused
 
 GLOBAL_POSITION = 2**63 - 1
 """Position stored with finalized orders in the global scope (the maximal int64)."""

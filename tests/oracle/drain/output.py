@@ -25,8 +25,8 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from upsert_core.drain.stash import StagedColumns
-from upsert_core.state import ValueMetadata
+from tests.oracle.drain.stash import StagedColumns
+from tests.oracle.state import ValueMetadata
 
 UpsertKey = bytes
 OrderKey = tuple[int, int]

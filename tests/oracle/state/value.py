@@ -236,7 +236,7 @@ class StateValue:
         """``(diff_sum, len_sum, checksum_sum, xor_len, value_xor)`` of ``to_consolidating()``.
 
         The sums are unsigned 64-bit (as stored). Nothing is allocated, which is why
-        bulk consolidation (:mod:`upsert_core.state.chunk`) starts from these.
+        bulk consolidation (:mod:`tests.oracle.state.chunk`) starts from these.
         """
         kind = self._kind
         if kind == _CONSOLIDATING:

@@ -21,8 +21,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
 from upsert_core.codec import UpsertKey
-from upsert_core.state.stats import GetStats, PutStats, PutValue, ValueAndSize
-from upsert_core.state.value import StateValue
+from tests.oracle.state.stats import GetStats, PutStats, PutValue, ValueAndSize
+from tests.oracle.state.value import StateValue
 
 
 @runtime_checkable

@@ -36,7 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from upsert_core.codec import UpsertKey, value_checksum
-from upsert_core.state.value import StateValue
+from tests.oracle.state.value import StateValue
 
 _KEY_LEN = 16
 _NO_SUMS = (0, 0, 0, 0, 0)
