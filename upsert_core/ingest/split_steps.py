@@ -22,7 +22,9 @@ Invariants:
   the schema they evolve (a JSON column typed differently, or null in some split), or
   any split meets a file-level problem (which the whole file may not have, e.g. a key
   column absent from one split's lines), steps 2 and 3 answer :class:`Fallback` and
-  write nothing; the engine then reads the file whole. Splits without rows do not vote.
+  write nothing; the engine then reads the file whole. JSON Lines splits without rows
+  do not vote (they have no columns); Parquet splits always do (each carries every
+  typed column of the file, so a file without rows fixes its columns' types as whole).
   When every split with rows evolves the same schema, the whole file evolves it too
   (each column's type comes from the same rule on the union of its values), and
   every row converts as it would in the whole file (conversions are per value).
@@ -145,7 +147,9 @@ def _verdict(task: FileTask, metas: list[SplitMeta]) -> FileRead | Fallback | st
     failed = next((m for m in metas if m.file_error), None)
     if failed is not None:
         return Fallback(f"split {failed.index} of {failed.count}: {failed.file_error}")
-    schemas = {m.schema_json for m in metas if m.rows_read and m.schema_json}
+    # A Parquet split (absolute) carries every typed column of the file, rows or not, so
+    # it votes even without rows: a file without rows still fixes its columns' types.
+    schemas = {m.schema_json for m in metas if (m.rows_read or m.absolute) and m.schema_json}
     if len(schemas) > 1:
         return Fallback(f"the {len(metas)} splits evolve the schema differently")
     return schemas.pop() if schemas else task.schema_json
