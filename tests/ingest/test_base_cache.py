@@ -250,3 +250,19 @@ def test_an_s3_store_is_cached_by_its_bucket_prefix_and_endpoint(
     assert one is not None and other is not None and one.root != other.root
     assert _run(tmp_path / "a", 4, shard) == _run(tmp_path / "b", 4, memory_shard())
     assert any(p.is_relative_to(one.root) for p in _entries(cache_dir))
+
+
+def test_an_entry_under_another_bases_name_is_not_taken_for_it(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    """Each entry records which bucket and blob key it copies: an intact entry copied
+    (or renamed) to another base's name, with the same layout, is dropped, not read."""
+    shard, bucket, key = _bucket_base(tmp_path)
+    cache = BaseCache.for_blob(shard.blob, "s")
+    assert cache is not None and cache.get(bucket, key) is not None
+    (entry,) = [p for p in _entries(cache_dir) if p.parent.name == str(bucket)]
+    other = cache._path(bucket, key + ".other")
+    other.write_bytes(entry.read_bytes())
+    assert cache.get(bucket, key + ".other") is None
+    assert not other.exists()
+    assert cache.get(bucket, key) is not None

@@ -15,7 +15,9 @@ Invariants:
   base's blob key. A blob key is never written twice (keys are unique per write), so an
   entry never goes stale: it holds exactly the columns and schema metadata the
   Parquet read gave, and the caller checks them as it checks a blob it fetched.
-- Every entry ends with a CRC-32 of its bytes, checked on every load: a torn,
+- Every entry ends with an xxh3-64 checksum of its bytes (a CRC-32 cost 0.9 s per
+  3.5 GB of bases, xxh3 0.2 s) and a digest of the bucket and blob key it copies, both
+  checked on every load: a torn,
   truncated or altered entry is deleted and the caller reads the blob. An entry is
   written to a temporary name and renamed, so a reader never sees a partial one.
 - It is an optimisation only: failing to read, write or delete an entry is ignored
@@ -40,10 +42,10 @@ import os
 import struct
 import time
 import uuid
-import zlib
 from pathlib import Path
 
 import pyarrow as pa
+import xxhash
 
 from upsert_core.errors import ConfigError
 from upsert_core.ingest.options import on_off_setting
@@ -59,8 +61,9 @@ KEEP_PER_BUCKET = 2
 STALE_TEMPORARY_S = 3600
 """A temporary file older than this is a killed writer's, and is removed."""
 
-_TRAILER = struct.Struct("<QI4s")  # payload length, CRC-32 of the payload, magic
-_MAGIC = b"UPB1"
+_TRAILER = struct.Struct("<QQQ4s")  # payload length, xxh3-64 of it, of its name, magic
+_MAGIC = b"UPB2"
+"""Entries of an earlier layout (``UPB1``: a CRC-32, no name) are dropped as damaged."""
 _SUFFIX = ".arrow"
 
 
@@ -99,6 +102,12 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def _name_id(bucket: int, key: str) -> int:
+    """What an entry's trailer records of the base it copies (so an entry moved to
+    another base's name is not taken for it)."""
+    return xxhash.xxh3_64_intdigest(f"{bucket}|{key}".encode())
+
+
 class BaseCache:
     """The cache of one shard's bases in one blob store (:meth:`for_blob`)."""
 
@@ -134,9 +143,11 @@ class BaseCache:
             size = whole.size - _TRAILER.size
             if size < 0:
                 raise ValueError("shorter than its trailer")
-            length, crc, magic = _TRAILER.unpack(whole.slice(size).to_pybytes())
+            length, checksum, name, magic = _TRAILER.unpack(whole.slice(size).to_pybytes())
             payload = whole.slice(0, size)
-            if magic != _MAGIC or length != size or zlib.crc32(payload) != crc:
+            if magic != _MAGIC or length != size or name != _name_id(bucket, key) or (
+                xxhash.xxh3_64_intdigest(payload) != checksum
+            ):
                 raise ValueError("trailer or checksum does not match")
             table = pa.ipc.open_file(payload).read_all()
         except (OSError, ValueError, pa.ArrowException):
@@ -166,7 +177,8 @@ class BaseCache:
                 writer.write_table(table)
             with pa.memory_map(str(temporary)) as written:  # the bytes just written
                 payload = written.read_buffer()
-                trailer = _TRAILER.pack(payload.size, zlib.crc32(payload), _MAGIC)
+                trailer = _TRAILER.pack(payload.size, xxhash.xxh3_64_intdigest(payload),
+                                        _name_id(bucket, key), _MAGIC)
             with open(temporary, "ab") as out:
                 out.write(trailer)
             temporary.replace(path)
