@@ -26,7 +26,9 @@ Invariants:
   unusable (other columns or labels) is dropped like a damaged one. Malformed settings
   are refused before an ingest commits anything (:func:`check_settings`).
 - Bounded: a bucket keeps its :data:`KEEP_PER_BUCKET` newest entries, and the whole
-  cache at most ``UPSERT_BASE_CACHE_MB`` (default 4096): the oldest entries go first.
+  cache at most ``UPSERT_BASE_CACHE_MB`` (default 16384: a 30M-key shard's bases take
+  3.5 GB, and a cache smaller than the bases one ingest maps evicts each entry before
+  its next use): the oldest entries go first.
 - Where: ``UPSERT_CACHE_DIR`` (default ``$XDG_CACHE_HOME/upsert-platform``, else
   ``~/.cache/upsert-platform``), under ``bases/``. Off with ``UPSERT_BASE_CACHE=0``.
   Only local-directory and S3 blob stores are cached (others have no location that
@@ -55,7 +57,7 @@ from upsert_core.persist.location.urls import blob_url
 ENABLED_ENV = "UPSERT_BASE_CACHE"
 DIR_ENV = "UPSERT_CACHE_DIR"
 LIMIT_ENV = "UPSERT_BASE_CACHE_MB"
-DEFAULT_LIMIT_MB = 4096
+DEFAULT_LIMIT_MB = 16384
 KEEP_PER_BUCKET = 2
 """Entries a bucket keeps: its current base and the one before (a racing writer's)."""
 STALE_TEMPORARY_S = 3600
