@@ -54,7 +54,10 @@ def test_replay_falls_back_to_the_merged_read(tmp_path: Path, monkeypatch) -> No
 
     with pytest.raises(InvalidUpsertState):  # the fast path alone cannot use them
         apply_changes(base, [doubled(shard.blob, state, 1, state.upper)])
-    monkeypatch.setattr(replay, "unmerged_changes_after", doubled)
+    def doubled_by_part(blob, shard_state, lower, upper):  # noqa: ANN001, ANN202
+        return [(None, doubled(blob, shard_state, lower, upper))]
+
+    monkeypatch.setattr(replay, "unmerged_changes_by_part", doubled_by_part)
     replay._memo.clear()
     caught_up, _ = replay_bucket(shard.blob, state, base, 0, 1, 1, state.upper)
     assert caught_up.live_rows() == _live(shard, state.upper)
@@ -101,3 +104,43 @@ def test_replay_memo_is_not_shared_by_equally_named_shards(tmp_path: Path) -> No
         keys = snap.column("key").to_pylist()
         assert len(keys) == len(set(keys)) == 43, "a key holds two live rows"
         assert all(d == 1 for d in snap.column("diff").to_pylist())
+
+
+@pytest.mark.parametrize("typed", ["1", "0"])
+def test_the_replay_read_by_bucket_equals_the_shards_changes_split_by_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, typed: str
+) -> None:
+    """Labelled parts go to their bucket whole and unlabelled ones are split by key:
+    either way each bucket gets exactly its keys' changes, each once."""
+    from collections import Counter
+
+    from upsert_core.ingest.buckets import bucket_of_keys, split_rows
+
+    monkeypatch.setenv("UPSERT_TYPED_PARTS", typed)
+    shard = memory_shard()
+    for i in range(4):
+        d = tmp_path / f"f{i}"
+        d.mkdir()
+        write_jsonl(d, f"{i}.jsonl", [
+            {"key": k, "offset": i, "v": f"{i}-{k}"} if (k + i) % 4 else
+            {"key": k, "offset": i, "__deleted": True}
+            for k in range(60)
+        ])
+        ingest(shard, str(d), IngestRequest(buckets=4, inline_threshold=0),
+               engine=InProcessEngine(cache=None))
+    state = shard.state()
+    replay._memo.clear()
+    got = replay._unmerged(shard.blob, state, 1, state.upper, 4)
+    table = unmerged_changes_after(shard.blob, state, 1, state.upper)
+    expected = split_rows(table, bucket_of_keys(table.column("key"), 4))
+
+    def rows(tables: list[pa.Table]) -> Counter[tuple[object, ...]]:
+        return Counter(
+            (r["key"], r["row"], r["ts"], r["diff"])
+            for t in tables for r in t.select(["key", "row", "ts", "diff"]).to_pylist()
+        )
+
+    assert set(got) <= set(range(4)) and sum(t.num_rows for ts in got.values() for t in ts)
+    for bucket in range(4):
+        want = [expected[bucket]] if bucket in expected else []
+        assert rows(got.get(bucket, [])) == rows(want), bucket

@@ -23,7 +23,8 @@ Invariants:
   those would apply that history twice (an insert over a live key, a retraction of a
   value already gone).
 - Reads are cheap and shared: the changes are read without the k-way merge
-  (:func:`~upsert_core.persist.read.unmerged_changes_after`, one decode per part), once
+  (:func:`~upsert_core.persist.read.unmerged_changes_by_part`, one decode per part, on
+  a few threads; a part labelled with a bucket goes to that bucket whole), once
   per shard contents and ``(lower, upper)`` for all the buckets a process replays (a
   small per-process memo keyed by the shard's batches, never by name and seqno, which
   equally named shards of two locations share). If the unmerged updates do not form a
@@ -42,19 +43,22 @@ from upsert_core.columnar import ColumnarState, apply_changes
 from upsert_core.errors import InvalidUpsertState
 from upsert_core.ingest.buckets import bucket_of_keys, bucket_tables, split_rows
 from upsert_core.persist.location import Blob
-from upsert_core.persist.read import changes_after, unmerged_changes_after
+from upsert_core.persist.read import changes_after, unmerged_changes_by_part
 from upsert_core.persist.state import HollowBatch, ShardState
 
 _MemoKey = tuple[str, int, int, int, int, tuple[HollowBatch, ...]]
-_memo: dict[_MemoKey, dict[int, pa.Table]] = {}
+_memo: dict[_MemoKey, dict[int, list[pa.Table]]] = {}
 _memo_lock = threading.Lock()
+_read_lock = threading.Lock()
 
 
 def _unmerged(
     blob: Blob, shard_state: ShardState, lower: int, upper: int, buckets: int
-) -> dict[int, pa.Table]:
-    """The shard's unmerged changes in ``[lower, upper)`` split by bucket, read once per
-    process for given shard contents (only the last one read is kept).
+) -> dict[int, list[pa.Table]]:
+    """The shard's unmerged changes in ``[lower, upper)`` by bucket, read once per
+    process for given shard contents (only the last one read is kept; a bucket asking
+    while another reads them waits for that read). A part labelled with one of the
+    ``buckets`` buckets goes to it whole; an unlabelled part's updates are split by key.
 
     SUBTLE: the key names the contents, not the shard version: shard name and seqno
     are not unique within a process (two locations may hold equally named shards with
@@ -63,14 +67,21 @@ def _unmerged(
     """
     key = (shard_state.shard_id, shard_state.since, lower, upper, buckets,
            shard_state.batches)
-    with _memo_lock:
-        by_bucket = _memo.get(key)
-    if by_bucket is None:
-        table = unmerged_changes_after(blob, shard_state, lower, upper)
-        by_bucket = split_rows(table, bucket_of_keys(table.column("key"), buckets))
+    with _read_lock:
         with _memo_lock:
-            _memo.clear()
-            _memo[key] = by_bucket
+            by_bucket = _memo.get(key)
+        if by_bucket is None:
+            by_bucket = {}
+            for label, table in unmerged_changes_by_part(blob, shard_state, lower, upper):
+                if label is not None and label[1] == buckets:
+                    by_bucket.setdefault(label[0], []).append(table)
+                    continue
+                split = split_rows(table, bucket_of_keys(table.column("key"), buckets))
+                for bucket, rows in split.items():
+                    by_bucket.setdefault(bucket, []).append(rows)
+            with _memo_lock:
+                _memo.clear()
+                _memo[key] = by_bucket
     return by_bucket
 
 
@@ -87,9 +98,9 @@ def replay_bucket(
     ``bucket`` applied, and the number of updates applied."""
     if lower >= upper:
         return state, 0
-    fast = _unmerged(blob, shard_state, lower, upper, buckets).get(bucket)
+    fast = _unmerged(blob, shard_state, lower, upper, buckets).get(bucket, [])
     try:
-        return apply_changes(state, [] if fast is None else [fast])
+        return apply_changes(state, fast)
     except InvalidUpsertState:
         merged = changes_after(blob, shard_state, lower, upper)
         return apply_changes(state, bucket_tables(merged, bucket, buckets))
