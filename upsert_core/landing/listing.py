@@ -352,12 +352,17 @@ def _list_local(root: str) -> Iterable[LandingFile]:
             if problem:
                 yield LandingFile(name=name, root=root, problem=problem)
                 continue
-            if not _inside(real_root, os.path.realpath(full)):
-                problem = f"{name}: symlink points outside the landing location"
-                yield LandingFile(name=name, root=root, problem=problem)
-                continue
+            # os.walk does not follow directory symlinks, so only a file that is itself
+            # a symlink can resolve outside the root: only it pays for a realpath
+            # (six lstat calls and more per file made listing grow with the landing).
             try:
-                st = os.stat(full)
+                st = os.lstat(full)
+                if stat.S_ISLNK(st.st_mode):
+                    if not _inside(real_root, os.path.realpath(full)):
+                        problem = f"{name}: symlink points outside the landing location"
+                        yield LandingFile(name=name, root=root, problem=problem)
+                        continue
+                    st = os.stat(full)
             except OSError:  # vanished since the directory was read
                 continue
             if not stat.S_ISREG(st.st_mode):
