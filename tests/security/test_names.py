@@ -262,3 +262,25 @@ def test_a_symlink_inside_the_landing_is_fine(tmp_path: Path) -> None:
     (tmp_path / "real.jsonl").write_text("")
     (tmp_path / "alias.jsonl").symlink_to(tmp_path / "real.jsonl")
     assert [f.name for f in list_landing(str(tmp_path))] == ["alias.jsonl", "real.jsonl"]
+
+
+@given(st.text(max_size=12))
+def test_the_printable_fast_path_refuses_exactly_what_the_character_rules_do(name: str) -> None:
+    """``check_name`` looks at characters one by one only for names that are not
+    printable; it must refuse exactly the names the per-character rules refuse."""
+    import unicodedata
+
+    from upsert_core.landing.listing import _is_control, check_name
+
+    def refused_by_rules(text: str) -> bool:
+        bad_char = any(_is_control(ch) or unicodedata.category(ch) == "Cs" for ch in text)
+        parts = text.split("/")
+        return (not text or bad_char or "\\" in text or text.startswith("/")
+                or any(p in ("", ".", "..") for p in parts))
+
+    try:
+        check_name(name)
+        refused = False
+    except IngestError:
+        refused = True
+    assert refused == refused_by_rules(name)

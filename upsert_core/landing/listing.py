@@ -261,10 +261,13 @@ def check_name(name: str) -> str:
     shown = repr(name)
     if not name:
         raise IngestError(f"{shown}: empty file name")
-    if any(_is_control(ch) for ch in name):
-        raise IngestError(f"{shown}: file name contains a control character")
-    if any(unicodedata.category(ch) == "Cs" for ch in name):  # undecodable bytes, locally
-        raise IngestError(f"{shown}: file name is not valid UTF-8")
+    # A printable name holds no control, bidi or surrogate character: only the others
+    # are looked at character by character (that was most of listing a large landing).
+    if not name.isprintable():
+        if any(_is_control(ch) for ch in name):
+            raise IngestError(f"{shown}: file name contains a control character")
+        if any(unicodedata.category(ch) == "Cs" for ch in name):  # undecodable bytes
+            raise IngestError(f"{shown}: file name is not valid UTF-8")
     if "\\" in name:
         raise IngestError(f"{shown}: file name contains a backslash")
     if name.startswith("/"):
@@ -343,11 +346,13 @@ def _list_local(root: str) -> Iterable[LandingFile]:
     real_root = os.path.realpath(root)
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         dirnames[:] = sorted(d for d in dirnames if not is_hidden(d))
+        below = os.path.relpath(dirpath, root).replace(os.sep, "/")  # once per directory
+        prefix = "" if below == "." else below + "/"
         for filename in filenames:
             if not filename.lower().endswith(SUFFIXES) or is_hidden(filename):
                 continue
             full = os.path.join(dirpath, filename)
-            name = os.path.relpath(full, root).replace(os.sep, "/")
+            name = prefix + filename
             problem = _name_problem(name)
             if problem:
                 yield LandingFile(name=name, root=root, problem=problem)
