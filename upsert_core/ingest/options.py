@@ -16,6 +16,9 @@ Invariants:
 - ``--envelope debezium`` (``landing.debezium``): the order defaults to ``source.lsn``
   and the delete marker is the envelope's own column, so a request naming
   ``deleted_col`` for such a shard (new or stored) is refused with :class:`ConfigError`.
+- ``--missing keep`` (``landing.missing``) is fixed like the envelope, with its
+  placeholder (``--unavailable``, default Debezium's); ``--unavailable`` for a shard
+  whose values left out mean null is refused with :class:`ConfigError`.
 - A new shard's bucket count, when the request names none, follows its first file's
   listed size (:func:`buckets_for_first_file`): about :data:`TARGET_BUCKET_BYTES` of
   upsert state per bucket, at least :data:`DEFAULT_BUCKETS`, a power of two, at most
@@ -43,6 +46,12 @@ from upsert_core.ingest.shard_config import (
 from upsert_core.landing import SourceSchema, ValueCheck
 from upsert_core.landing.debezium import DEFAULT_ORDER as DEBEZIUM_ORDER
 from upsert_core.landing.debezium import DELETE_MARKER, Envelope, parse_envelope
+from upsert_core.landing.missing import (
+    DEFAULT_PLACEHOLDER,
+    Missing,
+    check_placeholder,
+    parse_missing,
+)
 from upsert_core.landing.schema import normal_order, parse_order
 from upsert_core.order_scope import OrderScope
 from upsert_core.persist.leases import DEFAULT_LEASE_DURATION_MS
@@ -80,6 +89,12 @@ class IngestRequest:
     envelope: str | Envelope | None = None
     """``plain`` or ``debezium`` (``landing.debezium``), fixed per shard; None: the
     shard's (a new shard: plain)."""
+    missing: str | Missing | None = None
+    """``null`` or ``keep`` (``landing.missing``), fixed per shard; None: the shard's (a
+    new shard: null)."""
+    unavailable: str | None = None
+    """With ``missing`` ``keep``: the placeholder text, fixed per shard; None: the
+    shard's (a new shard: ``__debezium_unavailable_value``)."""
     inline_threshold: int = DEFAULT_INLINE_THRESHOLD
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     writer_lease_ms: int = field(default_factory=lambda: writer_lease_ms_from_env())
@@ -222,6 +237,9 @@ def resolve_options(
     scope = None if request.order_scope is None else parse_order_scope(request.order_scope)
     buckets = None if request.buckets is None else check_buckets(request.buckets)
     envelope = None if request.envelope is None else parse_envelope(request.envelope)
+    missing = None if request.missing is None else parse_missing(request.missing)
+    unavailable = (None if request.unavailable is None
+                   else check_placeholder(request.unavailable))
     stored = config if isinstance(config, ShardIngestConfig) else ShardIngestConfig.read(config)
     debezium = (
         envelope if stored.options is None or envelope is not None else stored.options.envelope
@@ -230,6 +248,14 @@ def resolve_options(
         raise ConfigError(
             f"--deleted-col {request.deleted_col} is refused with --envelope debezium: "
             "the event's op says what is deleted"
+        )
+    keeps = (
+        missing if stored.options is None or missing is not None else stored.options.missing
+    ) is Missing.KEEP
+    if unavailable is not None and not keeps:
+        raise ConfigError(
+            f"--unavailable {unavailable} is refused with --missing null: a placeholder is"
+            " only read with --missing keep"
         )
     if stored.options is None:
         schema = SourceSchema(
@@ -240,7 +266,8 @@ def resolve_options(
         )
         return ShardOptions(
             schema, scope or OrderScope.BATCH, buckets or DEFAULT_BUCKETS,
-            envelope or Envelope.PLAIN,
+            envelope or Envelope.PLAIN, missing or Missing.NULL,
+            unavailable or DEFAULT_PLACEHOLDER,
         )
     schema = stored.options.schema
     stored_scope = stored.options.order_scope
@@ -257,6 +284,12 @@ def resolve_options(
     stored_envelope = stored.options.envelope
     if envelope is not None and envelope is not stored_envelope:
         conflicts.append(f"--envelope {envelope.value} (shard has {stored_envelope.value})")
+    stored_missing = stored.options.missing
+    if missing is not None and missing is not stored_missing:
+        conflicts.append(f"--missing {missing.value} (shard has {stored_missing.value})")
+    stored_unavailable = stored.options.unavailable
+    if unavailable is not None and keeps and unavailable != stored_unavailable:
+        conflicts.append(f"--unavailable {unavailable} (shard has {stored_unavailable})")
     if conflicts:
         raise ConfigError("conflicting ingest options: " + "; ".join(conflicts))
     return stored.options

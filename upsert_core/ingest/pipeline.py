@@ -55,6 +55,7 @@ from dataclasses import replace
 
 from upsert_core.errors import (
     ConcurrentModification,
+    ConfigError,
     IngestError,
     LandingFileChanged,
     WriterFenced,
@@ -128,6 +129,8 @@ def plan_file(
         writer_id=writer_id,
         value_checks=request.value_checks,
         envelope=options.envelope.value,
+        missing=options.missing.value,
+        unavailable=options.unavailable,
     )
 
 
@@ -374,7 +377,10 @@ def ingest(
     check_streaming_settings()
     check_base_cache_settings()
     state = shard.state()
-    resolve_options(state.config, options)
+    try:
+        resolve_options(state.config, options)
+    except ConfigError as exc:
+        raise ConfigError(f"shard {shard.shard_id!r}: {exc}") from None
     files = list_landing(landing_url)
     todo = pending(files, state.ingested_files.keys())
     if through is not None:

@@ -15,6 +15,9 @@ The entries (what existing shards hold; names and formats never change):
   ``ingest.envelope``: ``debezium`` for a shard whose files are Debezium change events
   (``landing.debezium``); absent means ``plain``, and a plain shard never writes it (so
   its commits' state diffs are what they always were).
+  ``ingest.missing``: ``keep`` for a shard whose rows' left-out values keep the key's
+  previous ones (``landing.missing``), with ``ingest.unavailable``, the placeholder
+  text; both absent mean ``null`` (never written for it, as for ``ingest.envelope``).
 - ``blobref.checkpoint.<b>``: the blob key of bucket ``b``'s checkpoint, "" for an empty
   state. The :data:`~upsert_core.persist.state.BLOB_REF_PREFIX` is how the persist
   layer (GC, checks) finds the blobs a state references.
@@ -72,6 +75,12 @@ from types import MappingProxyType
 from upsert_core.errors import ConfigError
 from upsert_core.landing import SourceSchema
 from upsert_core.landing.debezium import Envelope, parse_envelope
+from upsert_core.landing.missing import (
+    DEFAULT_PLACEHOLDER,
+    Missing,
+    check_placeholder,
+    parse_missing,
+)
 from upsert_core.order_scope import OrderScope
 from upsert_core.persist.state import BLOB_REF_PREFIX
 
@@ -79,6 +88,8 @@ CONFIG_SCHEMA = "ingest.schema"
 CONFIG_ORDER_SCOPE = "ingest.order_scope"
 CONFIG_BUCKETS = "ingest.buckets"
 CONFIG_ENVELOPE = "ingest.envelope"
+CONFIG_MISSING = "ingest.missing"
+CONFIG_UNAVAILABLE = "ingest.unavailable"
 CONFIG_CHECKPOINT_UPPER = "checkpoint.upper"
 CHECKPOINT_REF_PREFIX = f"{BLOB_REF_PREFIX}checkpoint."
 CHECKPOINT_BASE_PREFIX = "checkpoint.base."
@@ -153,6 +164,9 @@ class ShardOptions:
     order_scope: OrderScope
     buckets: int
     envelope: Envelope = Envelope.PLAIN
+    missing: Missing = Missing.NULL
+    unavailable: str = DEFAULT_PLACEHOLDER
+    """With ``missing`` ``keep``: the placeholder that marks a value left out."""
 
 
 def _frozen(mapping: Mapping[int, str]) -> Mapping[int, str]:
@@ -236,6 +250,9 @@ class ShardIngestConfig:
             out[CONFIG_BUCKETS] = str(self.options.buckets)
             if self.options.envelope is not Envelope.PLAIN:
                 out[CONFIG_ENVELOPE] = self.options.envelope.value
+            if self.options.missing is not Missing.NULL:
+                out[CONFIG_MISSING] = self.options.missing.value
+                out[CONFIG_UNAVAILABLE] = self.options.unavailable
         # Each bucket's reference, then its base: the order commits always wrote.
         for bucket, ref in self.checkpoint_refs.items():
             out[checkpoint_ref_name(bucket)] = ref
@@ -280,7 +297,11 @@ def _read_options(config: Mapping[str, str]) -> ShardOptions | None:
     except ValueError as exc:
         raise ConfigError(f"malformed stored bucket count: {exc}") from exc
     envelope = parse_envelope(config.get(CONFIG_ENVELOPE, Envelope.PLAIN.value))
-    return ShardOptions(schema, scope, buckets, envelope)
+    missing = parse_missing(config.get(CONFIG_MISSING, Missing.NULL.value))
+    if missing is Missing.NULL:
+        return ShardOptions(schema, scope, buckets, envelope)
+    unavailable = check_placeholder(config.get(CONFIG_UNAVAILABLE, DEFAULT_PLACEHOLDER))
+    return ShardOptions(schema, scope, buckets, envelope, missing, unavailable)
 
 
 def _decimal(text: str) -> int | None:

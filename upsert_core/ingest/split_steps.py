@@ -107,9 +107,10 @@ def read_split_step(
     groups: dict[int, pa.Table] = {}
     with writing_as(task.writer_id):
         try:
-            got = read_split(task.file, split)
+            got = read_split(task.file, split, track_missing=task.keeps)
             batch = validate_batch(
-                got.raw, SourceSchema.from_json(task.schema_json), task.value_checks
+                got.raw, SourceSchema.from_json(task.schema_json), task.value_checks,
+                task.missing_policy,
             )
         except UpsertPlatformError as exc:
             failed = file_error_read(task.file.name, exc)
@@ -119,7 +120,7 @@ def read_split_step(
             meta.lines, meta.absolute = got.lines, got.absolute
             meta.schema_json = batch.schema.to_json()
             errors = pa.Table.from_batches([batch.errors_to_arrow()])
-            rows = bucketed(batch, task.buckets)
+            rows = bucketed(batch, task.buckets, task.keeps)
             groups = split_rows(rows, np.asarray(rows.column("bucket").to_numpy(), np.int64))
             meta.buckets = sorted(groups)
     meta.landing_bytes = read_counter.bytes_read(url) - before

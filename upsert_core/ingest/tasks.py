@@ -64,6 +64,7 @@ from upsert_core.errors import (
     UpsertPlatformError,
 )
 from upsert_core.ingest.buckets import bucket_of_keys
+from upsert_core.ingest.missing_values import fill_missing
 from upsert_core.ingest.checkpoint import (
     CheckpointUnusable,
     checkpoint_intact,
@@ -86,6 +87,14 @@ from upsert_core.landing import (
     read_counter,
     validate_chunks,
     validate_file,
+)
+from upsert_core.landing.missing import (
+    DEFAULT_PLACEHOLDER,
+    MISSING_COLUMN,
+    Missing,
+    MissingPolicy,
+    pack,
+    parse_missing,
 )
 from upsert_core.landing.rows import decode_rows_to_table
 from upsert_core.landing.schema import ARROW_TYPES
@@ -120,9 +129,12 @@ ROWS_SCHEMA_ORDER_KEYS = ROWS_SCHEMA.set(
 """:data:`ROWS_SCHEMA` of a shard whose order has several columns (``order_keys``)."""
 
 
-def rows_schema(several_orders: bool) -> pa.Schema:
-    """The exchanged rows' schema: ``order`` int64, or binary order keys."""
-    return ROWS_SCHEMA_ORDER_KEYS if several_orders else ROWS_SCHEMA
+def rows_schema(several_orders: bool, keep: bool = False) -> pa.Schema:
+    """The exchanged rows' schema: ``order`` int64, or binary order keys; with ``keep``
+    (``--missing keep``) a last column of per-row bitmaps of the values each row leaves
+    out (``landing.missing``)."""
+    schema = ROWS_SCHEMA_ORDER_KEYS if several_orders else ROWS_SCHEMA
+    return schema.append(pa.field(MISSING_COLUMN, pa.binary())) if keep else schema
 
 REPLAY_FRACTION = 0.35
 """A base is kept while the updates since it are at most this fraction of its rows.
@@ -205,6 +217,10 @@ class FileTask:
     value_checks: tuple[ValueCheck, ...] = ()
     envelope: str = "plain"
     """``plain`` or ``debezium``: how the file's rows are laid out (``landing.debezium``)."""
+    missing: str = "null"
+    """``null`` or ``keep``: what a value a row leaves out means (``landing.missing``)."""
+    unavailable: str = DEFAULT_PLACEHOLDER
+    """With ``missing`` ``keep``: the placeholder string that marks a value left out."""
 
     @property
     def scope(self) -> OrderScope:
@@ -213,7 +229,17 @@ class FileTask:
     @property
     def rows_schema(self) -> pa.Schema:
         """The schema of this file's exchanged rows (:func:`rows_schema`)."""
-        return rows_schema(SourceSchema.from_json(self.schema_json).several_orders)
+        return rows_schema(SourceSchema.from_json(self.schema_json).several_orders, self.keeps)
+
+    @property
+    def keeps(self) -> bool:
+        """Whether a value a row leaves out keeps the key's previous one."""
+        return parse_missing(self.missing) is Missing.KEEP
+
+    @property
+    def missing_policy(self) -> MissingPolicy | None:
+        """What validation marks as left out (None: ``--missing null``, nothing)."""
+        return MissingPolicy(self.unavailable) if self.keeps else None
 
     def forced_buckets(self) -> list[int]:
         """Buckets to run even without rows: all of them when checkpoints are stale."""
@@ -280,22 +306,24 @@ def record_errors(
     return True
 
 
-def bucketed(batch: ValidatedBatch, buckets: int) -> pa.Table:
-    """The good rows of ``batch`` with their buckets (:func:`rows_schema`), followed by their
-    typed values as ``v:<column>`` columns when validation kept them (see
-    :func:`part_values`)."""
+def bucketed(batch: ValidatedBatch, buckets: int, keep: bool = False) -> pa.Table:
+    """The good rows of ``batch`` with their buckets (:func:`rows_schema`; ``keep``: with
+    the values each leaves out), followed by their typed values as ``v:<column>``
+    columns when validation kept them (see :func:`part_values`)."""
     good = batch.to_arrow()
-    rows = pa.table(
-        [
-            pa.array(bucket_of_keys(good.column("key"), buckets), pa.int32()),
-            good.column("key").cast(pa.binary()),
-            good.column("row"),
-            good.column("deleted"),
-            good.column("order"),
-            good.column("position"),
-        ],
-        schema=rows_schema(batch.schema.several_orders),
-    )
+    columns = [
+        pa.array(bucket_of_keys(good.column("key"), buckets), pa.int32()),
+        good.column("key").cast(pa.binary()),
+        good.column("row"),
+        good.column("deleted"),
+        good.column("order"),
+        good.column("position"),
+    ]
+    if keep:
+        marks = batch.missing if batch.missing is not None else np.zeros(
+            (len(batch), len(batch.schema.names)), np.bool_)
+        columns.append(pack(marks))
+    rows = pa.table(columns, schema=rows_schema(batch.schema.several_orders, keep))
     if batch.values is None:
         return rows
     for name, column in zip(batch.values.column_names, batch.values.columns, strict=True):
@@ -361,7 +389,8 @@ def _canonical_floats(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | p
 def _read_file(task: FileTask, blob: Blob, *, write_errors: bool) -> tuple[FileRead, pa.Table]:
     try:
         schema = SourceSchema.from_json(task.schema_json)
-        batch = validate_file(task.file, schema, task.value_checks, task.envelope)
+        batch = validate_file(task.file, schema, task.value_checks, task.envelope,
+                              task.missing_policy)
     except UpsertPlatformError as exc:
         return file_error_read(task.file.name, exc), task.rows_schema.empty_table()
     read = FileRead(
@@ -370,7 +399,7 @@ def _read_file(task: FileTask, blob: Blob, *, write_errors: bool) -> tuple[FileR
     )
     if not record_errors(task, blob, read, batch.errors_to_arrow(), write_errors):
         return read, task.rows_schema.empty_table()
-    return read, bucketed(batch, task.buckets)
+    return read, bucketed(batch, task.buckets, task.keeps)
 
 
 def read_file_streamed(
@@ -397,14 +426,15 @@ def _read_file_streamed(
     rows_read = good = skipped = 0
     try:
         schema = SourceSchema.from_json(task.schema_json)
-        for batch in validate_chunks(task.file, schema, task.value_checks, task.envelope):
+        for batch in validate_chunks(task.file, schema, task.value_checks, task.envelope,
+                                     task.missing_policy):
             schema = batch.schema
             errors.extend(batch.errors)
             rows_read += batch.total_rows
             good += len(batch)
             skipped += batch.skipped
             if len(batch):
-                sink(bucketed(batch, task.buckets))
+                sink(bucketed(batch, task.buckets, task.keeps))
     except UpsertPlatformError as exc:
         return file_error_read(name, exc)
     read = FileRead(schema_json=schema.to_json(), rows_read=rows_read, good_rows=good,
@@ -552,6 +582,10 @@ def _run_bucket(
     # append commits. That is safe because the state only leaves this step as a
     # checkpoint (or a cache entry), which is used only once the very
     # compare-and-append that commits this output has committed.
+    if task.keeps:
+        # --missing keep: each row made whole from the key's earlier one (this batch's
+        # or the state's) before the drain, which then sees complete rows only.
+        rows = fill_missing(state, rows, row_schema)
     drained = drain_to_upper(state, rows, ts)
     state, table = drained.state, drained.updates
     result.inserts = drained.inserts

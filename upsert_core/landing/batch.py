@@ -14,6 +14,10 @@ Invariants:
   Python values ``json.loads`` produced (JSON Lines). ``column_kinds`` overrides
   ``kind`` for single columns (a Debezium event's values of a logical type arrive as
   ``typed`` Arrow arrays among ``json`` columns; ``landing.debezium``).
+- ``missing`` (``--missing keep`` only; ``landing.missing``): per column, the rows that
+  leave it out (a JSON object without the field), or whose placeholder a reader already
+  made null; such an entry is null in ``columns``. A column absent from ``columns`` is
+  left out by every row. Empty when nothing is tracked.
 - ``metadata`` is the file's own key-value metadata where its format has some (a
   Parquet footer's, e.g. the Avro schema ``parquet-avro`` writers record), else empty;
   every chunk of a file read in chunks carries the file's.
@@ -62,6 +66,7 @@ class RawBatch:
     errors: list[RowError] = field(default_factory=list)
     column_kinds: dict[str, SourceKind] = field(default_factory=dict)
     metadata: Mapping[bytes, bytes] = field(default_factory=dict)
+    missing: dict[str, npt.NDArray[np.bool_]] = field(default_factory=dict)
 
     def kind_of(self, column: str) -> SourceKind:
         """How to interpret ``column``'s values (``column_kinds``, else ``kind``)."""

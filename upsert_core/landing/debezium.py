@@ -121,17 +121,21 @@ def order_fields(order: str | Sequence[str]) -> tuple[str, ...]:
 
 
 def translate_jsonl(
-    name: str, data: bytes, key: tuple[str, ...], order: str | Sequence[str]
+    name: str, data: bytes, key: tuple[str, ...], order: str | Sequence[str],
+    placeholder: str | None = None,
 ) -> DebeziumBatch:
     """The events of a JSON Lines file as plain rows (module docstring); ``order`` is
-    the order's field, or its fields for an order of several."""
+    the order's field, or its fields for an order of several. With a ``placeholder``
+    (``--missing keep``), the rows' left-out fields and placeholder values of ``after``
+    (key columns apart) are recorded in ``RawBatch.missing``, the values made null."""
     order = order_fields(order)
     errors: list[RowError] = []
     skipped = 0
     rows: list[tuple[int, dict[str, object], dict[str, str]]] = []
+    unavailable: dict[int, set[str]] = {}
     for number, line in json_lines(name, data, errors):
         try:
-            event = _translate(line, key, order)
+            event = _translate(line, key, order, placeholder)
         except Unreadable as exc:
             errors.append(RowError(name, number, str(exc)))
             continue
@@ -140,6 +144,16 @@ def translate_jsonl(
         if event == "skipped":
             skipped += 1
             continue
+        if placeholder is not None:
+            row = event[0]
+            gone = {c for c, v in row.items()
+                    if v == placeholder and isinstance(v, str) and c not in key
+                    and c not in order and c != DELETE_MARKER}
+            if gone:
+                unavailable[number] = gone
+                for col in gone:
+                    row[col] = None
+                    event[1].pop(col, None)
         rows.append((number, *event))
 
     # A column is typed by the logical type the first event naming one gives it.
@@ -174,6 +188,14 @@ def translate_jsonl(
     positions = np.array([number for number, _ in kept], dtype=np.int64)
     errors.sort(key=lambda e: e.row)
     raw = RawBatch(name, SourceKind.JSON, columns, positions, errors, column_kinds=kinds)
+    if placeholder is not None:
+        none: set[str] = set()
+        raw.missing = {
+            col: np.fromiter(
+                (col not in row or col in unavailable.get(number, none) for number, row in kept),
+                np.bool_, len(kept))
+            for col in names
+        }
     return DebeziumBatch(raw, skipped)
 
 
@@ -191,10 +213,11 @@ def _mismatch(row: dict[str, object], types: dict[str, str], logical: dict[str, 
 
 
 def _translate(
-    line: object, key: tuple[str, ...], order: tuple[str, ...]
+    line: object, key: tuple[str, ...], order: tuple[str, ...], placeholder: str | None = None
 ) -> tuple[dict[str, object], dict[str, str]] | str | None:
     """One line -> (row, {column: logical type name}), ``"skipped"``, or None (a
-    tombstone); raises :class:`Unreadable` for an error row."""
+    tombstone); raises :class:`Unreadable` for an error row. A ``placeholder`` value of
+    a value column is not read as its logical type (the caller marks it missing)."""
     if line is None:
         return None
     field_schemas: Mapping[str, object] = {}
@@ -234,7 +257,8 @@ def _translate(
                 + ("order" if col in order else "delete marker")
             )
         type_name, parameters = fields.get(col, (None, {}))
-        if type_name is not None and value is not None:
+        unavailable = placeholder is not None and value == placeholder and col not in key
+        if type_name is not None and value is not None and not unavailable:
             row[col] = logical_value(col, value, type_name, parameters)
             types[col] = type_name
         else:

@@ -66,6 +66,7 @@ from upsert_core.landing.debezium import (
     translate_jsonl,
 )
 from upsert_core.landing.listing import LandingFile
+from upsert_core.landing.missing import nulled, placeholder_mask
 from upsert_core.landing.readers import read_parquet
 from upsert_core.landing.schema import LogicalType, SourceSchema, logical_type_of
 
@@ -94,34 +95,43 @@ _ZONED = "io.debezium.time.ZonedTimestamp"
 _ZONED_RE = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,6}0*)?(Z|[+-]\d\d:\d\d)$"
 
 
-def read_debezium(file: LandingFile, schema: SourceSchema) -> DebeziumBatch:
-    """One landing file of Debezium events, read whole: JSON Lines or Parquet."""
+def read_debezium(
+    file: LandingFile, schema: SourceSchema, placeholder: str | None = None
+) -> DebeziumBatch:
+    """One landing file of Debezium events, read whole: JSON Lines or Parquet (with a
+    ``placeholder``: ``--missing keep``, see the translations)."""
     if file.suffix == ".jsonl":
-        return translate_jsonl(file.name, file.read_bytes(), schema.key, schema.order_columns)
+        return translate_jsonl(file.name, file.read_bytes(), schema.key, schema.order_columns,
+                               placeholder)
     if file.suffix == ".parquet":
         raw = read_parquet(file.name, file.read_bytes())
-        return translate_parquet(raw, schema.key, schema.order_columns)
+        return translate_parquet(raw, schema.key, schema.order_columns, placeholder)
     raise IngestError(
         f"{file.name}: --envelope debezium reads JSON Lines (.jsonl) and Parquet (.parquet)"
         " files only"
     )
 
 
-def debezium_chunks(file: LandingFile, schema: SourceSchema) -> Iterator[DebeziumBatch]:
+def debezium_chunks(
+    file: LandingFile, schema: SourceSchema, placeholder: str | None = None
+) -> Iterator[DebeziumBatch]:
     """The events of a Parquet ``file`` read in chunks (``landing.chunks``), each chunk
     translated on its own: together exactly what :func:`read_debezium` gives, with the
     same row numbers (the column order of the first chunk with rows may differ only
     where the whole file's first kept event would order them otherwise, which no
     schema sees: validation appends each chunk's new columns in order)."""
     for raw in parquet_chunks(file):
-        yield translate_parquet(raw, schema.key, schema.order_columns)
+        yield translate_parquet(raw, schema.key, schema.order_columns, placeholder)
 
 
 def translate_parquet(
-    raw: RawBatch, key: tuple[str, ...], order: str | Sequence[str]
+    raw: RawBatch, key: tuple[str, ...], order: str | Sequence[str],
+    placeholder: str | None = None,
 ) -> DebeziumBatch:
     """The events of a Parquet file (or chunk) read as ``raw`` as plain rows; ``order``
-    is the order's field, or its fields for an order of several."""
+    is the order's field, or its fields for an order of several. With a ``placeholder``
+    (``--missing keep``), placeholder values of ``after``'s value fields are made null
+    before they are read as their logical type, and recorded in ``RawBatch.missing``."""
     order = order_fields(order)
     name, n = raw.file, raw.num_rows
     columns = {col: _plain(arr) for col, arr in raw.columns.items()
@@ -161,9 +171,15 @@ def translate_parquet(
     # Values: every field of ``after`` for c/r/u, the key columns of ``before`` for d,
     # each read as the logical type the footer gives it.
     values: dict[str, pa.Array] = {}
+    unavailable: dict[str, Mask] = {}
     for col in after_fields:
-        arr, bad, why = _logical(col, pc.struct_field(after, col),
-                                 connect.get("after", {}).get(col))
+        field = pc.struct_field(after, col)
+        if placeholder is not None and col not in key:
+            mask = placeholder_mask(field, placeholder)
+            if mask is not None:
+                unavailable[col] = mask
+                field = nulled(field, mask)
+        arr, bad, why = _logical(col, field, connect.get("after", {}).get(col))
         flag(is_row & bad, why=why)
         values[col] = arr
     key_values: dict[str, pa.Array] = {}
@@ -198,6 +214,7 @@ def translate_parquet(
         else:
             out[col] = _merged(name, col, values.get(col), key_values.get(col), take, deletes)
     batch = RawBatch(name, SourceKind.TYPED, out, raw.positions[kept], errors)
+    batch.missing = {col: mask[kept] for col, mask in unavailable.items() if col in out}
     return DebeziumBatch(batch, skipped)
 
 

@@ -44,11 +44,14 @@ from upsert_core.landing.listing import LandingFile
 _BOM = b"\xef\xbb\xbf"
 
 
-def read_batch(file: LandingFile) -> RawBatch:
-    """Read one landing file by its suffix."""
+def read_batch(file: LandingFile, *, track_missing: bool = False) -> RawBatch:
+    """Read one landing file by its suffix; ``track_missing`` (``--missing keep``):
+    record which JSON objects leave a field out (``RawBatch.missing``)."""
     reader = _READERS.get(file.suffix)
     if reader is None:
         raise IngestError(f"{file.name}: not a batch file (.parquet, .jsonl or .csv)")
+    if track_missing and reader is read_jsonl:
+        return read_jsonl(file.name, file.read_bytes(), track_missing=True)
     return reader(file.name, file.read_bytes())
 
 
@@ -68,8 +71,9 @@ def read_parquet(name: str, data: bytes) -> RawBatch:
     return RawBatch(name, SourceKind.TYPED, columns, positions, metadata=metadata)
 
 
-def read_jsonl(name: str, data: bytes) -> RawBatch:
-    """JSON Lines, parsed line by line so one bad line costs one row, not the file."""
+def read_jsonl(name: str, data: bytes, *, track_missing: bool = False) -> RawBatch:
+    """JSON Lines, parsed line by line so one bad line costs one row, not the file;
+    ``track_missing``: record per column the objects without that field."""
     objects: list[dict[str, object]] = []
     positions: list[int] = []
     errors: list[RowError] = []
@@ -86,7 +90,13 @@ def read_jsonl(name: str, data: bytes) -> RawBatch:
             if key not in names:
                 names[key] = None
     columns: dict[str, Column] = {col: [obj.get(col) for obj in objects] for col in names}
-    return RawBatch(name, SourceKind.JSON, columns, np.array(positions, dtype=np.int64), errors)
+    raw = RawBatch(name, SourceKind.JSON, columns, np.array(positions, dtype=np.int64), errors)
+    if track_missing:
+        raw.missing = {
+            col: np.fromiter((col not in obj for obj in objects), np.bool_, len(objects))
+            for col in names
+        }
+    return raw
 
 
 def json_lines(name: str, data: bytes, errors: list[RowError]) -> Iterator[tuple[int, object]]:

@@ -95,14 +95,16 @@ def plan_splits(file: LandingFile, split_bytes: int) -> list[Split]:
     ]
 
 
-def read_split(file: LandingFile, split: Split) -> SplitRows:
-    """The rows split ``split`` of ``file`` owns (module docstring)."""
+def read_split(file: LandingFile, split: Split, *, track_missing: bool = False) -> SplitRows:
+    """The rows split ``split`` of ``file`` owns (module docstring); ``track_missing``:
+    as :func:`~upsert_core.landing.readers.read_batch`."""
     if file.suffix == ".jsonl":
         data = _jsonl_bytes(file, split)
         lines = data.split(b"\n")
         if lines and lines[-1] == b"":
             lines.pop()
-        return SplitRows(read_jsonl(file.name, data), absolute=False, lines=len(lines))
+        raw = read_jsonl(file.name, data, track_missing=track_missing)
+        return SplitRows(raw, absolute=False, lines=len(lines))
     if file.suffix == ".parquet":
         return SplitRows(_parquet_rows(file, split), absolute=True)
     raise IngestError(f"{file.name}: {file.suffix or 'this'} files are not read in splits")

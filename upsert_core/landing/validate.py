@@ -76,6 +76,7 @@ from upsert_core.landing.convert import (
 from upsert_core.landing.debezium import Envelope, parse_envelope
 from upsert_core.landing.debezium_parquet import debezium_chunks, read_debezium
 from upsert_core.landing.listing import LandingFile
+from upsert_core.landing.missing import MissingPolicy, nulled, placeholder_mask
 from upsert_core.landing.readers import read_batch
 from upsert_core.landing.rows import encode_row
 from upsert_core.landing.schema import ARROW_TYPES, LogicalType, SourceSchema
@@ -121,6 +122,9 @@ class ValidatedBatch:
     such a schema may hold an empty int64 array: nothing to compare)."""
     positions: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
     errors: list[RowError] = field(default_factory=list)
+    missing: npt.NDArray[np.bool_] | None = None
+    """``--missing keep`` only: per good row, which of ``schema.names`` it leaves out
+    (shape ``(rows, columns)``; ``landing.missing``); None with ``--missing null``."""
     values: pa.Table | None = None
     """The good rows' typed values (columns ``schema.names``, ``ARROW_TYPES``), row ``i``
     the values ``row_values[i]`` encodes; None when not kept (rows encoded one by one)."""
@@ -177,15 +181,19 @@ def validate_file(
     schema: SourceSchema,
     value_checks: tuple[ValueCheck, ...] = (),
     envelope: str = Envelope.PLAIN,
+    missing: MissingPolicy | None = None,
 ) -> ValidatedBatch:
     """Read and validate one landing file; with ``envelope`` ``debezium`` its events are
-    first translated into plain rows (:mod:`~upsert_core.landing.debezium`)."""
+    first translated into plain rows (:mod:`~upsert_core.landing.debezium`). With
+    ``missing`` (``--missing keep``) the batch marks the values its rows leave out."""
+    placeholder = None if missing is None else missing.placeholder
     if parse_envelope(envelope) is Envelope.DEBEZIUM:
-        events = read_debezium(file, schema)
-        batch = validate_batch(events.raw, schema, value_checks)
+        events = read_debezium(file, schema, placeholder)
+        batch = validate_batch(events.raw, schema, value_checks, missing)
         batch.skipped = events.skipped
         return batch
-    return validate_batch(read_batch(file), schema, value_checks)
+    raw = read_batch(file, track_missing=missing is not None)
+    return validate_batch(raw, schema, value_checks, missing)
 
 
 def validate_chunks(
@@ -193,6 +201,7 @@ def validate_chunks(
     schema: SourceSchema,
     value_checks: tuple[ValueCheck, ...] = (),
     envelope: str = Envelope.PLAIN,
+    missing: MissingPolicy | None = None,
 ) -> Iterator[ValidatedBatch]:
     """:func:`validate_file` for a Parquet file read in chunks (``landing.chunks``): each
     chunk validated against the schema the one before left, its events first translated
@@ -200,23 +209,30 @@ def validate_chunks(
     numbers count over the whole file; a file-level problem raises from the chunk where
     it is found (the caller discards what it made of the earlier ones)."""
     if parse_envelope(envelope) is Envelope.DEBEZIUM:
-        for events in debezium_chunks(file, schema):
-            batch = validate_batch(events.raw, schema, value_checks)
+        placeholder = None if missing is None else missing.placeholder
+        for events in debezium_chunks(file, schema, placeholder):
+            batch = validate_batch(events.raw, schema, value_checks, missing)
             batch.skipped = events.skipped
             schema = batch.schema
             yield batch
         return
     for raw in parquet_chunks(file):
-        batch = validate_batch(raw, schema, value_checks)
+        batch = validate_batch(raw, schema, value_checks, missing)
         schema = batch.schema
         yield batch
 
 
 def validate_batch(
-    raw: RawBatch, schema: SourceSchema, value_checks: tuple[ValueCheck, ...] = ()
+    raw: RawBatch,
+    schema: SourceSchema,
+    value_checks: tuple[ValueCheck, ...] = (),
+    missing: MissingPolicy | None = None,
 ) -> ValidatedBatch:
     """Validate a read batch against ``schema``, then run ``value_checks`` on the rows
-    that passed (:mod:`~upsert_core.landing.value_checks`); see the module docstring."""
+    that passed (:mod:`~upsert_core.landing.value_checks`); see the module docstring.
+    With ``missing`` (``--missing keep``), placeholder values of value columns are
+    nulls marked missing, beside the fields the reader found left out, and a
+    placeholder in a key or order column makes an error row."""
     file, n = raw.file, raw.num_rows
     if raw.columns and n:
         for needed in (*schema.key, *schema.order_columns):
@@ -234,6 +250,10 @@ def validate_batch(
                 problems.setdefault(i, []).append(
                     f"column {name!r}: not valid UTF-8: {describe_bytes(col, i)}"
                 )
+
+    marks: dict[str, npt.NDArray[np.bool_]] = {}
+    if missing is not None:
+        columns, marks = _placeholders(raw, columns, schema, missing.placeholder, problems)
 
     batch_types: list[tuple[str, LogicalType | None]] = []
     done: dict[str, tuple[LogicalType, Conversion]] = {}
@@ -309,7 +329,65 @@ def validate_batch(
 
     out = _encode(raw, schema, arrays, good_idx, deletes, errors)
     out.errors = sorted(errors + raw.errors, key=_row)
+    if missing is not None:
+        out.missing = _missing_matrix(raw, schema, marks)[_out_rows(raw, out)]
     return out
+
+
+def _placeholders(
+    raw: RawBatch,
+    columns: dict[str, Column],
+    schema: SourceSchema,
+    placeholder: str,
+    problems: dict[int, list[str]],
+) -> tuple[dict[str, Column], dict[str, npt.NDArray[np.bool_]]]:
+    """``--missing keep``: the columns with the value columns' placeholders made null,
+    and per value column the rows that leave it out (the reader's marks and the
+    placeholders); a placeholder in a key or order column is a problem of its row."""
+    out = dict(columns)
+    marks: dict[str, npt.NDArray[np.bool_]] = {}
+    for name, col in columns.items():
+        role = schema.role(name)
+        if role == "deleted":
+            continue
+        found = placeholder_mask(col, placeholder)
+        if found is not None and role != "value":
+            for i in np.flatnonzero(found).tolist():
+                problems.setdefault(i, []).append(
+                    f"{role} column {name!r} holds the unavailable-value placeholder "
+                    f"{placeholder!r}"
+                )
+            continue
+        if found is not None:
+            out[name] = nulled(col, found)
+        left_out = raw.missing.get(name)
+        if role == "value" and (found is not None or left_out is not None):
+            marks[name] = found if left_out is None else (
+                left_out if found is None else left_out | found)
+    return out, marks
+
+
+def _missing_matrix(
+    raw: RawBatch, schema: SourceSchema, marks: dict[str, npt.NDArray[np.bool_]]
+) -> npt.NDArray[np.bool_]:
+    """Per row of ``raw``, which of ``schema.names`` it leaves out: a value column the
+    file does not have at all, or one its marks say (key and order columns never)."""
+    n = raw.num_rows
+    out = np.zeros((n, len(schema.names)), dtype=np.bool_)
+    for j, name in enumerate(schema.names):
+        if schema.role(name) != "value":
+            continue
+        if name not in raw.columns:
+            out[:, j] = True
+        elif name in marks:
+            out[:, j] = marks[name]
+    return out
+
+
+def _out_rows(raw: RawBatch, batch: ValidatedBatch) -> npt.NDArray[np.intp]:
+    """The index in ``raw`` of each good row of ``batch`` (its positions are a subset of
+    ``raw``'s, both ascending)."""
+    return np.searchsorted(raw.positions, batch.positions).astype(np.intp)
 
 
 def _encode(
