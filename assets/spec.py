@@ -42,6 +42,8 @@ class SourceSpec:
     deleted_col: str | None = None
     order_scope: str | None = None
     envelope: str | None = None
+    missing: str | None = None
+    unavailable: str | None = None
     gc_cron: str = DEFAULT_GC_CRON
     gc_retain: int | None = None
     sensor_interval_s: int = DEFAULT_SENSOR_INTERVAL_S
@@ -67,7 +69,8 @@ class SourceSpec:
         """The ingest options (``None`` = the shard's stored option or the default)."""
         return IngestRequest(
             key=self.key, order=self.order, deleted_col=self.deleted_col,
-            order_scope=self.order_scope, envelope=self.envelope, value_checks=self.checks,
+            order_scope=self.order_scope, envelope=self.envelope, missing=self.missing,
+            unavailable=self.unavailable, value_checks=self.checks,
         )
 
     @property

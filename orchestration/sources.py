@@ -17,6 +17,9 @@ the working directory; else, when running from a checkout, the one at its root):
         deleted_col: __deleted
         order_scope: batch
         envelope: plain                 # or debezium: Debezium change events (JSON Lines)
+        missing: null                   # or keep: a value a row leaves out keeps the key's
+                                        # previous one (CONTRACT.md, "Change data capture")
+        unavailable: __debezium_unavailable_value  # with keep: the placeholder text
         gc_cron: "0 * * * *"            # rollup_gc schedule
         gc_retain: null                 # rollup_gc --retain, >= 1 (null: the shard's stored
                                         # retention, `upsertctl retention`; else all history)
@@ -82,7 +85,8 @@ __all__ = ["SourceSpec", "load_sources", "merge_sources", "parse_source", "env_s
 
 _FIELDS = {
     "name", "landing", "shard", "key", "order", "deleted_col", "order_scope", "envelope", "gc_cron",
-    "gc_retain", "retention", "sensor_interval_s", "description", "owners", "tags", "checks",
+    "missing", "unavailable", "gc_retain", "retention", "sensor_interval_s", "description",
+    "owners", "tags", "checks",
 }
 _OWNER = re.compile(r"^(team:[A-Za-z0-9_.-]+|[^@\s]+@[^@\s]+\.[^@\s]+)$")
 _TAG_KEY = re.compile(r"^([A-Za-z0-9_.-]{1,63}/)?[A-Za-z0-9_.-]{1,63}$")
@@ -232,6 +236,8 @@ def parse_source(entry: object, where: str, env: Mapping[str, str]) -> SourceSpe
         deleted_col=_opt_str(entry, "deleted_col", where, env),
         order_scope=_opt_str(entry, "order_scope", where, env),
         envelope=_opt_str(entry, "envelope", where, env),
+        missing=_opt_str(entry, "missing", where, env),
+        unavailable=_opt_str(entry, "unavailable", where, env),
         gc_cron=_opt_str(entry, "gc_cron", where, env) or DEFAULT_GC_CRON,
         gc_retain=retain,
         retention=_retention(entry.get("retention"), where),

@@ -24,6 +24,17 @@ Semantics, one batch (one landing file) at a time, each at the next timestamp ``
   next; strings by code point, which is UTF-8 byte order); a null in ANY of them is a
   null order (an error row). Every rule above holds with tuples for order values.
 
+- Missing values (``missing="keep"``, ``--missing keep``): a value column a row leaves
+  out (a dict without the field) or holds the placeholder string in (``placeholder``,
+  default ``__debezium_unavailable_value``) keeps the key's previous value; an explicit
+  null (None) sets null. The rows of a key in one batch are applied one after the
+  other in ``(order, row number)`` order, each taking its missing values from the result
+  of the one before it, or from the key's live row before the batch, or null when it
+  has none; a delete leaves no row to take values from. In the global scope, rows whose
+  order is not greater than the key's stored order (before the batch) are skipped
+  first. The key's change is the result of the last row. A key or order column holding
+  the placeholder is an error row.
+
 Two ways in: :meth:`UpsertModel.apply` takes a file's rows as dicts (key column(s),
 order column, delete marker, value columns: a row becomes its :func:`canonical` form
 without the marker, and rows with a null key or order are error rows, recorded and not
@@ -68,13 +79,18 @@ class UpsertModel:
     """
 
     def __init__(self, scope: Any, *, key: str | Sequence[str] = "key",
-                 order: str | Sequence[str] = "offset", deleted: str = "__deleted") -> None:
+                 order: str | Sequence[str] = "offset", deleted: str = "__deleted",
+                 missing: str = "null",
+                 placeholder: str = "__debezium_unavailable_value") -> None:
         self.scope = str(getattr(scope, "value", scope))
         assert self.scope in ("batch", "global"), scope
         self.key = (key,) if isinstance(key, str) else tuple(key)
         self.order = order if isinstance(order, str) else tuple(order)
         """One order column's name, or a tuple of several (order values are tuples)."""
         self.deleted = deleted
+        assert missing in ("null", "keep"), missing
+        self.missing = missing
+        self.placeholder = placeholder
         self.live: dict[Hashable, tuple[Hashable, Any]] = {}
         self.tombstones: dict[Hashable, Any] = {}
         self.errors: list[tuple[int, int, str]] = []
@@ -93,6 +109,8 @@ class UpsertModel:
         """Apply one file's rows (dicts, in file order) at the next timestamp; returns its
         changes. The key is the tuple of the key columns, the value the row's
         :func:`canonical` form without the delete marker (the order column included)."""
+        if self.missing == "keep":
+            return self._apply_keep(rows)
         ts = self.upper
         updates: list[Update] = []
         for number, r in enumerate(rows, start=1):
@@ -107,6 +125,45 @@ class UpsertModel:
             value = None if is_deleted(r.get(self.deleted)) else canonical(
                 {c: v for c, v in r.items() if c != self.deleted})
             updates.append((k, value, order))
+        return self.apply_updates(updates)
+
+    def _apply_keep(self, rows: Sequence[Mapping[str, Any]]) -> list[Change]:
+        """:meth:`apply` with ``missing="keep"`` (module docstring): each key's rows
+        folded into one update, then applied as usual."""
+        ts = self.upper
+        by_key: dict[Hashable, list[tuple[Any, int, dict[str, Any] | None]]] = {}
+        for number, r in enumerate(rows, start=1):
+            if any(r.get(c) is None for c in self.key):
+                self.errors.append((ts, number, "null key"))
+                continue
+            order_columns = (self.order,) if isinstance(self.order, str) else self.order
+            if any(r.get(c) == self.placeholder for c in (*self.key, *order_columns)):
+                self.errors.append((ts, number, "placeholder in a key or order column"))
+                continue
+            order = self.order_of(r)
+            if order is None:
+                self.errors.append((ts, number, "null order"))
+                continue
+            k = tuple(r[c] for c in self.key)
+            given = None if is_deleted(r.get(self.deleted)) else {
+                c: v for c, v in r.items() if c != self.deleted and v != self.placeholder}
+            by_key.setdefault(k, []).append((order, number, given))
+        updates: list[Update] = []
+        for k, entries in by_key.items():
+            stored = self.stored_order(k) if self.scope == "global" else None
+            current: dict[str, Any] | None = dict(self.live[k][0]) if k in self.live else None
+            last: Update | None = None
+            for order, _number, given in sorted(entries, key=lambda e: (e[0], e[1])):
+                if stored is not None and order <= stored:
+                    continue  # late: skipped first
+                if given is None:
+                    current = None
+                else:
+                    merged = {**(current or {}), **given}
+                    current = {c: v for c, v in merged.items() if v is not None}
+                last = (k, None if current is None else canonical(current), order)
+            if last is not None:
+                updates.append(last)
         return self.apply_updates(updates)
 
     def order_of(self, row: Mapping[str, Any]) -> Any:

@@ -40,8 +40,8 @@ if TYPE_CHECKING:
 
 LIVE_ROWS = "live_rows"
 REWRITTEN_FILES = "rewritten_files"
-OPTION_FIELDS = ("key", "order", "deleted_col", "order_scope", "envelope", "buckets",
-                 "columns")
+OPTION_FIELDS = ("key", "order", "deleted_col", "order_scope", "envelope", "missing",
+                 "unavailable", "buckets", "columns")
 
 
 def shard_summary(shard: Shard) -> dict[str, object]:
@@ -82,6 +82,8 @@ def _options(config: Mapping[str, str]) -> dict[str, object]:
         "deleted_col": schema.deleted,
         "order_scope": options.order_scope.value,
         "envelope": options.envelope.value,
+        "missing": options.missing.value,
+        "unavailable": options.unavailable if options.missing.value == "keep" else None,
         "buckets": options.buckets,
         "columns": {name: str(typ) for name, typ in schema.columns},
     }

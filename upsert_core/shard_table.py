@@ -295,7 +295,9 @@ class ShardTable:
         """The summary ``upsertctl inspect`` prints, field for field
         (``upsert_core.shard_summary``): state and storage figures, ``live_rows`` (null
         when the shard does not record it for its upper), the ingest options (``key``,
-        ``order``, ``deleted_col``, ``order_scope``, ``envelope``, ``buckets``) and
+        ``order``, ``deleted_col``, ``order_scope``, ``envelope``, ``missing``,
+        ``unavailable`` (the placeholder with ``missing`` ``keep``, else null),
+        ``buckets``) and
         ``columns`` as ``{name: type}`` in the platform's type names (``int64``,
         ``float64``, ``string``, ``bool``, ``timestamp``, ``date``, ``binary``)."""
         return shard_summary(self.shard)

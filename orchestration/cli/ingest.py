@@ -65,6 +65,8 @@ def request_from_args(args: argparse.Namespace) -> IngestRequest:
         order_scope=args.order_scope,
         buckets=_buckets(args),
         envelope=getattr(args, "envelope", None),
+        missing=getattr(args, "missing", None),
+        unavailable=getattr(args, "unavailable", None),
     )
 
 

@@ -193,6 +193,16 @@ def build_parser() -> argparse.ArgumentParser:
         "then names an event field, default source.lsn)",
     )
     p.add_argument(
+        "--missing", choices=("null", "keep"),
+        help="default null; keep: a value column a row leaves out (or holds the placeholder"
+        " in) keeps the key's previous value",
+    )
+    p.add_argument(
+        "--unavailable", metavar="TEXT",
+        help="with --missing keep: the placeholder that marks a value left out (default"
+        " __debezium_unavailable_value)",
+    )
+    p.add_argument(
         "--json", action="store_true",
         help="print the run's report as one JSON object on stdout (files, counts, uppers)",
     )

@@ -64,7 +64,6 @@ from upsert_core.errors import (
     UpsertPlatformError,
 )
 from upsert_core.ingest.buckets import bucket_of_keys
-from upsert_core.ingest.missing_values import fill_missing
 from upsert_core.ingest.checkpoint import (
     CheckpointUnusable,
     checkpoint_intact,
@@ -72,6 +71,7 @@ from upsert_core.ingest.checkpoint import (
     new_state,
     write_checkpoint,
 )
+from upsert_core.ingest.missing_values import fill_missing
 from upsert_core.ingest.outcome import BucketResult, FileRead
 from upsert_core.ingest.rehydrate import GLOBAL_REHYDRATION_WARNING, rehydrate_bucket
 from upsert_core.ingest.replay import replay_bucket

@@ -141,11 +141,11 @@ def translate_jsonl(
             continue
         if event is None:
             continue
-        if event == "skipped":
+        if isinstance(event, str):  # "skipped"
             skipped += 1
             continue
+        row, types = event
         if placeholder is not None:
-            row = event[0]
             gone = {c for c, v in row.items()
                     if v == placeholder and isinstance(v, str) and c not in key
                     and c not in order and c != DELETE_MARKER}
@@ -153,8 +153,8 @@ def translate_jsonl(
                 unavailable[number] = gone
                 for col in gone:
                     row[col] = None
-                    event[1].pop(col, None)
-        rows.append((number, *event))
+                    types.pop(col, None)
+        rows.append((number, row, types))
 
     # A column is typed by the logical type the first event naming one gives it.
     logical: dict[str, str] = {}

@@ -104,7 +104,7 @@ def pack(marks: Mask) -> pa.BinaryArray:
         (n, 0), np.uint8)
     size = packed.shape[1]
     offsets = np.arange(n + 1, dtype=np.int32) * size
-    return pa.Array.from_buffers(  # type: ignore[no-any-return]
+    return pa.Array.from_buffers(
         pa.binary(), n, [None, pa.py_buffer(offsets.tobytes()),
                          pa.py_buffer(np.ascontiguousarray(packed).tobytes())],
     )
@@ -120,16 +120,12 @@ def unpack(bitmaps: pa.Array | pa.ChunkedArray, width: int) -> Mask:
     if n == 0 or width == 0:
         return out
     lengths = np.asarray(pc.binary_length(bitmaps).to_numpy(zero_copy_only=False), np.int64)
-    values = bitmaps.to_pylist() if len(set(lengths.tolist())) > 1 else None
-    for size in sorted(set(lengths.tolist())):
-        rows = np.flatnonzero(lengths == size)
+    for size in np.unique(lengths).tolist():
         if size == 0:
             continue
-        if values is None:
-            data = _flat(bitmaps)
-        else:
-            data = b"".join(values[i] for i in rows.tolist())
-        bits = np.unpackbits(np.frombuffer(data, np.uint8).reshape(len(rows), size),
+        rows = np.flatnonzero(lengths == size)
+        same = bitmaps if len(rows) == n else bitmaps.take(pa.array(rows, pa.int64()))
+        bits = np.unpackbits(np.frombuffer(_flat(same), np.uint8).reshape(len(rows), size),
                              axis=1, bitorder="little")
         cols = min(width, bits.shape[1])
         out[rows, :cols] = bits[:, :cols].astype(np.bool_)
@@ -137,7 +133,7 @@ def unpack(bitmaps: pa.Array | pa.ChunkedArray, width: int) -> Mask:
 
 
 def _flat(bitmaps: pa.Array) -> bytes:
-    """The bytes of ``bitmaps``' values, back to back (every value one length)."""
+    """The bytes of ``bitmaps``' values, back to back."""
     offsets = np.frombuffer(bitmaps.buffers()[1], np.int32)[
         bitmaps.offset:bitmaps.offset + len(bitmaps) + 1]
     data = bitmaps.buffers()[2]

@@ -361,9 +361,10 @@ def _placeholders(
         if found is not None:
             out[name] = nulled(col, found)
         left_out = raw.missing.get(name)
-        if role == "value" and (found is not None or left_out is not None):
-            marks[name] = found if left_out is None else (
-                left_out if found is None else left_out | found)
+        if role == "value" and found is not None:
+            marks[name] = found if left_out is None else left_out | found
+        elif role == "value" and left_out is not None:
+            marks[name] = left_out
     return out, marks
 
 
