@@ -149,9 +149,10 @@ class UpsertModel:
                 c: v for c, v in r.items() if c != self.deleted and v != self.placeholder}
             by_key.setdefault(k, []).append((order, number, given))
         updates: list[Update] = []
-        for k, entries in by_key.items():
-            stored = self.stored_order(k) if self.scope == "global" else None
-            current: dict[str, Any] | None = dict(self.live[k][0]) if k in self.live else None
+        for key, entries in by_key.items():
+            stored = self.stored_order(key) if self.scope == "global" else None
+            live: Any = self.live[key][0] if key in self.live else None
+            current: dict[str, Any] | None = None if live is None else dict(live)
             last: Update | None = None
             for order, _number, given in sorted(entries, key=lambda e: (e[0], e[1])):
                 if stored is not None and order <= stored:
@@ -161,7 +162,7 @@ class UpsertModel:
                 else:
                     merged = {**(current or {}), **given}
                     current = {c: v for c, v in merged.items() if v is not None}
-                last = (k, None if current is None else canonical(current), order)
+                last = (key, None if current is None else canonical(current), order)
             if last is not None:
                 updates.append(last)
         return self.apply_updates(updates)

@@ -84,3 +84,45 @@ def test_several_order_columns_compare_as_tuples_and_a_null_in_any_is_a_null_ord
     assert model.apply([row(2, "bin.1", 8, "later")]) == [
         ((2,), canonical(row(2, "bin.1", 7, "tie: later row")), -1),
         ((2,), canonical(row(2, "bin.1", 8, "later")), 1)]
+
+
+def test_missing_keep_folds_a_keys_rows_in_order() -> None:
+    ph = "__debezium_unavailable_value"
+    for scope in ("batch", "global"):
+        model = UpsertModel(scope, missing="keep")
+        model.apply([{"key": 1, "offset": 1, "a": 1, "b": "x", "c": True}])
+        changes = model.apply([
+            {"key": 1, "offset": 3, "c": None},  # explicit null: set
+            {"key": 1, "offset": 2, "a": ph, "b": "y"},  # applied first (order 2 < 3)
+            {"key": 2, "offset": 1, "b": "new"},  # no row before: left out is null
+        ])
+        assert model.snapshot(1) == {
+            (1,): canonical({"key": 1, "offset": 3, "a": 1, "b": "y"}),
+            (2,): canonical({"key": 2, "offset": 1, "b": "new"}),
+        }
+        # the retraction is the old full row, the insertion the folded one
+        assert (((1,), canonical({"key": 1, "offset": 1, "a": 1, "b": "x", "c": True}), -1)
+                in changes)
+
+
+def test_missing_keep_a_delete_leaves_nothing_and_late_rows_are_skipped_first() -> None:
+    model = UpsertModel("global", missing="keep")
+    model.apply([{"key": 1, "offset": 5, "a": 1, "b": "x"}])
+    model.apply([
+        {"key": 1, "offset": 9, "b": "z"},
+        {"key": 1, "offset": 7, "__deleted": True},
+        {"key": 1, "offset": 4, "a": 99},  # late: neither takes nor gives
+    ])
+    assert model.snapshot(1) == {(1,): canonical({"key": 1, "offset": 9, "b": "z"})}
+    batch = UpsertModel("batch", missing="keep")
+    batch.apply([{"key": 1, "offset": 5, "a": 1}])
+    batch.apply([{"key": 1, "offset": 0, "b": "y"}])  # batch scope: never late
+    assert batch.snapshot(1) == {(1,): canonical({"key": 1, "offset": 0, "a": 1, "b": "y"})}
+
+
+def test_missing_keep_placeholder_in_key_or_order_is_an_error_row() -> None:
+    model = UpsertModel("batch", missing="keep", placeholder="?")
+    model.apply([{"key": "?", "offset": 1}, {"key": 1, "offset": "?"},
+                 {"key": 1, "offset": 1, "v": "?"}])
+    assert [e[1] for e in model.errors] == [1, 2]
+    assert model.snapshot(0) == {(1,): canonical({"key": 1, "offset": 1})}

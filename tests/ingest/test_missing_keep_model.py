@@ -80,6 +80,7 @@ def histories(draw: st.DrawFn) -> list[tuple[str, Any]]:
     out: list[tuple[str, Any]] = []
     for i in range(n):
         later = i >= added
+        cols: tuple[str, ...]
         if draw(st.booleans()):
             cols = JSON_COLUMNS if later else ("v", "w")
             out.append(("jsonl", draw(st.lists(jsonl_row(cols), max_size=10))))
