@@ -578,14 +578,14 @@ def _run_bucket(
         task.scope is OrderScope.BATCH and len(state) == 0 and task.typed_parts
         and task.values_only and task.part_bases and result.rehydrated is None
     )
-    # SUBTLE: the drain's state includes the feedback of this very output before the
-    # append commits. That is safe because the state only leaves this step as a
-    # checkpoint (or a cache entry), which is used only once the very
-    # compare-and-append that commits this output has committed.
     if task.keeps:
         # --missing keep: each row made whole from the key's earlier one (this batch's
         # or the state's) before the drain, which then sees complete rows only.
         rows = fill_missing(state, rows, row_schema)
+    # SUBTLE: the drain's state includes the feedback of this very output before the
+    # append commits. That is safe because the state only leaves this step as a
+    # checkpoint (or a cache entry), which is used only once the very
+    # compare-and-append that commits this output has committed.
     drained = drain_to_upper(state, rows, ts)
     state, table = drained.state, drained.updates
     result.inserts = drained.inserts

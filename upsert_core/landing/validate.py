@@ -26,6 +26,11 @@ Invariants:
   they are order keys (``upsert_core.order_keys``: one comparable bytes value per row,
   in Arrow ``binary``), and a null in ANY of the columns makes the row a null-order
   error row.
+- ``--missing keep`` (``missing``, :mod:`~upsert_core.landing.missing`): a placeholder
+  value of a value column is null and marked missing, as are fields the reader found
+  left out and columns the file does not have (``ValidatedBatch.missing``); a
+  placeholder in a key or order column is a row-level problem. Without it nothing is
+  marked and a placeholder is an ordinary string.
 - Value checks (ranges, allowed values, ...; :mod:`~upsert_core.landing.value_checks`)
   run only on the rows that passed the checks above, on their converted values; a row
   failing one is an error like any other (reason ``value check <column> <check>
