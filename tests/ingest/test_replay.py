@@ -54,7 +54,7 @@ def test_replay_falls_back_to_the_merged_read(tmp_path: Path, monkeypatch) -> No
 
     with pytest.raises(InvalidUpsertState):  # the fast path alone cannot use them
         apply_changes(base, [doubled(shard.blob, state, 1, state.upper)])
-    def doubled_by_part(blob, shard_state, lower, upper):  # noqa: ANN001, ANN202
+    def doubled_by_part(blob, shard_state, lower, upper, copies=None):  # noqa: ANN001, ANN202
         return [(None, doubled(blob, shard_state, lower, upper))]
 
     monkeypatch.setattr(replay, "unmerged_changes_by_part", doubled_by_part)

@@ -25,6 +25,10 @@ Invariants:
   directory at all, changes no result and stops no ingest. An entry the caller finds
   unusable (other columns or labels) is dropped like a damaged one. Malformed settings
   are refused before an ingest commits anything (:func:`check_settings`).
+- Replayed parts (:data:`PARTS`): a fresh process replays the parts written since a
+  bucket's base (``ingest.replay``), deriving each update's encoded row from its
+  values; the decoded updates of a part are kept under the same rules (named by the
+  part's never-rewritten blob key), in the ``parts`` directory beside the buckets'.
 - Bounded: a bucket keeps its :data:`KEEP_PER_BUCKET` newest entries, and the whole
   cache at most ``UPSERT_BASE_CACHE_MB`` (default 16384: a 30M-key shard's bases take
   3.5 GB, and a cache smaller than the bases one ingest maps evicts each entry before
@@ -60,6 +64,8 @@ LIMIT_ENV = "UPSERT_BASE_CACHE_MB"
 DEFAULT_LIMIT_MB = 16384
 KEEP_PER_BUCKET = 2
 """Entries a bucket keeps: its current base and the one before (a racing writer's)."""
+PARTS = "parts"
+"""The directory (in place of a bucket number) of replayed parts' decoded updates."""
 STALE_TEMPORARY_S = 3600
 """A temporary file older than this is a killed writer's, and is removed."""
 
@@ -104,7 +110,7 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def _name_id(bucket: int, key: str) -> int:
+def _name_id(bucket: int | str, key: str) -> int:
     """What an entry's trailer records of the base it copies (so an entry moved to
     another base's name is not taken for it)."""
     return xxhash.xxh3_64_intdigest(f"{bucket}|{key}".encode())
@@ -129,10 +135,10 @@ class BaseCache:
             return None
         return cls(root / "bases" / _digest(f"{location}|{shard}"), _limit_bytes())
 
-    def _path(self, bucket: int, key: str) -> Path:
+    def _path(self, bucket: int | str, key: str) -> Path:
         return self.root / str(bucket) / f"{_digest(key)}{_SUFFIX}"
 
-    def get(self, bucket: int, key: str) -> pa.Table | None:
+    def get(self, bucket: int | str, key: str) -> pa.Table | None:
         """The table cached for base ``key`` of ``bucket``, or None (absent, or found
         damaged and deleted)."""
         path = self._path(bucket, key)
@@ -161,14 +167,15 @@ class BaseCache:
             os.utime(path)  # recently used: the size bound drops older entries first
         return table
 
-    def drop(self, bucket: int, key: str) -> None:
+    def drop(self, bucket: int | str, key: str) -> None:
         """Delete the entry of base ``key`` (damaged, or found unusable by the caller)."""
         with contextlib.suppress(OSError):
             self._path(bucket, key).unlink()
 
-    def put(self, bucket: int, key: str, table: pa.Table) -> None:
+    def put(self, bucket: int | str, key: str, table: pa.Table, *, evict: bool = True) -> None:
         """Keep ``table`` as base ``key`` of ``bucket`` (best effort: see the module
-        docstring), then drop what the bounds exclude."""
+        docstring), then drop what the bounds exclude (unless ``evict`` is False: a
+        caller that puts many entries calls :meth:`evict` once after them)."""
         path = self._path(bucket, key)
         temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
         try:
@@ -188,16 +195,22 @@ class BaseCache:
             with contextlib.suppress(OSError):
                 temporary.unlink()
             return
-        self._evict(path)
+        if evict:
+            self._evict(path)
 
-    def _evict(self, kept: Path) -> None:
-        with contextlib.suppress(OSError):
-            siblings = sorted(
-                (p for p in kept.parent.glob(f"*{_SUFFIX}") if p != kept),
-                key=lambda p: p.stat().st_mtime, reverse=True,
-            )
-            for old in siblings[KEEP_PER_BUCKET - 1:]:
-                old.unlink(missing_ok=True)
+    def evict(self) -> None:
+        """Drop what the size bound excludes (after puts made with ``evict=False``)."""
+        self._evict(None)
+
+    def _evict(self, kept: Path | None) -> None:
+        if kept is not None and kept.parent.name.isdigit():  # a bucket's bases
+            with contextlib.suppress(OSError):
+                siblings = sorted(
+                    (p for p in kept.parent.glob(f"*{_SUFFIX}") if p != kept),
+                    key=lambda p: p.stat().st_mtime, reverse=True,
+                )
+                for old in siblings[KEEP_PER_BUCKET - 1:]:
+                    old.unlink(missing_ok=True)
         with contextlib.suppress(OSError):  # a writer killed mid-put leaves its temporary
             stale = time.time() - STALE_TEMPORARY_S
             for leftover in self.root.parent.glob("*/*/.*.tmp"):

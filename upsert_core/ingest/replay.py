@@ -24,7 +24,8 @@ Invariants:
   value already gone).
 - Reads are cheap and shared: the changes are read without the k-way merge
   (:func:`~upsert_core.persist.read.unmerged_changes_by_part`, one decode per part, on
-  a few threads; a part labelled with a bucket goes to that bucket whole), once
+  a few threads; a part labelled with a bucket goes to that bucket whole; a part this
+  machine replayed before is mapped from its local copy, ``ingest.base_cache``), once
   per shard contents and ``(lower, upper)`` for all the buckets a process replays (a
   small per-process memo keyed by the shard's batches, never by name and seqno, which
   equally named shards of two locations share). If the unmerged updates do not form a
@@ -36,15 +37,19 @@ Invariants:
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 
 import pyarrow as pa
 
 from upsert_core.columnar import ColumnarState, apply_changes
 from upsert_core.errors import InvalidUpsertState
+from upsert_core.ingest.base_cache import PARTS, BaseCache
 from upsert_core.ingest.buckets import bucket_of_keys, bucket_tables, split_rows
+from upsert_core.persist.keys import PART_DIR, shard_prefix
 from upsert_core.persist.location import Blob
+from upsert_core.persist.parts import BUCKET_META, conform_updates, format_bucket
 from upsert_core.persist.read import changes_after, unmerged_changes_by_part
-from upsert_core.persist.state import HollowBatch, ShardState
+from upsert_core.persist.state import BlobPart, HollowBatch, Part, ShardState
 
 _MemoKey = tuple[str, int, int, int, int, tuple[HollowBatch, ...]]
 _memo: dict[_MemoKey, dict[int, list[pa.Table]]] = {}
@@ -72,7 +77,13 @@ def _unmerged(
             by_bucket = _memo.get(key)
         if by_bucket is None:
             by_bucket = {}
-            for label, table in unmerged_changes_by_part(blob, shard_state, lower, upper):
+            copies = _LocalPartCopies.for_shard(blob, shard_state.shard_id)
+            try:
+                read = unmerged_changes_by_part(blob, shard_state, lower, upper, copies)
+            finally:
+                if copies is not None:
+                    copies.close()
+            for label, table in read:
                 if label is not None and label[1] == buckets:
                     by_bucket.setdefault(label[0], []).append(table)
                     continue
@@ -83,6 +94,68 @@ def _unmerged(
                 _memo.clear()
                 _memo[key] = by_bucket
     return by_bucket
+
+
+class _LocalPartCopies:
+    """This machine's copies of the shard's parts (``ingest.base_cache``, directory
+    :data:`PARTS`), each used only while its blob exists with its committed size (one
+    listing of the shard's parts per replay), as for a bucket's base."""
+
+    def __init__(self, cache: BaseCache, blob: Blob, shard: str) -> None:
+        self._cache = cache
+        self._blob = blob
+        self._prefix = f"{shard_prefix(shard)}{PART_DIR}/"
+        self._sizes: dict[str, int] | None = None
+        self._lock = threading.Lock()
+        self._put = False
+
+    @classmethod
+    def for_shard(cls, blob: Blob, shard: str) -> _LocalPartCopies | None:
+        cache = BaseCache.for_blob(blob, shard)
+        return None if cache is None else cls(cache, blob, shard)
+
+    def get(self, key: str, size: int) -> pa.Table | None:
+        with self._lock:
+            if self._sizes is None:
+                self._sizes = {m.key: m.size_in_bytes for m in self._blob.list_keys(self._prefix)}
+            stored = self._sizes.get(key)
+        if stored is None or stored != size:
+            return None
+        return self._cache.get(PARTS, key)
+
+    def put(self, key: str, table: pa.Table) -> None:
+        self._cache.put(PARTS, key, table, evict=False)
+        self._put = True
+
+    def close(self) -> None:
+        """Apply the cache's size bound once, after the replay's puts."""
+        if self._put:
+            self._cache.evict()
+
+
+def keep_part_copies(
+    blob: Blob, shard: str, parts: Sequence[Part], updates: pa.Table,
+    bucket: tuple[int, int],
+) -> None:
+    """Keep this machine's copies of the blob parts a bucket step just wrote (``parts``,
+    written from ``updates`` in order, none sorted again), so that the next process's
+    replay maps them instead of decoding them and deriving their rows: a format-3
+    part's rows are derived from its values byte for byte as the ingest encoded them,
+    so the updates as written are what reading the part gives. Best effort, like every
+    cache entry; a copy of a part whose commit failed names a blob that never exists
+    and is never used."""
+    cache = BaseCache.for_blob(blob, shard)
+    if cache is None or not any(isinstance(part, BlobPart) for part in parts):
+        return
+    conformed = conform_updates(updates).replace_schema_metadata(
+        {BUCKET_META: format_bucket(bucket)}
+    )
+    at = 0
+    for part in parts:
+        if isinstance(part, BlobPart):
+            cache.put(PARTS, part.key, conformed.slice(at, part.num_updates), evict=False)
+        at += part.num_updates
+    cache.evict()
 
 
 def replay_bucket(

@@ -74,7 +74,7 @@ from upsert_core.ingest.checkpoint import (
 from upsert_core.ingest.missing_values import fill_missing
 from upsert_core.ingest.outcome import BucketResult, FileRead
 from upsert_core.ingest.rehydrate import GLOBAL_REHYDRATION_WARNING, rehydrate_bucket
-from upsert_core.ingest.replay import replay_bucket
+from upsert_core.ingest.replay import keep_part_copies, replay_bucket
 from upsert_core.ingest.statecache import CachedState, CacheKey, StateCache
 from upsert_core.ingest.tombstones import load_tombstones, with_tombstones, write_tombstones
 from upsert_core.ingest.typed_base import write_typed_base
@@ -607,6 +607,11 @@ def _run_bucket(
                 # A part that may become the bucket's base stays whole (see below).
                 part_rows=table.num_rows if whole_state else DEFAULT_PART_ROWS,
             ))
+        if task.scope is OrderScope.BATCH and task.typed_parts and task.values_only and (
+            not whole_state
+        ):
+            # The next process replays these parts: it maps this machine's copies.
+            keep_part_copies(blob, task.shard_id, result.parts, table, (bucket, task.buckets))
         for part in result.parts:
             result.bytes_written += part.encoded_size_bytes
             if isinstance(part, BlobPart):

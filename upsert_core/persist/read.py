@@ -38,6 +38,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -53,8 +54,14 @@ from upsert_core.persist.consolidate import (
     with_constant_ts,
 )
 from upsert_core.persist.location import Blob
-from upsert_core.persist.parts import DEFAULT_BATCH_ROWS, OpenPart
-from upsert_core.persist.state import HollowBatch, Part, ShardState
+from upsert_core.persist.parts import (
+    BUCKET_META,
+    DEFAULT_BATCH_ROWS,
+    OpenPart,
+    format_bucket,
+    parse_bucket,
+)
+from upsert_core.persist.state import BlobPart, HollowBatch, Part, ShardState
 from upsert_core.read_times import require_ts
 
 Transform = Callable[[pa.Table], pa.Table]
@@ -391,13 +398,6 @@ class PartSource:
             self._sequential = self._tables()
         return next(self._sequential)
 
-    @property
-    def bucket(self) -> tuple[int, int] | None:
-        """The part's bucket label ``(b, N)`` (None: unlabelled); after :meth:`open`."""
-        if self._opened is None:
-            raise InvalidUsage("PartSource.bucket before open")
-        return self._opened.layout.bucket
-
     def close(self) -> None:
         """Close the part's readers (idempotent)."""
         if self._opened is not None:
@@ -634,42 +634,81 @@ UNMERGED_READ_THREADS = 4
 """Parts an unmerged read decodes at once (decoding and deriving rows release the GIL)."""
 
 
+class PartCopies(Protocol):
+    """Decoded copies of parts, kept where a reader can map them (``ingest.base_cache``):
+    a part's ``key, row, ts, diff`` as :meth:`OpenPart.read_whole` gives them, with the
+    part's bucket label in the schema metadata."""
+
+    def get(self, key: str, size: int) -> pa.Table | None:
+        """The copy of blob part ``key`` while that blob exists with ``size`` bytes."""
+
+    def put(self, key: str, table: pa.Table) -> None:
+        """Keep a copy of blob part ``key`` (best effort)."""
+
+
 def unmerged_changes_by_part(
-    blob: Blob, state: ShardState, lower: int, upper: int
+    blob: Blob, state: ShardState, lower: int, upper: int,
+    copies: PartCopies | None = None,
 ) -> list[tuple[tuple[int, int] | None, pa.Table]]:
     """:func:`unmerged_changes_after`'s updates part by part, each with the part's bucket
     label (None: unlabelled), the parts decoded on up to :data:`UNMERGED_READ_THREADS`
     threads: a reader of one bucket takes the parts labelled with it as they are,
-    without splitting every update by key. Raises as :func:`unmerged_changes_after`;
-    on any failure nothing stays open."""
+    without splitting every update by key. With ``copies``, a blob part is read from
+    its copy when one checks out (its columns, types and row count), else decoded and
+    copied. Raises as :func:`unmerged_changes_after`."""
     check_catch_up_readable(state, lower, upper)
     if lower == upper:
         return []
     relevant = [
-        b
-        for b in state.batches
-        if b.lower < upper and (b.upper > lower or state.since >= lower)
+        (batch, part)
+        for batch in state.batches
+        if batch.lower < upper and (batch.upper > lower or state.since >= lower)
+        for part in batch.parts
+        if part.num_updates
     ]
     transform_for = _changes_transform(state.since, lower, upper)
-    sources = part_sources(blob, state.shard_id, relevant, transform_for)
 
-    def read(source: PartSource) -> tuple[tuple[int, int] | None, pa.Table]:
-        source.open()
-        tables = list(source)
-        table = pa.concat_tables(tables) if tables else UPDATE_SCHEMA.empty_table()
-        return source.bucket, table
+    def read(item: tuple[HollowBatch, Part]) -> tuple[tuple[int, int] | None, pa.Table]:
+        batch, part = item
+        copy = (
+            copies.get(part.key, part.encoded_size_bytes)
+            if copies is not None and isinstance(part, BlobPart) else None
+        )
+        found = None if copy is None else _from_copy(copy, part)
+        if found is None:
+            opened = OpenPart(blob, part, shard=state.shard_id)
+            try:
+                label, raw = opened.layout.bucket, opened.read_whole()
+            finally:
+                opened.close()
+            if copies is not None and isinstance(part, BlobPart):
+                meta = None if label is None else {BUCKET_META: format_bucket(label)}
+                copies.put(part.key, raw.replace_schema_metadata(meta))
+            found = label, raw
+        label, raw = found
+        return label, transform_for(batch)(raw)
 
-    try:
-        if len(sources) < 2:
-            return [read(source) for source in sources]
-        with ThreadPoolExecutor(
-            max_workers=min(UNMERGED_READ_THREADS, len(sources)),
-            thread_name_prefix="unmerged-read",
-        ) as pool:
-            return list(pool.map(read, sources))
-    finally:
-        for source in sources:
-            source.close()
+    if len(relevant) < 2:
+        return [read(item) for item in relevant]
+    with ThreadPoolExecutor(
+        max_workers=min(UNMERGED_READ_THREADS, len(relevant)),
+        thread_name_prefix="unmerged-read",
+    ) as pool:
+        return list(pool.map(read, relevant))
+
+
+def _from_copy(copy: pa.Table, part: Part) -> tuple[tuple[int, int] | None, pa.Table] | None:
+    """``(label, updates)`` of a part's copy, or None when it is not one this reader
+    takes (other columns or types, another row count, an invalid label)."""
+    if copy.schema.remove_metadata() != UPDATE_SCHEMA or copy.num_rows != part.num_updates:
+        return None
+    text = (copy.schema.metadata or {}).get(BUCKET_META)
+    label = None
+    if text is not None:
+        label = parse_bucket(text.decode("ascii", errors="replace"))
+        if label is None:
+            return None
+    return label, copy.replace_schema_metadata(None)
 
 
 def read_all(batches: Iterable[pa.RecordBatch]) -> pa.Table:
