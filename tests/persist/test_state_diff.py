@@ -30,7 +30,14 @@ from upsert_core.persist.state import (
     WriterState,
     initial_state,
 )
-from upsert_core.persist.state_diff import Delete, FieldDiff, Insert, StateDiff, Update
+from upsert_core.persist.state_diff import (
+    Delete,
+    FieldDiff,
+    Insert,
+    StateDiff,
+    Update,
+    apply_all,
+)
 
 NAMES = st.sampled_from(["a", "b", "c", "d"])
 INTS = st.integers(min_value=0, max_value=10**12)
@@ -53,6 +60,7 @@ class LeaderFollower(RuleBasedStateMachine):
         self.leader = initial_state("shard-1")
         self.follower = self.leader
         self.diffs_applied = 0
+        self.chain: list[StateDiff] = []  # every diff, applied at once by apply_all
 
     def commit(self, new: ShardState) -> None:
         new = new.evolve(seqno=self.leader.seqno + 1)
@@ -62,6 +70,7 @@ class LeaderFollower(RuleBasedStateMachine):
         assert decoded == diff
         before = self.follower
         self.follower = decoded.apply(self.follower)
+        self.chain.append(decoded)
         self.leader = new
         self.diffs_applied += 1
         if diff.changes:
@@ -203,6 +212,9 @@ class LeaderFollower(RuleBasedStateMachine):
     @invariant()
     def follower_equals_leader(self) -> None:
         assert self.follower == self.leader
+        # The whole chain at once (each field copied once) gives what diff by diff does,
+        # error batches renumbered at one ts included.
+        assert apply_all(initial_state("shard-1"), self.chain) == self.leader
         assert decode_state(encode_state(self.leader)) == self.leader
 
 
@@ -282,6 +294,22 @@ def test_two_error_batches_at_one_ts_stay_distinct() -> None:
     only_second = both.evolve(seqno=3, errors=(e2,))
     assert StateDiff.from_states(old, both).apply(old) == both
     assert StateDiff.from_states(both, only_second).apply(both) == only_second
+
+
+def test_a_chain_renumbers_error_batches_between_its_diffs() -> None:
+    """Error batches at one ts are keyed by their position there, so after the first of
+    two is removed the second is keyed as the first: a chain applied at once must key
+    each diff's changes as the state before that diff does."""
+    e1, e2, e3 = (ErrorBatch(0, InlinePart(bytes([n]), 1), 1) for n in range(3))
+    s0 = initial_state("s").evolve(upper=1, batches=(HollowBatch(0, 1, 0, ()),),
+                                   errors=(e1, e2))
+    s1 = s0.evolve(seqno=s0.seqno + 1, errors=(e2,))
+    s2 = s1.evolve(seqno=s1.seqno + 1, errors=(e3,))  # replaces the one now at (0, 0)
+    s3 = s2.evolve(seqno=s2.seqno + 1, errors=(e3, e1))
+    chain = [StateDiff.from_states(a, b) for a, b in ((s0, s1), (s1, s2), (s2, s3))]
+    assert apply_all(s0, chain) == s3
+    assert apply_all(s0, chain[:2]) == s2
+    assert apply_all(s0, []) is s0
 
 
 # --- codec -------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,12 +116,20 @@ def errors_by_key(errors: tuple[ErrorBatch, ...]) -> dict[Hashable, ErrorBatch]:
 
 
 def _keyed(state: ShardState, name: str) -> dict[Hashable, Any]:
-    if name == "batches":
-        return batches_by_key(state.batches)
-    if name == "errors":
-        return errors_by_key(state.errors)
+    if name in KEYED_SEQUENCE_FIELDS:
+        return _keyed_sequence(name, getattr(state, name))
     mapping: Mapping[Hashable, Any] = getattr(state, name)
     return dict(mapping)
+
+
+def _keyed_sequence(name: str, items: tuple[Any, ...]) -> dict[Hashable, Any]:
+    """A keyed sequence field's items by key (keys may depend on position, as an error
+    batch's does: rebuild them after every change)."""
+    if name == "batches":
+        return batches_by_key(items)
+    if name == "errors":
+        return errors_by_key(items)
+    raise InvalidUsage(f"no keys for state field {name!r}")
 
 
 def _diff_maps(
@@ -178,17 +186,24 @@ class StateDiff:
 
     def apply(self, state: ShardState) -> ShardState:
         """The state this diff leads to from ``state``; strict (see the module docstring)."""
-        if state.shard_id != self.shard_id:
+        return apply_all(state, [self])
+
+    def _check_base(self, shard_id: str, seqno: int) -> None:
+        if shard_id != self.shard_id:
             raise InvalidStateDiff(
-                f"state diff of shard {self.shard_id!r} applied to shard {state.shard_id!r}"
+                f"state diff of shard {self.shard_id!r} applied to shard {shard_id!r}"
             )
-        if state.seqno != self.seqno_from:
+        if seqno != self.seqno_from:
             raise InvalidStateDiff(
                 f"state diff {self.seqno_from}->{self.seqno_to} of shard {self.shard_id!r}"
-                f" applied to the state at seqno {state.seqno}"
+                f" applied to the state at seqno {seqno}"
             )
-        scalars: dict[str, Any] = {name: getattr(state, name) for name in SCALAR_FIELDS}
-        keyed: dict[str, dict[Hashable, Any]] = {}
+
+    def _apply_into(
+        self, state: ShardState, scalars: dict[str, Any], keyed: dict[str, dict[Hashable, Any]]
+    ) -> None:
+        """Apply the changes to ``scalars`` and ``keyed`` (the fields changed so far, each
+        copied from ``state`` when first touched), strictly."""
         for change in self.changes:
             name, key, op = change.field, change.key, change.change
             if name in SCALAR_FIELDS:
@@ -230,11 +245,34 @@ class StateDiff:
                     values[key] = op.after
                 else:
                     del values[key]
-        updates: dict[str, object] = dict(scalars)
-        updates["seqno"] = self.seqno_to
-        for name, values in keyed.items():
-            if name in KEYED_SEQUENCE_FIELDS:
-                updates[name] = tuple(values[k] for k in sorted(values))  # type: ignore[type-var]
-            else:
-                updates[name] = values
-        return state.evolve(**updates)
+
+
+def apply_all(state: ShardState, diffs: Sequence[StateDiff]) -> ShardState:
+    """``state`` with ``diffs`` applied one after the other, each as strictly as
+    :meth:`StateDiff.apply` (the same errors, at the same diff), but each changed field
+    copied once for the whole chain rather than once per diff: fetching a state applies
+    every diff since its rollup, and a field as large as the config (a ledger record per
+    ingested file) made that grow with the shard's history times the chain."""
+    if not diffs:
+        return state
+    scalars: dict[str, Any] = {name: getattr(state, name) for name in SCALAR_FIELDS}
+    keyed: dict[str, dict[Hashable, Any]] = {}
+    seqno = state.seqno
+    for diff in diffs:
+        diff._check_base(state.shard_id, seqno)
+        diff._apply_into(state, scalars, keyed)
+        seqno = diff.seqno_to
+        for name in KEYED_SEQUENCE_FIELDS:
+            if name in keyed:  # the next diff's keys are those of the state after this one
+                values = keyed[name]
+                keyed[name] = _keyed_sequence(
+                    name, tuple(values[k] for k in sorted(values))  # type: ignore[type-var]
+                )
+    updates: dict[str, object] = dict(scalars)
+    updates["seqno"] = seqno
+    for name, values in keyed.items():
+        if name in KEYED_SEQUENCE_FIELDS:
+            updates[name] = tuple(values[k] for k in sorted(values))  # type: ignore[type-var]
+        else:
+            updates[name] = values
+    return state.evolve(**updates)
