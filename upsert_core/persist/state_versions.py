@@ -78,7 +78,7 @@ from upsert_core.persist.location import (
     VersionedData,
 )
 from upsert_core.persist.state import RollupRef, ShardState, initial_state, validate_shard_name
-from upsert_core.persist.state_diff import Insert, StateDiff, Update
+from upsert_core.persist.state_diff import Insert, StateDiff, Update, apply_all
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +190,7 @@ class StateVersions:
 
     @staticmethod
     def _apply_entries(state: ShardState, entries: list[VersionedData]) -> ShardState:
+        diffs = []
         for entry in entries:
             diff = decode_diff(entry.data)
             if diff.seqno_to != entry.seqno:
@@ -197,8 +198,8 @@ class StateVersions:
                     f"consensus entry {entry.seqno} of shard {state.shard_id!r} holds the diff"
                     f" {diff.seqno_from}->{diff.seqno_to}"
                 )
-            state = diff.apply(state)
-        return state
+            diffs.append(diff)
+        return apply_all(state, diffs)  # each changed field copied once for the chain
 
     def fetch_current_state(self) -> ShardState:
         """The current state: newest rollup plus the diffs after it.
