@@ -318,9 +318,12 @@ def validate_batch(
     good = np.ones(n, dtype=np.bool_)
     if problems:
         good[list(problems)] = False
+    left_out = None if missing is None else _missing_matrix(raw, schema, marks)
     if value_checks:
         failed = value_check_problems(
-            file, schema, arrays, list(raw.columns), n, ~good | deletes, value_checks
+            file, schema, arrays, list(raw.columns), n, ~good | deletes, value_checks,
+            None if left_out is None
+            else {name: left_out[:, j] for j, name in enumerate(schema.names)},
         )
         if failed:
             problems.update(failed)
@@ -334,8 +337,8 @@ def validate_batch(
 
     out = _encode(raw, schema, arrays, good_idx, deletes, errors)
     out.errors = sorted(errors + raw.errors, key=_row)
-    if missing is not None:
-        out.missing = _missing_matrix(raw, schema, marks)[_out_rows(raw, out)]
+    if left_out is not None:
+        out.missing = left_out[_out_rows(raw, out)]
     return out
 
 

@@ -35,6 +35,10 @@ Invariants:
 - Nulls pass every check but ``not_null`` (pandera's ``nullable=True`` otherwise). A
   column the shard knows but this file leaves out reads as null (CONTRACT.md), so it
   passes all checks but ``not_null``, which fails every row of the file.
+- With ``--missing keep`` (``landing.missing``) a value a row leaves out (absent, or the
+  placeholder) is not a value the file brings: the key keeps its earlier one, which
+  was checked when it was written, so ``not_null`` does not judge it (null reaches the
+  shard there only when the key has no earlier row: the check cannot see the state).
 - A check on a column neither the shard's schema nor the file has, on the delete
   marker, or whose kind does not fit the column's type (a range on a string column, a
   regex on an integer column, ``isin`` values of another type) is a file-level
@@ -285,11 +289,14 @@ def value_check_problems(
     n: int,
     skip: npt.NDArray[np.bool_],
     checks: tuple[ValueCheck, ...],
+    left_out: Mapping[str, npt.NDArray[np.bool_]] | None = None,
 ) -> dict[int, list[str]]:
     """Row index -> reasons of the rows failing ``checks``, among rows not in ``skip``.
 
     ``arrays`` are the batch's converted columns (``validate_batch``), each ``n`` long;
-    ``file_columns`` the columns the file itself has. See the module docstring."""
+    ``file_columns`` the columns the file itself has; ``left_out`` (``--missing keep``)
+    per column the rows that leave it out, which ``not_null`` does not judge. See the
+    module docstring."""
     if not checks or n == 0 or bool(skip.all()):
         return {}
     names = sorted({c.column for c in checks})
@@ -331,6 +338,9 @@ def value_check_problems(
             continue
         ours, not_null = meta[column]
         if number is None or check == "not_nullable":
+            kept = None if left_out is None else left_out.get(column)
+            if kept is not None and kept[index]:
+                continue  # --missing keep: the key's earlier value stays, not this null
             found = not_null
         else:
             found = ours[number] if 0 <= number < len(ours) else None
