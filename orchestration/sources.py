@@ -236,7 +236,10 @@ def parse_source(entry: object, where: str, env: Mapping[str, str]) -> SourceSpe
         deleted_col=_opt_str(entry, "deleted_col", where, env),
         order_scope=_opt_str(entry, "order_scope", where, env),
         envelope=_opt_str(entry, "envelope", where, env),
-        missing=_opt_str(entry, "missing", where, env),
+        # YAML reads `missing: null` as no value; it names the setting null (so a shard
+        # stored as keep refuses it), as an unset key does not.
+        missing=("null" if "missing" in entry and entry["missing"] is None
+                 else _opt_str(entry, "missing", where, env)),
         unavailable=_opt_str(entry, "unavailable", where, env),
         gc_cron=_opt_str(entry, "gc_cron", where, env) or DEFAULT_GC_CRON,
         gc_retain=retain,

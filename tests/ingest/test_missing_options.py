@@ -92,3 +92,16 @@ def test_sources_yaml_declares_missing_and_unavailable() -> None:
     assert (options.missing, options.unavailable) == (Missing.KEEP, "N/A")
     plain = parse_source({"name": "p", "landing": "/l"}, "sources.yaml", {})
     assert plain.request().missing is None and plain.request().unavailable is None
+
+
+def test_sources_yaml_missing_null_is_the_setting_null_not_unset() -> None:
+    import yaml
+
+    from orchestration.sources import parse_source
+
+    entry = yaml.safe_load("name: cdc\nlanding: /l\nmissing: null\n")
+    spec = parse_source(entry, "sources.yaml", {})
+    assert spec.request().missing == "null"
+    stored = _stored(IngestRequest(missing="keep"))
+    with pytest.raises(ConfigError, match="--missing null \\(shard has keep\\)"):
+        resolve_options(stored, spec.request())
