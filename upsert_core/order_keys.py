@@ -190,6 +190,52 @@ def concat_orders(parts: Sequence[np.ndarray]) -> OrderArray:
     return out
 
 
+INTEGER, STRING = "integer", "string"
+"""The kinds of an order key's components :func:`decode` reads: an int64 (integers, and
+timestamps as microseconds since the epoch) or a string."""
+
+
+def decode(key: bytes, kinds: Sequence[str]) -> tuple[int | str, ...]:
+    """The tuple an order key encodes, its components of ``kinds`` (:data:`INTEGER` or
+    :data:`STRING`, in column order): the inverse of :func:`order_keys` for one key.
+
+    Raises :class:`CodecError` for bytes that are not such a key (too short, a string
+    without its terminator, an escape that is not ``0x00 0xFF``, bytes left over, or no
+    final ``0x01``): a stored order is never guessed."""
+    out: list[int | str] = []
+    at = 0
+    for kind in kinds:
+        if kind == INTEGER:
+            if at + 8 > len(key):
+                raise CodecError(f"order key {describe(key)} ends inside an integer")
+            unsigned = int.from_bytes(key[at:at + 8], "big") ^ (1 << 63)
+            out.append(unsigned - (1 << 64) if unsigned >= 1 << 63 else unsigned)
+            at += 8
+        elif kind == STRING:
+            text = bytearray()
+            while True:
+                zero = key.find(b"\x00", at)
+                if zero < 0 or zero + 1 >= len(key):
+                    raise CodecError(f"order key {describe(key)}: a string has no terminator")
+                text += key[at:zero]
+                mark = key[zero + 1]
+                at = zero + 2
+                if mark == 0x01:
+                    break
+                if mark != 0xFF:
+                    raise CodecError(f"order key {describe(key)}: bad escape in a string")
+                text += b"\x00"
+            try:
+                out.append(text.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise CodecError(f"order key {describe(key)}: a string is not UTF-8") from exc
+        else:
+            raise CodecError(f"an order key has no component of kind {kind!r}")
+    if key[at:] != _END:
+        raise CodecError(f"order key {describe(key)} does not end after its {len(kinds)} columns")
+    return tuple(out)
+
+
 def describe(order: object) -> str:
     """An order for a message: an int64 as is, an order key in hex."""
     if isinstance(order, bytes | np.bytes_):

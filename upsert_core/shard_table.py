@@ -53,6 +53,7 @@ import pyarrow as pa
 from upsert_core.errors import CorruptData, ShardNotFound, UpsertPlatformError
 from upsert_core.ingest.base_cache import BaseCache
 from upsert_core.ingest.checkpoint import checkpoint_intact
+from upsert_core.ingest.late import late_records, read_late, user_table
 from upsert_core.ingest.shard_config import ShardIngestConfig
 from upsert_core.ingest.tasks import Base
 from upsert_core.landing import ARROW_TYPES, SourceSchema
@@ -290,6 +291,24 @@ class ShardTable:
             for e in self.shard.errors()
         ]
         return pa.Table.from_pylist(rows, schema=ERRORS_SCHEMA)
+
+    def late(self) -> pa.Table:
+        """The late collection (``--order-scope global``; CONTRACT.md, late rows): one row
+        per late row of every batch from the shard's since on, by ts, then file order:
+        ``file``, ``row`` (from 1), ``key`` (a struct of the key columns), ``order`` and
+        ``stored_order`` (the order column's type, or a struct of the order columns when
+        the order has several), typed as the shard's columns (``ingest.late``)."""
+        state = self.shard.state()
+        schema = ShardIngestConfig.read(state.config).schema
+        return user_table(read_late(self.shard.blob, state, schema), schema)
+
+    def late_records(self) -> Iterator[dict[str, Any]]:
+        """The late collection as ``upsertctl late`` prints it, as Python values:
+        ``{"file", "row", "key": {column: value}, "order", "stored_order"}``, the orders
+        a list in column order when the order has several columns."""
+        state = self.shard.state()
+        schema = ShardIngestConfig.read(state.config).schema
+        return late_records(read_late(self.shard.blob, state, schema), schema)
 
     def inspect(self) -> dict[str, object]:
         """The summary ``upsertctl inspect`` prints, field for field

@@ -2,7 +2,7 @@
 
 Invariants:
 
-- Read commands (snapshot, changes, errors, inspect, check) never create a shard: a
+- Read commands (snapshot, changes, errors, late, inspect, check) never create a shard: a
   missing one is :class:`ShardNotFound`. ``ingest`` creates it on first use.
 - Data (rows, changes, error rows, inspect/gc/check reports) goes to stdout or
   ``--out``; progress and summaries go to stderr (:mod:`orchestration.cli.progress`).
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from orchestration.cli.config import open_shard, store_config
 from orchestration.cli.demo import run_demo
 from orchestration.cli.ingest import run_ingest
-from orchestration.cli.output import dumps, json_row, row_writer, write_jsonl
+from orchestration.cli.output import dumps, json_row, json_value, row_writer, write_jsonl
 from upsert_core.errors import CorruptData, InvariantViolation
 from upsert_core.read_times import format_duration
 from upsert_core.stores import shard_names, sqlite_file_missing
@@ -146,6 +146,31 @@ def cmd_errors(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_late(args: argparse.Namespace) -> int:
+    from upsert_core.shard_table import ShardTable  # heavy: pyarrow, the ingest package
+
+    table = ShardTable(open_shard(args))
+    write_jsonl(
+        (
+            {
+                "file": rec["file"],
+                "row": rec["row"],
+                "key": {name: json_value(value) for name, value in rec["key"].items()},
+                "order": _json_order(rec["order"]),
+                "stored_order": _json_order(rec["stored_order"]),
+            }
+            for rec in table.late_records()
+        ),
+        args.out,
+    )
+    return EXIT_OK
+
+
+def _json_order(order: object) -> object:
+    """An order value (a list for several order columns) made JSON-safe."""
+    return [json_value(v) for v in order] if isinstance(order, list) else json_value(order)
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     from upsert_core.shard_summary import shard_summary  # heavy: the ingest's config
 
@@ -245,6 +270,7 @@ COMMANDS = {
     "snapshot": cmd_snapshot,
     "changes": cmd_changes,
     "errors": cmd_errors,
+    "late": cmd_late,
     "inspect": cmd_inspect,
     "gc": cmd_gc,
     "retention": cmd_retention,

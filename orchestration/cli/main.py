@@ -246,6 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("errors", "the error collection as JSON Lines")
     p.add_argument("--out", metavar="PATH", help="write to PATH instead of stdout")
 
+    p = command("late", "the late collection (global order scope) as JSON Lines")
+    p.add_argument("--out", metavar="PATH", help="write to PATH instead of stdout")
+
     command("inspect", "the shard's metadata as one JSON object")
 
     p = command("gc", "rollup, compaction, truncation and deletion of unreferenced blobs")

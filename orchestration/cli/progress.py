@@ -19,7 +19,9 @@ def file_line(report: FileReport) -> str:
     return (
         f"{report.name}: ts {report.ts}, {report.rows_read} row(s) read, "
         f"{report.inserts} insert(s), {report.retractions} retraction(s), "
-        f"{report.errors} error row(s), {report.bytes_written} bytes, {report.seconds:.2f}s"
+        f"{report.errors} error row(s), "
+        + (f"{report.late_rows} late row(s), " if report.late_rows else "")
+        + f"{report.bytes_written} bytes, {report.seconds:.2f}s"
     )
 
 
@@ -32,6 +34,7 @@ def summary_line(report: IngestReport) -> str:
         f"ingested {len(report.files)} file(s) into shard {report.shard!r}: "
         f"{report.rows_read} row(s) read, {report.inserts} insert(s), "
         f"{report.retractions} retraction(s), {report.errors} error row(s); "
+        + (f"{report.late_rows} late row(s) (upsertctl late); " if report.late_rows else "")
         + (f"{report.skipped} Debezium event(s) skipped (op t/m); " if report.skipped else "")
         + f"upper {report.start_upper} -> {report.upper} (seqno {report.seqno})"
         + _maintenance(report)

@@ -12,7 +12,9 @@ For the validated rows of one bucket at timestamp ``ts`` (``key``, ``row``,
 3. Skip rule: in the global scope a winner is skipped when the state's order for its
    key (tombstones included) is at least the winner's order; finalized orders carry the
    maximal position, so positions only break ties within a file. The batch scope
-   remembers no order and never skips.
+   remembers no order and never skips. The rows (every row, not only winners) whose
+   order is not past their key's stored order are the batch's *late* rows
+   (``columnar.late``), reported in ``DrainResult.late``.
 
 Orders are int64 (one order column) or order keys (several: ``upsert_core.order_keys``,
 bytes whose byte order is the tuple's order); both compare with the same numpy
@@ -44,6 +46,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from upsert_core.columnar.late import late_rows
 from upsert_core.columnar.merge import lookup, with_changes
 from upsert_core.columnar.state import (
     ROW_TYPE,
@@ -71,6 +74,11 @@ class DrainResult:
     sources: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     """Per update: the index in the drained rows of the row an insertion inserts, -1
     for a retraction (so its values can be taken from the file's, not decoded)."""
+    late: np.ndarray = field(default_factory=lambda: np.zeros(0, np.intp))
+    """Global scope: the indices in the drained rows of the late rows, ascending
+    (``columnar.late``); empty in the batch scope."""
+    late_stored: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """The stored order (before the batch) of each late row's key."""
 
 
 def _column(table: pa.Table, name: str) -> pa.Array:
@@ -96,8 +104,10 @@ def drain_to_upper(state: ColumnarState, rows: pa.Table, ts: int) -> DrainResult
 
     look = lookup(state, w_hi, w_lo)
     found, old = look.found, look.rows
+    late, late_stored = np.zeros(0, np.intp), np.zeros(0, np.int64)
     if look.orders is not None and found.any():
         applied = ~(found & (look.orders >= w_orders))
+        late, late_stored = late_rows(hi, lo, orders, w_hi, w_lo, found, look.orders)
     else:
         applied = np.ones(len(win), dtype=bool)
     has_old = found & ~np.asarray(old.is_null().to_numpy(zero_copy_only=False), bool)
@@ -123,7 +133,7 @@ def drain_to_upper(state: ColumnarState, rows: pa.Table, ts: int) -> DrainResult
         next_state = with_changes(state, look, w_hi, w_lo, new, w_orders, applied, none)
     return DrainResult(
         updates, next_state, len(win), int(applied.sum()), int(insert.sum()),
-        int(retract.sum()), sources,
+        int(retract.sum()), sources, late, late_stored,
     )
 
 

@@ -48,6 +48,8 @@ class BucketResult:
     checkpoint: str | None = None  # config value for blobref.checkpoint.<bucket>; "" = empty
     base: str | None = None  # config value for checkpoint.base.<bucket> (tasks.Base)
     tombstones: str | None = None  # blobref.tombstones.<bucket>; None = unchanged
+    late: str | None = None  # blob key of the bucket's late part (ingest.late); None: none
+    late_rows: int = 0  # late rows of the bucket in the file (global scope)
     live_after: int | None = None  # live rows of a rebuilt bucket after the file
     loaded: str = ""  # where the state came from: cache|checkpoint|new|rehydrated[+replay]
     inserts: int = 0
@@ -66,6 +68,8 @@ class BucketResult:
                 "checkpoint": self.checkpoint,
                 "base": self.base,
                 "tombstones": self.tombstones,
+                "late": self.late,
+                "late_rows": self.late_rows,
                 "live_after": self.live_after,
                 "loaded": self.loaded,
                 "inserts": self.inserts,
@@ -87,6 +91,8 @@ class BucketResult:
             checkpoint=obj["checkpoint"],
             base=obj.get("base"),
             tombstones=obj.get("tombstones"),
+            late=obj.get("late"),
+            late_rows=int(obj.get("late_rows", 0)),
             live_after=obj.get("live_after"),
             loaded=str(obj.get("loaded", "")),
             inserts=int(obj["inserts"]),

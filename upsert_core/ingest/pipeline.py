@@ -4,7 +4,8 @@ For each pending file the driver plans a :class:`FileTask` against the shard's c
 state (ts = upper, the shard's options and schema, the bucket checkpoints), lets the
 engine run the read and bucket steps, and commits the result with ONE
 compare-and-append of the batch ``[ts, ts + 1)``: all parts, the file name, its error
-rows, the evolved schema, the options and the new checkpoint references together.
+rows, its late rows (``ingest.late``), the evolved schema, the options and the new
+checkpoint references together.
 
 Invariants:
 
@@ -62,6 +63,7 @@ from upsert_core.errors import (
 )
 from upsert_core.ingest.base_cache import check_settings as check_base_cache_settings
 from upsert_core.ingest.engine import Engine, InProcessEngine, check_streaming_settings
+from upsert_core.ingest.late import late_entries
 from upsert_core.ingest.ledger import find_rewritten, rewritten_transition, with_ledger
 from upsert_core.ingest.maintenance import auto_maintenance_from_env, maintain_after_ingest
 from upsert_core.ingest.options import IngestRequest, buckets_for_first_file, resolve_options
@@ -177,9 +179,11 @@ def _commit_request(task: FileTask, options: ShardOptions, outcome: FileOutcome)
         commit_nonce=task.commit_nonce,
         history=recent_history(task.history, task.ts + 1, task.commit_nonce),
     )
+    # The buckets' late parts commit with the batch (ingest.late).
+    late = late_entries(task.ts, {r.bucket: r.late for r in outcome.buckets if r.late})
     return AppendRequest(
         batch, task.ts, ingested_files={task.file.name: task.ts}, errors=errors,
-        config_updates=committed.entries(),
+        config_updates={**committed.entries(), **late},
     )
 
 
@@ -220,6 +224,7 @@ def _file_report(
         inserts=sum(b.inserts for b in outcome.buckets),
         retractions=sum(b.retractions for b in outcome.buckets),
         errors=0 if read.error_batch is None else read.error_batch.num_errors,
+        late_rows=sum(b.late_rows for b in outcome.buckets),
         bytes_written=read.bytes_written + sum(b.bytes_written for b in outcome.buckets),
         seconds=seconds,
         rehydrated_buckets=tuple(b.bucket for b in outcome.buckets if b.rehydrated),

@@ -40,6 +40,8 @@ class FileReport:
     path's slices, each reading it whole); 0 in-process."""
     drain_tasks: int = 0
     """Distinct Spark tasks that drained its buckets; 0 in-process."""
+    late_rows: int = 0
+    """Rows of the file that were late (global scope; ``ingest.late``)."""
 
 
 @dataclass
@@ -77,6 +79,10 @@ class IngestReport:
         return sum(f.errors for f in self.files)
 
     @property
+    def late_rows(self) -> int:
+        return sum(f.late_rows for f in self.files)
+
+    @property
     def skipped(self) -> int:
         return sum(f.skipped for f in self.files)
 
@@ -99,6 +105,7 @@ class IngestReport:
             "inserts": self.inserts,
             "retractions": self.retractions,
             "errors": self.errors,
+            "late_rows": self.late_rows,
             "skipped": self.skipped,
             "bytes_written": self.bytes_written,
             "landing_bytes_read": self.landing_bytes_read,
@@ -125,6 +132,7 @@ class IngestReport:
                     "inserts": f.inserts,
                     "retractions": f.retractions,
                     "errors": f.errors,
+                    "late_rows": f.late_rows,
                     "bytes_written": f.bytes_written,
                     "seconds": round(f.seconds, 6),
                     "rehydrated_buckets": list(f.rehydrated_buckets),

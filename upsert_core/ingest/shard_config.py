@@ -30,6 +30,9 @@ The entries (what existing shards hold; names and formats never change):
   tombstone set, "" when it has none (``ingest.tombstones``). Unlike a checkpoint it is
   shard data: a rebuild of the bucket needs it. Absent for buckets last written before
   tombstones were recorded.
+- ``blobref.late.<ts>.<b>`` (order scope ``global``): the blob key of bucket ``b``'s
+  late part of the batch at ``ts`` (its late rows: ``ingest.late`` reads and writes
+  them), committed with the batch; absent when the bucket had no late rows then.
 - ``stats.live_rows``: live rows at the shard's upper, in decimal (absent for shards
   first ingested before it was kept). Written by the same commits as
   ``checkpoint.upper``, so it is the count at THAT upper: a commit made outside the
@@ -94,6 +97,7 @@ CONFIG_CHECKPOINT_UPPER = "checkpoint.upper"
 CHECKPOINT_REF_PREFIX = f"{BLOB_REF_PREFIX}checkpoint."
 CHECKPOINT_BASE_PREFIX = "checkpoint.base."
 TOMBSTONES_REF_PREFIX = f"{BLOB_REF_PREFIX}tombstones."
+LATE_REF_PREFIX = f"{BLOB_REF_PREFIX}late."
 CONFIG_LIVE_ROWS = "stats.live_rows"
 LIVE_ROWS_UNKNOWN = "unknown"
 CONFIG_COMMIT_NONCE = "ingest.commit"
@@ -128,6 +132,20 @@ def file_record_name(name: str) -> str:
 def tombstones_ref_name(bucket: int) -> str:
     """The config entry referencing bucket ``bucket``'s tombstone set (``ingest.tombstones``)."""
     return f"{TOMBSTONES_REF_PREFIX}{bucket}"
+
+
+def late_ref_name(ts: int, bucket: int) -> str:
+    """The config entry referencing bucket ``bucket``'s late part of the batch at ``ts``."""
+    return f"{LATE_REF_PREFIX}{ts}.{bucket}"
+
+
+def parse_late_ref_name(name: str) -> tuple[int, int] | None:
+    """``(ts, bucket)`` of a :func:`late_ref_name`, None for any other entry name."""
+    if not name.startswith(LATE_REF_PREFIX):
+        return None
+    ts, _, bucket = name[len(LATE_REF_PREFIX):].partition(".")
+    at, b = _decimal(ts), _decimal(bucket)
+    return None if at is None or b is None else (at, b)
 
 
 def parse_order_scope(value: str | OrderScope) -> OrderScope:

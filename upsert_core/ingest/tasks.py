@@ -24,6 +24,8 @@ Invariants:
   that changed since it was listed comes back as ``changed`` the same way.
 - ``run_bucket`` writes the checkpoint for ``upper = ts + 1``, i.e. the state as it is
   once the append commits; if the append does not commit, the driver deletes it.
+- Global scope: a bucket whose drain found late rows (``columnar.late``) writes them as
+  its late part (``ingest.late``), named in ``BucketResult.late`` for the commit.
 - A bucket whose drain decided nothing (every row skipped) and whose state came from a
   current checkpoint keeps that checkpoint; nothing is rewritten.
 - Incremental checkpoints (batch order scope only): a bucket's checkpoint is a *base*
@@ -54,7 +56,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from upsert_core.columnar import ColumnarState, drain_to_upper
+from upsert_core.columnar import ColumnarState, DrainResult, drain_to_upper
 from upsert_core.columnar.merge import fold
 from upsert_core.errors import (
     IngestError,
@@ -71,6 +73,7 @@ from upsert_core.ingest.checkpoint import (
     new_state,
     write_checkpoint,
 )
+from upsert_core.ingest.late import late_table, write_late_part
 from upsert_core.ingest.missing_values import fill_missing
 from upsert_core.ingest.outcome import BucketResult, FileRead
 from upsert_core.ingest.rehydrate import GLOBAL_REHYDRATION_WARNING, rehydrate_bucket
@@ -561,6 +564,19 @@ def _part_base(parts: list[Part], rows: int) -> BlobPart | None:
     return None
 
 
+def _record_late(
+    task: FileTask, bucket: int, rows: pa.Table, drained: DrainResult, blob: Blob,
+    result: BucketResult, row_schema: SourceSchema,
+) -> None:
+    """Write the bucket's late rows of the file as its late part (``ingest.late``),
+    committed with the batch."""
+    table = late_table(row_schema, task.file.name, rows, drained.late, drained.late_stored)
+    key, size = write_late_part(blob, task.shard_id, task.ts, bucket, task.buckets, table)
+    result.late, result.late_rows = key, table.num_rows
+    result.new_blobs.append(key)
+    result.bytes_written += size
+
+
 def _run_bucket(
     task: FileTask,
     bucket: int,
@@ -592,6 +608,8 @@ def _run_bucket(
     result.retractions = drained.retractions
     ref = task.checkpoints.get(bucket) or ""
     try:
+        if len(drained.late):
+            _record_late(task, bucket, rows, drained, blob, result, row_schema)
         if table.num_rows:
             # Typed, bucket-labelled parts: a snapshot reads their value columns bucket
             # by bucket, with neither a merge nor a decode (persist.typed_read).

@@ -34,10 +34,10 @@ leaves only blobs that the next run's step 9 removes.
 
 Leaked blobs. A crashed or stalled writer leaves parts (and checkpoints, rollups) that
 no state references; a live writer has the same kind of blobs between writing them and
-its compare-and-set. Each run lists the shard's part, error, rollup and checkpoint blobs
-FIRST, then reads every live state (the newest of them is the *current* state), and calls
-a listed blob *unreferenced* if no live state references it (rollups: if none lists it at
-a seqno at or above ``earliest``). An unreferenced blob is deleted when it provably can
+its compare-and-set. Each run lists the shard's part, error, late, rollup and checkpoint
+blobs FIRST, then reads every live state (the newest of them is the *current* state), and
+calls a listed blob *unreferenced* if no live state references it (rollups: if none lists
+it at a seqno at or above ``earliest``). An unreferenced blob is deleted when it provably can
 never become referenced, decided without clocks:
 
 - A blob naming a writer id (``keys.writer_id_of``; every blob an ingest, a compaction
@@ -93,6 +93,7 @@ from upsert_core.persist.compact import PartTyper, compact, has_work
 from upsert_core.persist.keys import (
     CHECKPOINT_DIR,
     ERRORS_DIR,
+    LATE_DIR,
     PART_DIR,
     ROLLUP_DIR,
     parse_rollup_seqno,
@@ -114,7 +115,7 @@ DEFAULT_LEAK_GRACE_MS = 60 * 60 * 1000
 """How long a blob must have been seen unreferenced before GC deletes it (one hour)."""
 
 GC_DIR = "gc"
-SWEPT_DIRS = (PART_DIR, ERRORS_DIR, ROLLUP_DIR, CHECKPOINT_DIR)
+SWEPT_DIRS = (PART_DIR, ERRORS_DIR, ROLLUP_DIR, CHECKPOINT_DIR, LATE_DIR)
 CANDIDATES_FORMAT = 1
 
 

@@ -7,6 +7,8 @@ Every module that names a blob builds the name here, so the layout has one defin
   sorts lexicographically and is recoverable with :func:`parse_rollup_seqno`);
 - ``{shard}/part/{uuid}.parquet``: batch parts;
 - ``{shard}/errors/{uuid}.parquet``: error parts;
+- ``{shard}/late/{uuid}.parquet``: late parts (a bucket's late rows of one batch,
+  ``ingest.late``);
 - ``{shard}/checkpoint/...``: upsert state checkpoints.
 
 Writer identity. A process that writes blobs it will commit first registers a *writer
@@ -48,6 +50,7 @@ from upsert_core.persist.state import validate_shard_name
 ROLLUP_DIR = "rollup"
 PART_DIR = "part"
 ERRORS_DIR = "errors"
+LATE_DIR = "late"
 CHECKPOINT_DIR = "checkpoint"
 
 WRITER_TOKEN_ENV = "UPSERT_WRITER_TOKEN"
@@ -231,6 +234,11 @@ def part_key(shard: str) -> str:
 def error_part_key(shard: str) -> str:
     """A fresh, unique blob key for an error part of ``shard``."""
     return f"{shard_prefix(shard)}{ERRORS_DIR}/{unique_name()}.parquet"
+
+
+def late_part_key(shard: str) -> str:
+    """A fresh, unique blob key for a late part of ``shard`` (``ingest.late``)."""
+    return f"{shard_prefix(shard)}{LATE_DIR}/{unique_name()}.parquet"
 
 
 def checkpoint_prefix(shard: str) -> str:
