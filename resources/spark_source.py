@@ -9,13 +9,16 @@ source), on a classic session or Spark Connect alike.
     df = spark.read.format("upsert").option("shard", "demo").option("asOf", 5).load()
     changes = (spark.read.format("upsert").option("shard", "demo")
                .option("read", "changes").option("since", 3).load())  # + __ts, __diff
+    late = spark.read.format("upsert").option("shard", "demo").option("read", "late").load()
     df = read_shard(spark, "demo")   # stores resolved in THIS process (see below)
 
 Options: ``shard`` (required); ``consensus`` / ``blob`` (store URLs; default: as
 ``upsertctl`` resolves them from ``UPSERT_CONSENSUS_URL`` / ``UPSERT_BLOB_URL`` /
 ``UPSERT_HOME``, in the process where Spark plans the read: the driver's environment at
 JVM start in local mode, the server's under Spark Connect; :func:`read_shard` resolves
-them here and passes them on); ``read``: ``snapshot`` (default) or ``changes``;
+them here and passes them on); ``read``: ``snapshot`` (default), ``changes`` or ``late``
+(the late collection, ``ingest.late``: ``file``, ``row``, ``key``, ``order``,
+``stored_order``, as ``open_shard().late()`` gives it);
 ``asOf`` (snapshot time, default the newest readable); ``since`` / ``until`` (changes,
 default the shard's since and upper); ``asOfTime`` / ``sinceTime`` / ``untilTime``
 (instead of those: an ISO-8601 time, no zone meaning UTC, standing for the greatest ts
@@ -47,6 +50,9 @@ Invariants:
 - Tasks use the S3 settings (``AWS_*``) of the process that planned the read, shipped
   inside the task (``resources.task_env``), as the Spark engine's tasks do: cluster
   executors do not inherit the driver's environment.
+- The late collection is pinned at the upper the read was planned at (batches
+  committed later are not read); task ``i`` reads the late parts of the buckets ``b``
+  with ``b % partitions == i``, so each late row is in one task.
 - Columns and types are the shard's (``inspect``'s ``columns``), mapped to Spark types;
   changes add the change's time and diff (bigint), ``__ts`` and ``__diff`` unless the
   shard has a column of either name (``shard_table.change_columns``).
@@ -69,6 +75,7 @@ from pyspark.sql.types import StructType
 
 from resources.task_env import apply_env, driver_env
 from upsert_core.errors import ConfigError, NotReadable, ShardNotFound
+from upsert_core.ingest.late import read_late, user_schema, user_table
 from upsert_core.ingest.shard_config import ShardIngestConfig
 from upsert_core.landing import SourceSchema
 from upsert_core.persist.commit_times import as_of_ts, changes_ts
@@ -87,7 +94,7 @@ from upsert_core.shard_table import (
 from upsert_core.stores import existing_shards_note, open_stores, resolve
 
 FORMAT = "upsert"
-SNAPSHOT, CHANGES = "snapshot", "changes"
+SNAPSHOT, CHANGES, LATE = "snapshot", "changes", "late"
 DEFAULT_PARTITIONS = 4
 MAX_PARTITIONS = 65536
 KEY_SPACE = 1 << 16  # ranges are cut on the first two bytes of the key digest
@@ -153,8 +160,9 @@ def plan_read(options: Mapping[str, str]) -> ReadPlan:
     if not shard_name:
         raise ConfigError('the upsert data source needs .option("shard", NAME)')
     read = (lowered.get("read") or SNAPSHOT).lower()
-    if read not in (SNAPSHOT, CHANGES):
-        raise ConfigError(f"option 'read' must be {SNAPSHOT!r} or {CHANGES!r}, got {read!r}")
+    if read not in (SNAPSHOT, CHANGES, LATE):
+        raise ConfigError(
+            f"option 'read' must be {SNAPSHOT!r}, {CHANGES!r} or {LATE!r}, got {read!r}")
     given = _int_option(lowered, "partitions")  # "" or "0" is refused, not the default
     partitions = DEFAULT_PARTITIONS if given is None else given
     if not 1 <= partitions <= MAX_PARTITIONS:
@@ -169,6 +177,8 @@ def plan_read(options: Mapping[str, str]) -> ReadPlan:
                     read=read, partitions=partitions,
                     schema_json=_schema_json(state), planned_since=state.since,
                     buckets=_buckets(state), env=tuple(sorted(driver_env().items())))
+    if read == LATE:
+        return ReadPlan(**{**plan.__dict__, "until": state.upper})
     if read == SNAPSHOT:
         as_of = as_of_ts(state, _int_option(lowered, "asof"), lowered.get("asoftime"),
                          ("asOf", "asOfTime"))
@@ -204,6 +214,8 @@ def source_schema_of(plan: ReadPlan) -> SourceSchema | None:
 
 def arrow_schema_of(plan: ReadPlan) -> pa.Schema:
     schema = source_schema_of(plan)
+    if plan.read == LATE:
+        return user_schema(schema)
     return snapshot_schema(schema) if plan.read == SNAPSHOT else changes_schema(schema)
 
 
@@ -250,6 +262,9 @@ def read_range(plan: ReadPlan, part: KeyRange) -> Iterator[pa.RecordBatch]:
     # SUBTLE: decode with the schema Spark was told at planning, not the current one: a
     # column added since would make every batch fail Spark's schema check.
     schema = source_schema_of(plan)
+    if plan.read == LATE:
+        yield from _late_of(plan, part, table.shard, schema)
+        return
     if plan.read == SNAPSHOT and plan.buckets is not None:
         assert plan.as_of is not None
         selection = BucketSelection(plan.buckets, part.index, part.count)
@@ -280,6 +295,16 @@ def read_range(plan: ReadPlan, part: KeyRange) -> Iterator[pa.RecordBatch]:
         close = getattr(batches, "close", None)
         if close is not None:
             close()
+
+
+def _late_of(
+    plan: ReadPlan, part: KeyRange, shard: Shard, schema: SourceSchema | None
+) -> Iterator[pa.RecordBatch]:
+    """Task ``part.index``'s share of the late collection: its buckets' late parts of
+    the batches before the planned upper."""
+    late = read_late(shard.blob, shard.state(), schema, until=plan.until,
+                     buckets=lambda b: b % part.count == part.index)
+    yield from user_table(late, schema).to_batches()
 
 
 def _check_same_changes(plan: ReadPlan, state: ShardState) -> None:
@@ -327,6 +352,7 @@ def read_shard(
     changes: bool = False,
     since: int | None = None,
     until: int | None = None,
+    late: bool = False,
     as_of_time: datetime | str | None = None,
     since_time: datetime | str | None = None,
     until_time: datetime | str | None = None,
@@ -334,7 +360,10 @@ def read_shard(
     """The shard as a DataFrame, its stores resolved in THIS process as ``upsertctl``
     would (so the read needs no environment on the Spark side). ``as_of_time``,
     ``since_time`` and ``until_time`` (a ``datetime`` or ISO-8601 text, no zone: UTC)
-    name the times by commit time, as the options ``asOfTime`` and friends do."""
+    name the times by commit time, as the options ``asOfTime`` and friends do.
+    ``late=True`` reads the late collection (option ``read`` ``late``) instead."""
+    if late and changes:
+        raise ConfigError("read_shard: give changes=True or late=True, not both")
     for name, value in (("as_of", as_of), ("since", since), ("until", until)):
         if value is not None:
             require_ts(value, name)  # 2.5 or True is refused here, not rounded by a task
@@ -346,7 +375,8 @@ def read_shard(
         times[option] = None if moment is None else _utc_text(require_time(moment, name))
     config = resolve(consensus, blob)
     options: dict[str, Any] = {"shard": shard, "consensus": config.consensus_url,
-                               "blob": config.blob_url, "read": CHANGES if changes else SNAPSHOT,
+                               "blob": config.blob_url,
+                               "read": LATE if late else CHANGES if changes else SNAPSHOT,
                                "asOf": as_of, "since": since, "until": until,
                                "partitions": partitions, **times}
     # Planned here first, so a wrong shard name or an unreadable time is this process's

@@ -19,6 +19,12 @@ Semantics, one batch (one landing file) at a time, each at the next timestamp ``
   within a batch only, so an equal order in a later batch is ignored.
 - Changes at ``ts`` are ``snapshot(ts) - snapshot(ts - 1)``: setting a key to an
   identical row is no change.
+- Late rows (scope ``global``): a row whose order is not greater than the order stored
+  for its key BEFORE the batch (tombstones included) is late: it changes nothing (the
+  winner rule above already ignores it) and is recorded in ``late`` with its row number,
+  key, order and that stored order. A row that loses to another row of its batch but is
+  past the stored order is not late; a key never seen has no late rows; scope ``batch``
+  has none.
 - An order of several columns (``order=("file", "pos")``): the order value is the tuple
   of the columns' values, compared as Python compares tuples (the first column, then the
   next; strings by code point, which is UTF-8 byte order); a null in ANY of them is a
@@ -95,6 +101,9 @@ class UpsertModel:
         self.tombstones: dict[Hashable, Any] = {}
         self.errors: list[tuple[int, int, str]] = []
         """Error rows of :meth:`apply`: ``(ts, row number from 1, reason)``."""
+        self.late: list[tuple[int, int, Hashable, Any, Any]] = []
+        """Late rows: ``(ts, row number from 1, key, order, stored order)``, in ts and
+        file order (:meth:`apply_updates` numbers rows 1, 2, ... unless given numbers)."""
         self._history: list[dict[Hashable, Hashable]] = []
         self._changes: list[list[Change]] = []
 
@@ -113,6 +122,7 @@ class UpsertModel:
             return self._apply_keep(rows)
         ts = self.upper
         updates: list[Update] = []
+        numbers: list[int] = []
         for number, r in enumerate(rows, start=1):
             if any(r.get(c) is None for c in self.key):
                 self.errors.append((ts, number, "null key"))
@@ -125,7 +135,8 @@ class UpsertModel:
             value = None if is_deleted(r.get(self.deleted)) else canonical(
                 {c: v for c, v in r.items() if c != self.deleted})
             updates.append((k, value, order))
-        return self.apply_updates(updates)
+            numbers.append(number)
+        return self.apply_updates(updates, numbers)
 
     def _apply_keep(self, rows: Sequence[Mapping[str, Any]]) -> list[Change]:
         """:meth:`apply` with ``missing="keep"`` (module docstring): each key's rows
@@ -174,9 +185,19 @@ class UpsertModel:
         values = tuple(row.get(c) for c in self.order)
         return None if any(v is None for v in values) else values
 
-    def apply_updates(self, updates: Iterable[Update]) -> list[Change]:
+    def apply_updates(
+        self, updates: Iterable[Update], numbers: Sequence[int] | None = None
+    ) -> list[Change]:
         """Apply one batch of ``(key, value or None, order)`` in file order at the next
-        timestamp; returns its changes ``(key, value, diff)``."""
+        timestamp; returns its changes ``(key, value, diff)``. ``numbers`` are the
+        updates' row numbers in their file (default 1, 2, ...), for :attr:`late`."""
+        updates = list(updates)
+        if self.scope == "global":
+            for i, (k, _value, order) in enumerate(updates):
+                stored = self.stored_order(k)  # as before the batch: nothing applied yet
+                if stored is not None and order <= stored:
+                    number = numbers[i] if numbers is not None else i + 1
+                    self.late.append((self.upper, number, k, order, stored))
         winners: dict[Hashable, tuple[Any, Hashable | None]] = {}
         for k, value, order in updates:
             # >=: on equal order values the later row of the batch wins.

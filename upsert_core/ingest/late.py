@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -175,13 +175,17 @@ def late_entries(ts: int, parts: Mapping[int, str]) -> dict[str, str]:
 # --- reading ------------------------------------------------------------------------------
 
 
-def late_refs(state: ShardState) -> list[tuple[int, int, str]]:
-    """``(ts, bucket, key)`` of every late part of a batch at or after ``state.since``,
-    in ts and bucket order."""
+def late_refs(
+    state: ShardState, until: int | None = None, buckets: Callable[[int], bool] | None = None
+) -> list[tuple[int, int, str]]:
+    """``(ts, bucket, key)`` of every late part of a batch at or after ``state.since``
+    (and before ``until``; of the buckets ``buckets`` keeps), in ts and bucket order."""
     refs = []
     for name, key in state.config.items():
         parsed = parse_late_ref_name(name)
-        if parsed is not None and key and parsed[0] >= state.since:
+        if parsed is None or not key or parsed[0] < state.since:
+            continue
+        if (until is None or parsed[0] < until) and (buckets is None or buckets(parsed[1])):
             refs.append((*parsed, key))
     return sorted(refs)
 
@@ -209,14 +213,18 @@ def read_late_part(blob: Blob, key: str, shard: str, ts: int, bucket: int) -> pa
     return table.replace_schema_metadata(None)
 
 
-def read_late(blob: Blob, state: ShardState, schema: SourceSchema | None) -> pa.Table:
+def read_late(
+    blob: Blob, state: ShardState, schema: SourceSchema | None, *, until: int | None = None,
+    buckets: Callable[[int], bool] | None = None,
+) -> pa.Table:
     """The late collection as of ``state`` (:func:`late_schema`), batch by batch from
-    ``since`` on, each batch's rows in file order."""
-    refs = late_refs(state)
+    ``since`` on, each batch's rows in file order; ``until`` and ``buckets`` as for
+    :func:`late_refs` (a read planned at an upper, a task's share of the buckets)."""
+    refs = late_refs(state, until, buckets)
+    if not refs and not _typed(schema):
+        return empty_late()  # no ingest committed rows yet: no column types to give
     if schema is None:
-        if refs:
-            raise CorruptData(f"shard {state.shard_id} has late rows but no stored schema")
-        return empty_late()
+        raise CorruptData(f"shard {state.shard_id} has late rows but no stored schema")
     wanted = late_schema(schema)
     tables: list[pa.Table] = []
     for ts in sorted({ts for ts, _, _ in refs}):
@@ -229,6 +237,12 @@ def read_late(blob: Blob, state: ShardState, schema: SourceSchema | None) -> pa.
     return pa.concat_tables(tables)
 
 
+def _typed(schema: SourceSchema | None) -> bool:
+    """Whether ``schema`` knows the types of its key and order columns."""
+    return schema is not None and all(
+        schema.type_of(c) is not None for c in (*schema.key, *schema.order_columns))
+
+
 def _conform(table: pa.Table, wanted: pa.Schema, shard: str) -> pa.Table:
     if not table.schema.equals(wanted):
         raise CorruptData(
@@ -239,15 +253,22 @@ def _conform(table: pa.Table, wanted: pa.Schema, shard: str) -> pa.Table:
 
 
 def empty_late() -> pa.Table:
-    """The late collection of a shard without a schema (no ingest committed yet)."""
-    return pa.schema([("file", pa.string()), ("row", pa.int64()), ("key", pa.struct([])),
+    """The late collection of a shard whose key and order columns have no types yet
+    (no ingest committed rows)."""
+    return pa.schema([("file", pa.string()), ("row", pa.int64()), ("key", pa.null()),
                       ("order", pa.null()), ("stored_order", pa.null())]).empty_table()
+
+
+def user_schema(schema: SourceSchema | None) -> pa.Schema:
+    """The columns of :func:`user_table` for a shard with ``schema``."""
+    return user_table(empty_late() if not _typed(schema) or schema is None
+                      else late_schema(schema).empty_table(), schema).schema
 
 
 def user_table(table: pa.Table, schema: SourceSchema | None) -> pa.Table:
     """The late collection as users read it: ``order`` and ``stored_order`` are the
     order column's values for one order column, a struct of them for several."""
-    if schema is None or schema.several_orders:
+    if not _typed(schema) or schema is None or schema.several_orders:
         return table
     out = table
     for name in ("order", "stored_order"):
@@ -280,6 +301,7 @@ __all__ = [
     "late_table",
     "order_values",
     "read_late",
+    "user_schema",
     "user_table",
     "write_late_part",
 ]

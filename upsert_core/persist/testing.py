@@ -7,8 +7,8 @@ durability test asks, "did anything leak?".
   overrides only the calls it changes. It offers no ranged reads (``open_reader``), so
   every read of a part goes through ``get`` and so through the subclass's hooks; a
   subclass that wants ranged reads defines ``open_reader`` itself.
-- :func:`unreferenced_blobs`: the data blobs (batch parts, error parts, state
-  checkpoints) under a shard's prefix that no live state version references. The
+- :func:`unreferenced_blobs`: the data blobs (batch parts, error parts, late parts,
+  state checkpoints) under a shard's prefix that no live state version references. The
   listing is taken BEFORE the states are read, so a blob written and committed
   concurrently is never reported (it is either not listed yet or already referenced);
   on a quiescent shard the answer is exact. Rollups are state, not data, and are not
@@ -33,7 +33,7 @@ from upsert_core.persist.parts import OpenPart, PartLayout
 if TYPE_CHECKING:
     from upsert_core.persist.shard import Shard
 
-DATA_KINDS = ("part", "errors", "checkpoint")
+DATA_KINDS = ("part", "errors", "checkpoint", "late")
 """The blob kinds (``<shard>/<kind>/...``) that hold data a state references."""
 
 
