@@ -1,8 +1,8 @@
 """Dagster metadata from ingest, shard and GC reports.
 
 Numbers are ``MetadataValue.int``/``float`` so the UI plots them across
-materializations (rows read, inserts, retractions, errors, bytes written, upper, seqno,
-state size, durations); text and lists are ``text``/``json``. Keys are stable: the UI
+materializations (rows read, inserts, retractions, errors, late rows, bytes written,
+upper, seqno, state size, durations); text and lists are ``text``/``json``. Keys are stable: the UI
 plots a key's history, so renaming one breaks its plot.
 
 Every materialization of a partition (one landing file) carries ``ts`` (the timestamp the
@@ -78,6 +78,7 @@ def file_metadata(report: FileReport) -> dict[str, Any]:
         "inserts": MetadataValue.int(report.inserts),
         "retractions": MetadataValue.int(report.retractions),
         "errors": MetadataValue.int(report.errors),
+        "late_rows": MetadataValue.int(report.late_rows),
         "bytes_written": MetadataValue.int(report.bytes_written),
         "file_bytes": MetadataValue.int(report.size),
         "landing_bytes_read": MetadataValue.int(report.landing_bytes_read),

@@ -164,6 +164,9 @@ class Cli:
     def errors(self, shard: str = "s") -> list[dict[str, Any]]:
         return self.run("errors", "--shard", shard).jsonl()
 
+    def late(self, shard: str = "s") -> list[dict[str, Any]]:
+        return self.run("late", "--shard", shard).jsonl()
+
     def inspect(self, shard: str = "s") -> dict[str, Any]:
         return self.run("inspect", "--shard", shard).json()
 
