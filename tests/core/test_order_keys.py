@@ -14,7 +14,10 @@ from hypothesis import strategies as st
 
 from upsert_core.errors import CodecError, InvalidUpsertState
 from upsert_core.order_keys import (
+    INTEGER,
+    STRING,
     concat_orders,
+    decode,
     empty_orders,
     from_arrow,
     order_keys,
@@ -107,3 +110,30 @@ def test_int64_orders_and_order_keys_never_mix() -> None:
     assert concat_orders([empty_orders(False), keys]).tolist() == keys.tolist()
     assert concat_orders([empty_orders(True), ints]).dtype == np.int64
     assert from_arrow(to_arrow(ints)).tolist() == [1, 2]
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=tuples())
+def test_decode_gives_back_the_tuples(data: tuple[list[str], list[tuple[object, ...]]]) -> None:
+    kinds, rows = data
+    decode_kinds = [STRING if k == "str" else INTEGER for k in kinds]
+    for key, row in zip(to_arrow(_keys(kinds, rows)).to_pylist(), rows, strict=True):
+        want = tuple((v - EPOCH) // timedelta(microseconds=1) if k == "ts" else v
+                     for k, v in zip(kinds, row, strict=True))
+        assert decode(key, decode_kinds) == want
+
+
+@pytest.mark.parametrize(("key", "kinds", "why"), [
+    (b"\x80\x00\x00", [INTEGER], "inside an integer"),
+    (b"abc", [STRING], "no terminator"),
+    (b"a\x00\x07b\x00\x01\x01", [STRING], "bad escape"),
+    (b"a\x00\x01\x01\x01", [STRING], "does not end"),
+    (b"a\x00\x01", [STRING], "does not end"),
+    (b"\xff\x00\x01\x01", [STRING], "not UTF-8"),
+    (b"\x01", ["float"], "no component of kind"),
+])
+def test_decode_refuses_bytes_that_are_not_an_order_key(
+    key: bytes, kinds: list[str], why: str
+) -> None:
+    with pytest.raises(CodecError, match=why):
+        decode(key, kinds)

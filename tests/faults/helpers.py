@@ -8,8 +8,8 @@ and the user's re-run (+ ``gc`` with grace 0), the shard
   state checkpoints equal the shard);
 - has the clean reference's history, timestamp by timestamp from its since (snapshot and
   changes), so nothing was applied twice and nothing was lost;
-- records the same ingested files at the same timestamps and the same error rows,
-  exactly once each;
+- records the same ingested files at the same timestamps, the same error rows and the
+  same late rows (of the batches from its since on), exactly once each;
 - holds no blob that no live state references (nothing leaked).
 """
 
@@ -31,9 +31,13 @@ from upsert_core.persist.location.blob_memory import MemoryBlob
 from upsert_core.persist.location.consensus_memory import MemoryConsensus
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.testing import unreferenced_blobs
+from upsert_core.shard_table import ShardTable
 
 REQUEST = IngestRequest(key=("key",), order="offset", buckets=2, inline_threshold=256)
 """Small inline threshold so most batches write real part blobs (more blob traffic)."""
+GLOBAL_REQUEST = IngestRequest(key=("key",), order="offset", buckets=2, inline_threshold=256,
+                               order_scope="global")
+""":data:`REQUEST` in the global order scope: random offsets make many late rows."""
 
 
 def make_landing(root: Path, *, files: int, rows: int, keys: int, seed: int) -> Path:
@@ -83,6 +87,10 @@ def assert_recovered(shard: Shard, reference: Shard) -> None:
     errors = error_rows(shard)
     assert errors == error_rows(reference)
     assert all(n == 1 for n in errors.values()), "an error row was recorded twice"
+    files = state.ingested_files
+    late = list(ShardTable(shard).late_records())
+    assert late == [r for r in ShardTable(reference).late_records()
+                    if files[r["file"]] >= state.since]
     assert not unreferenced_blobs(shard)
 
 

@@ -23,13 +23,13 @@ from upsert_core.persist.check import check_shard
 from upsert_core.persist.location.urls import open_blob, open_consensus
 from upsert_core.persist.shard import Shard
 
-from .helpers import assert_recovered, make_landing, reference_shard
+from .helpers import GLOBAL_REQUEST, REQUEST, assert_recovered, make_landing, reference_shard
 
 OPTIONS = ("--key", "key", "--order", "offset")
 
 
-def _ingest_args(landing: Path) -> list[str]:
-    return ["ingest", str(landing), "--shard", "s", *OPTIONS, "--engine", "local",
+def _ingest_args(landing: Path, *options: str) -> list[str]:
+    return ["ingest", str(landing), "--shard", "s", *OPTIONS, *options, "--engine", "local",
             "--no-progress"]
 
 
@@ -72,11 +72,13 @@ def _assert_consistent_now(home: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [11, 12, 13])
-def test_sigkill_ingesters_and_gc_at_random_points(tmp_path: Path, seed: int) -> None:
+@pytest.mark.parametrize(("seed", "scope"), [(11, "batch"), (12, "batch"), (13, "global")])
+def test_sigkill_ingesters_and_gc_at_random_points(tmp_path: Path, seed: int, scope: str) -> None:
+    """The global scope (seed 13) records late rows: each exactly once, with its batch."""
     rng = random.Random(seed)
     landing = make_landing(tmp_path / "landing", files=14, rows=1500, keys=600, seed=seed)
-    reference = reference_shard(landing)
+    reference = reference_shard(landing, GLOBAL_REQUEST if scope == "global" else REQUEST)
+    scoped = ("--order-scope", scope)
     home = tmp_path / "home"
     cli = Cli(home)
     kills = 0
@@ -90,7 +92,7 @@ def test_sigkill_ingesters_and_gc_at_random_points(tmp_path: Path, seed: int) ->
         # this landing takes ~1 s on a quiet machine (start-up ~0.3 s), and an ingest
         # that finished leaves the next rounds nothing to do; a kill that misses a
         # finished process proves nothing.
-        codes = _kill_after([_start(cli, *_ingest_args(landing))],
+        codes = _kill_after([_start(cli, *_ingest_args(landing, *scoped))],
                             [rng.uniform(0.15, 0.6)])
         kills += codes.count(-signal.SIGKILL)
         _assert_consistent_now(home)
@@ -98,13 +100,13 @@ def test_sigkill_ingesters_and_gc_at_random_points(tmp_path: Path, seed: int) ->
                             [rng.uniform(0.05, 0.6)])
         kills += codes.count(-signal.SIGKILL)
         _assert_consistent_now(home)
-        procs = [_start(cli, *_ingest_args(landing)),
+        procs = [_start(cli, *_ingest_args(landing, *scoped)),
                  _start(cli, "gc", "--shard", "s", "--retain", "2")]
         codes = _kill_after(procs, [rng.uniform(0.15, 0.6), rng.uniform(0.1, 0.8)])
         kills += codes.count(-signal.SIGKILL)
         _assert_consistent_now(home)
     assert kills >= 3, "too few processes were actually killed: the test proves nothing"
 
-    cli.ingest(landing, *OPTIONS)
+    cli.ingest(landing, *OPTIONS, *scoped)
     cli.run("gc", "--shard", "s", "--leak-grace", "0")
     assert_recovered(_open(home), reference)

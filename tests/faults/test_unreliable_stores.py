@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from upsert_core.errors import UpsertPlatformError
-from upsert_core.ingest import ingest
+from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.persist.location import Blob, Consensus
 from upsert_core.persist.location.blob_local import LocalBlob
 from upsert_core.persist.location.blob_memory import MemoryBlob
@@ -20,8 +20,9 @@ from upsert_core.persist.location.consensus_memory import MemoryConsensus
 from upsert_core.persist.location.consensus_sql import SqlConsensus
 from upsert_core.persist.location.unreliable import FaultRates, UnreliableBlob, UnreliableConsensus
 from upsert_core.persist.shard import Shard
+from upsert_core.shard_table import ShardTable
 
-from .helpers import REQUEST, assert_recovered, make_landing, reference_shard
+from .helpers import GLOBAL_REQUEST, REQUEST, assert_recovered, make_landing, reference_shard
 
 MAX_RUNS = 400
 
@@ -33,14 +34,15 @@ def _stores(kind: str, tmp_path: Path) -> tuple[Consensus, Blob]:
 
 
 def _ingest_until_done(
-    consensus: UnreliableConsensus, blob: UnreliableBlob, landing: Path
+    consensus: UnreliableConsensus, blob: UnreliableBlob, landing: Path,
+    request: IngestRequest = REQUEST,
 ) -> tuple[int, Counter[str]]:
     """Re-run the ingest (opening the shard anew each time) until a run succeeds."""
     failures: Counter[str] = Counter()
     for run in range(1, MAX_RUNS + 1):
         try:
             shard = Shard.open(consensus, blob, "flaky")
-            ingest(shard, str(landing), REQUEST)
+            ingest(shard, str(landing), request)
             return run, failures
         except UpsertPlatformError as exc:
             message = str(exc)
@@ -51,18 +53,20 @@ def _ingest_until_done(
 
 
 @pytest.mark.parametrize("kind", ["memory", "sqlite_local"])
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize(("seed", "request_"), [(1, REQUEST), (2, REQUEST), (3, REQUEST),
+                                                (4, GLOBAL_REQUEST)])
 def test_ingest_through_unreliable_stores_equals_clean_ingest(
-    tmp_path: Path, kind: str, seed: int
+    tmp_path: Path, kind: str, seed: int, request_: IngestRequest
 ) -> None:
+    """Seed 4 in the global order scope: late rows are committed exactly once too."""
     landing = make_landing(tmp_path / "landing", files=6, rows=40, keys=25, seed=seed)
-    reference = reference_shard(landing)
+    reference = reference_shard(landing, request_)
     inner_consensus, inner_blob = _stores(kind, tmp_path)
     rates = FaultRates(fail=0.03, timeout=0.03, effect_then_timeout=0.03)
     consensus = UnreliableConsensus(inner_consensus, seed=seed, rates=rates)
     blob = UnreliableBlob(inner_blob, seed=seed + 100, rates=rates)
 
-    runs, failures = _ingest_until_done(consensus, blob, landing)
+    runs, failures = _ingest_until_done(consensus, blob, landing, request_)
 
     injected = Counter(consensus.injected) + Counter(blob.injected)
     assert sum(injected.values()) > 0, "the seed injected no fault: the test proves nothing"
@@ -71,9 +75,11 @@ def test_ingest_through_unreliable_stores_equals_clean_ingest(
     consensus.enabled = blob.enabled = False
     shard = Shard.open(inner_consensus, inner_blob, "flaky", create=False)
     upper = shard.upper
-    ingest(shard, str(landing), REQUEST)
+    ingest(shard, str(landing), request_)
     assert shard.upper == upper
     assert_recovered(shard, reference)
+    if request_ is GLOBAL_REQUEST:  # the landing made late rows for it to compare
+        assert ShardTable(reference).late().num_rows > 0
 
 
 def test_effect_then_timeout_on_every_write_still_applies_each_file_once(tmp_path: Path) -> None:
