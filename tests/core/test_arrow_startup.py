@@ -69,7 +69,7 @@ def test_upsertctl_ingest_and_reads_never_import_pandas(tmp_path: Path) -> None:
         assert main(["ingest", {str(landing)!r}, "--shard", "s", "--key", "id",
                      "--order", "ts", "--engine", "local", "--no-progress"],
                     defer_pandas=True) == 0
-        for command in ("snapshot", "changes", "errors", "inspect", "check"):
+        for command in ("snapshot", "changes", "errors", "late", "inspect", "check"):
             assert main([command, "--shard", "s"], defer_pandas=True) == 0, command
         assert "pandas" not in sys.modules
         """,

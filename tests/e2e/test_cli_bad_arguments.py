@@ -56,7 +56,8 @@ def test_a_first_file_refused_whole_creates_no_shard(cli: Cli, landing: Path) ->
     assert cli.inspect("orders")["ingested_files"] == {"a.jsonl": 0}
 
 
-@pytest.mark.parametrize("command", ["snapshot", "changes", "errors", "inspect", "gc", "check"])
+@pytest.mark.parametrize("command", ["snapshot", "changes", "errors", "late", "inspect", "gc",
+                                     "check"])
 def test_a_missing_shard_says_what_to_do(cli: Cli, command: str) -> None:
     r = cli.run(command, "--shard", "nope", rc=1)
     line = r.error_line()
@@ -81,8 +82,8 @@ def test_a_time_that_is_not_an_ascii_integer_is_refused(
 
 
 @pytest.mark.parametrize("deployment", ["embedded"], indirect=True)
-@pytest.mark.parametrize("command", ["snapshot", "changes", "errors", "inspect", "gc", "check",
-                                     "retention"])
+@pytest.mark.parametrize("command", ["snapshot", "changes", "errors", "late", "inspect", "gc",
+                                     "check", "retention"])
 def test_a_read_of_a_missing_shard_creates_no_store(cli: Cli, command: str) -> None:
     # Issue 23: a read in an empty directory created the embedded stores.
     r = cli.run(command, "--shard", "x", rc=1)
