@@ -26,8 +26,9 @@ Invariants:
   release that predates late rows keeps them too.
 - Reads (:func:`read_late`) return the late rows of every batch at or after the shard's
   ``since`` (the history a read may see), ordered by ts, then row number; those of
-  batches before ``since`` are never read (their entries and parts stay referenced:
-  GC does not drop them yet, which the contract allows but does not need).
+  batches before ``since`` are never read, and the transition that advances ``since``
+  (GC, retention) drops their entries (``commit_times.with_since``), so GC then deletes
+  their parts like any unreferenced blob.
 - A late part that is missing, undecodable, of an unknown format or of another
   shard, ts or bucket than its entry says is :class:`CorruptData` naming the blob: late
   rows are never silently lost or misattributed.

@@ -122,8 +122,8 @@ def _advance_keeping(now_ms: int) -> Callable[[ShardState], ShardState | None]:
         if keep is None or not state.upper:
             return None
         since = retained_since(state, retained(state, keep))
-        # with_since: the commit times of ts left wholly below the new since go too,
-        # as when GC advances it.
+        # with_since: the commit times of ts left wholly below the new since go too, and
+        # the late parts of batches below it, as when GC advances it.
         return None if since == state.since else with_since(state, since)
 
     return advance

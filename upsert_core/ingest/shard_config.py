@@ -32,7 +32,8 @@ The entries (what existing shards hold; names and formats never change):
   tombstones were recorded.
 - ``blobref.late.<ts>.<b>`` (order scope ``global``): the blob key of bucket ``b``'s
   late part of the batch at ``ts`` (its late rows: ``ingest.late`` reads and writes
-  them), committed with the batch; absent when the bucket had no late rows then.
+  them), committed with the batch; absent when the bucket had no late rows then. GC
+  drops the entries of batches before the shard's since (``persist.state``).
 - ``stats.live_rows``: live rows at the shard's upper, in decimal (absent for shards
   first ingested before it was kept). Written by the same commits as
   ``checkpoint.upper``, so it is the count at THAT upper: a commit made outside the
@@ -85,7 +86,7 @@ from upsert_core.landing.missing import (
     parse_missing,
 )
 from upsert_core.order_scope import OrderScope
-from upsert_core.persist.state import BLOB_REF_PREFIX
+from upsert_core.persist.state import BLOB_REF_PREFIX, LATE_REF_PREFIX, late_ref_ts
 
 CONFIG_SCHEMA = "ingest.schema"
 CONFIG_ORDER_SCOPE = "ingest.order_scope"
@@ -97,7 +98,6 @@ CONFIG_CHECKPOINT_UPPER = "checkpoint.upper"
 CHECKPOINT_REF_PREFIX = f"{BLOB_REF_PREFIX}checkpoint."
 CHECKPOINT_BASE_PREFIX = "checkpoint.base."
 TOMBSTONES_REF_PREFIX = f"{BLOB_REF_PREFIX}tombstones."
-LATE_REF_PREFIX = f"{BLOB_REF_PREFIX}late."
 CONFIG_LIVE_ROWS = "stats.live_rows"
 LIVE_ROWS_UNKNOWN = "unknown"
 CONFIG_COMMIT_NONCE = "ingest.commit"
@@ -141,11 +141,7 @@ def late_ref_name(ts: int, bucket: int) -> str:
 
 def parse_late_ref_name(name: str) -> tuple[int, int] | None:
     """``(ts, bucket)`` of a :func:`late_ref_name`, None for any other entry name."""
-    if not name.startswith(LATE_REF_PREFIX):
-        return None
-    ts, _, bucket = name[len(LATE_REF_PREFIX):].partition(".")
-    at, b = _decimal(ts), _decimal(bucket)
-    return None if at is None or b is None else (at, b)
+    return late_ref_ts(name)
 
 
 def parse_order_scope(value: str | OrderScope) -> OrderScope:

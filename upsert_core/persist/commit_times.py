@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from upsert_core.errors import InvalidUsage, NotReadable
-from upsert_core.persist.state import COMMIT_TIME_PREFIX, ShardState
+from upsert_core.persist.state import COMMIT_TIME_PREFIX, ShardState, late_ref_ts
 from upsert_core.read_times import require_time
 
 
@@ -122,8 +122,14 @@ def pruned_config(config: Mapping[str, str], since: int) -> dict[str, str]:
 
 
 def with_since(state: ShardState, since: int) -> ShardState:
-    """``state`` with ``since`` moved to ``since`` and the commit times below it dropped."""
-    return state.evolve(since=since, config=pruned_config(state.config, since))
+    """``state`` with ``since`` moved to ``since`` and the commit times below it dropped,
+    and the late parts of batches before it (``persist.state``: nothing reads them)."""
+    config = pruned_config(state.config, since)
+    for name in list(config):
+        late = late_ref_ts(name)
+        if late is not None and late[0] < since:
+            del config[name]
+    return state.evolve(since=since, config=config)
 
 
 # --- resolution -------------------------------------------------------------------------

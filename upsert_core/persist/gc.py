@@ -7,7 +7,8 @@ One :func:`gc` run does, in this order (each step is safe to crash after):
    (on this host); both by compare-and-set, which fences those writers for good.
 2. With ``retain=N`` (``N >= 1``: :func:`check_retain`): advance ``since`` to
    ``max(since, upper - N)``, but never backwards and never past a leased reader's since;
-   the commit times of ts left wholly below it go (``commit_times.with_since``).
+   the commit times of ts left wholly below it go, and the late parts of batches below
+   it (``commit_times.with_since``).
    ``N = 0`` is refused: ``since == upper`` on a non-empty shard leaves no readable time,
    so no ingest could rehydrate its state again.
 3. Compact (size tiers; everything into one batch when step 2 moved the since).

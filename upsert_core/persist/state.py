@@ -25,6 +25,9 @@ Invariants of a well-formed state (checked by :func:`ShardState.check_invariants
 - ``config`` entries whose name starts with :data:`BLOB_REF_PREFIX` hold blob keys
   (e.g. upsert state checkpoints) that the state references: GC keeps them exactly like
   batch parts.
+- ``config`` entries ``blobref.late.<ts>.<b>`` (:data:`LATE_REF_PREFIX`) reference the
+  late rows of the batch at ``ts`` (``ingest.late``): read only from ``since`` on, so
+  advancing ``since`` past ``ts`` may drop them (``commit_times.with_since`` does).
 - ``config`` entries ``commit_time.<lower>`` (:data:`COMMIT_TIME_PREFIX`) record when
   the batch starting at ``lower`` was committed (UTC milliseconds): each ``lower`` is
   in ``[0, upper)`` and the times never decrease as ``lower`` grows
@@ -43,8 +46,26 @@ from upsert_core.errors import ConfigError, InvariantViolation
 BLOB_REF_PREFIX = "blobref."
 """Config entries named ``blobref.<anything>`` hold a blob key the state references."""
 
+LATE_REF_PREFIX = f"{BLOB_REF_PREFIX}late."
+"""Config entries ``blobref.late.<ts>.<bucket>``: a bucket's late part of the batch at
+``ts`` (``ingest.late`` writes and reads them; :func:`late_ref_ts` parses the ts)."""
+
 COMMIT_TIME_PREFIX = "commit_time."
 """Config entries ``commit_time.<lower>`` = ``<UTC ms>``: see ``persist.commit_times``."""
+
+def late_ref_ts(name: str) -> tuple[int, int] | None:
+    """``(ts, bucket)`` of a ``blobref.late.<ts>.<bucket>`` entry name (each written as
+    ``str(n)``), None for any other name."""
+    if not name.startswith(LATE_REF_PREFIX):
+        return None
+    ts, _, bucket = name[len(LATE_REF_PREFIX):].partition(".")
+    parts = []
+    for text in (ts, bucket):
+        if not (text.isascii() and text.isdigit()) or str(int(text)) != text:
+            return None
+        parts.append(int(text))
+    return parts[0], parts[1]
+
 
 SHARD_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 

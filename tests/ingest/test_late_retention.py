@@ -1,0 +1,93 @@
+"""Retention of the late collection follows the shard's (CONTRACT.md: late rows are
+readable from ``since`` on, like the shard's history): ``gc --retain`` and the stored
+retention drop the late parts of batches before ``since`` (config entries, then blobs),
+and keep every late row at or after it readable, equal to the dict model's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.model import UpsertModel
+from upsert_core.ingest import IngestRequest, ingest
+from upsert_core.ingest.late import late_refs
+from upsert_core.ingest.shard_config import parse_late_ref_name
+from upsert_core.persist.testing import unreferenced_blobs
+from upsert_core.shard_table import ShardTable
+
+from .helpers import memory_shard, write_jsonl
+
+
+def _landing(root: Path, files: int) -> list[list[dict[str, object]]]:
+    data = []
+    for i in range(files):  # every file after the first has late rows for keys 1 and 2
+        rows = [{"key": 1, "offset": 10 + i, "v": f"v{i}"}, {"key": 2, "offset": 0},
+                {"key": 1, "offset": 5, "v": "late"}, {"key": 3, "offset": i, "v": "new"}]
+        rows[1]["__deleted"] = True  # a delete at 0: late against its own tombstone
+        write_jsonl(root, f"{i:03d}.jsonl", rows)
+        data.append(rows)
+    return data
+
+
+def test_gc_drops_the_late_rows_before_since_and_keeps_the_rest(tmp_path: Path) -> None:
+    data = _landing(tmp_path, 6)
+    shard = memory_shard()
+    ingest(shard, str(tmp_path), IngestRequest(order_scope="global", buckets=2))
+    model = UpsertModel("global")
+    for rows in data:
+        model.apply(rows)
+    before = shard.state()
+    refs = late_refs(before)
+    assert {ts for ts, _, _ in refs} == {1, 2, 3, 4, 5}
+    names = [f"{i:03d}.jsonl" for i in range(6)]
+
+    def expected(since: int) -> list[tuple[str, int, int, int]]:
+        return [(names[ts], row, order, stored) for ts, row, _k, order, stored in model.late
+                if ts >= since]
+
+    def got() -> list[tuple[str, int, int, int]]:
+        return [(r["file"], r["row"], r["order"], r["stored_order"])
+                for r in ShardTable(shard).late_records()]
+
+    assert got() == expected(0)
+    shard.gc(retain=3, leak_grace_ms=0)
+    state = shard.state()
+    assert state.since == 3
+    assert got() == expected(3)
+    assert {ts for ts, _, _ in late_refs(state)} == {3, 4, 5}
+    dropped = [key for ts, _, key in refs if ts < 3]
+    entries = [parse_late_ref_name(name) for name in state.config]
+    assert sorted(e[0] for e in entries if e is not None) == sorted(ts for ts, _, _ in refs
+                                                                      if ts >= 3)
+    shard.gc(leak_grace_ms=0)  # truncation lets the dropped parts go
+    assert all(shard.blob.get(key) is None for key in dropped)
+    assert all(shard.blob.get(key) is not None for ts, _, key in refs if ts >= 3)
+    assert unreferenced_blobs(shard) == set()
+    assert shard.check().ok
+    # Later ingests keep recording from the retained state.
+    write_jsonl(tmp_path, "006.jsonl", [{"key": 1, "offset": 1, "v": "late again"}])
+    ingest(shard, str(tmp_path), IngestRequest())
+    model.apply([{"key": 1, "offset": 1, "v": "late again"}])
+    names.append("006.jsonl")
+    assert got() == expected(3)
+
+
+def test_a_stored_retention_drops_the_late_rows_before_since(tmp_path: Path) -> None:
+    (tmp_path / "all").mkdir()
+    data = _landing(tmp_path / "all", 8)
+    shard = memory_shard()
+    model = UpsertModel("global")
+    request = IngestRequest(order_scope="global", buckets=2)
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    for i, rows in enumerate(data):
+        write_jsonl(landing, f"{i:03d}.jsonl", rows)
+        model.apply(rows)
+        ingest(shard, str(landing), request)
+        if i == 1:
+            shard.set_retention(2)
+    state = shard.state()
+    assert state.since == state.upper - 2 == 6  # the global scope holds nothing back
+    assert {ts for ts, _, _ in late_refs(state)} == {6, 7}
+    assert all(e is None or e[0] >= 6 for e in map(parse_late_ref_name, state.config))
+    assert [(r["file"], r["row"]) for r in ShardTable(shard).late_records()] == [
+        (f"{ts:03d}.jsonl", row) for ts, row, *_ in model.late if ts >= 6]
