@@ -1,16 +1,22 @@
 """Retention of the late collection follows the shard's (CONTRACT.md: late rows are
 readable from ``since`` on, like the shard's history): ``gc --retain`` and the stored
 retention drop the late parts of batches before ``since`` (config entries, then blobs),
-and keep every late row at or after it readable, equal to the dict model's."""
+and keep every late row at or after it readable, equal to the dict model's. And a
+Parquet file read in chunks records the late rows of the whole-file read."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
 from tests.model import UpsertModel
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.late import late_refs
 from upsert_core.ingest.shard_config import parse_late_ref_name
+from upsert_core.landing.chunks import CHUNK_ROWS_ENV, STREAM_BYTES_ENV
 from upsert_core.persist.testing import unreferenced_blobs
 from upsert_core.shard_table import ShardTable
 
@@ -91,3 +97,29 @@ def test_a_stored_retention_drops_the_late_rows_before_since(tmp_path: Path) -> 
     assert all(e is None or e[0] >= 6 for e in map(parse_late_ref_name, state.config))
     assert [(r["file"], r["row"]) for r in ShardTable(shard).late_records()] == [
         (f"{ts:03d}.jsonl", row) for ts, row, *_ in model.late if ts >= 6]
+
+
+@pytest.mark.parametrize("memory_mb", ["", "0"], ids=["held", "spilled"])
+def test_streamed_parquet_records_the_whole_file_late_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, memory_mb: str
+) -> None:
+    """A Parquet file read in chunks (and spilled by bucket) numbers its late rows over
+    the whole file, as the whole-file read does."""
+    for i in range(3):
+        n = 40
+        pq.write_table(pa.table({
+            "key": pa.array([(j * 7) % 9 for j in range(n)], pa.int64()),
+            "offset": pa.array([(j * 13 + i * 5) % 17 for j in range(n)], pa.int64()),
+            "v": pa.array([f"{i}-{j}" for j in range(n)]),
+        }), tmp_path / f"{i}.parquet", row_group_size=6)
+    late = []
+    for streamed in (False, True):
+        with monkeypatch.context() as env:
+            env.setenv(STREAM_BYTES_ENV, "0" if streamed else str(1 << 40))
+            env.setenv(CHUNK_ROWS_ENV, "5")
+            env.setenv("UPSERT_INGEST_MEMORY_MB", memory_mb)
+            shard = memory_shard()
+            ingest(shard, str(tmp_path), IngestRequest(order_scope="global", buckets=3))
+        late.append(list(ShardTable(shard).late_records()))
+    assert late[0] == late[1]
+    assert len(late[0]) > 10 and max(r["row"] for r in late[0]) > 30
