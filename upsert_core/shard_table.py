@@ -53,7 +53,7 @@ import pyarrow as pa
 from upsert_core.errors import CorruptData, ShardNotFound, UpsertPlatformError
 from upsert_core.ingest.base_cache import BaseCache
 from upsert_core.ingest.checkpoint import checkpoint_intact
-from upsert_core.ingest.late import late_records, read_late, user_table
+from upsert_core.ingest.late import iter_late, late_records, read_late, user_table
 from upsert_core.ingest.shard_config import ShardIngestConfig
 from upsert_core.ingest.tasks import Base
 from upsert_core.landing import ARROW_TYPES, SourceSchema
@@ -308,7 +308,7 @@ class ShardTable:
         a list in column order when the order has several columns."""
         state = self.shard.state()
         schema = ShardIngestConfig.read(state.config).schema
-        return late_records(read_late(self.shard.blob, state, schema), schema)
+        return late_records(iter_late(self.shard.blob, state, schema), schema)
 
     def inspect(self) -> dict[str, object]:
         """The summary ``upsertctl inspect`` prints, field for field

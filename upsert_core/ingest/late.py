@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -221,21 +221,32 @@ def read_late(
     """The late collection as of ``state`` (:func:`late_schema`), batch by batch from
     ``since`` on, each batch's rows in file order; ``until`` and ``buckets`` as for
     :func:`late_refs` (a read planned at an upper, a task's share of the buckets)."""
+    tables = list(iter_late(blob, state, schema, until=until, buckets=buckets))
+    if len(tables) == 1:
+        return tables[0]
+    return pa.concat_tables(tables) if tables else empty_late()
+
+
+def iter_late(
+    blob: Blob, state: ShardState, schema: SourceSchema | None, *, until: int | None = None,
+    buckets: Callable[[int], bool] | None = None,
+) -> Iterator[pa.Table]:
+    """:func:`read_late` one batch (ts) at a time, so a reader holds one batch's late
+    rows; nothing when there are none (an empty table when the shard has a schema and
+    no late rows, so its columns are known)."""
     refs = late_refs(state, until, buckets)
     if not refs and not _typed(schema):
-        return empty_late()  # no ingest committed rows yet: no column types to give
+        return  # no ingest committed rows yet: no column types to give
     if schema is None:
         raise CorruptData(f"shard {state.shard_id} has late rows but no stored schema")
     wanted = late_schema(schema)
-    tables: list[pa.Table] = []
+    if not refs:
+        yield wanted.empty_table()
     for ts in sorted({ts for ts, _, _ in refs}):
         parts = [read_late_part(blob, key, state.shard_id, t, b)
                  for t, b, key in refs if t == ts]
         batch = pa.concat_tables([_conform(p, wanted, state.shard_id) for p in parts])
-        tables.append(batch.sort_by("row"))
-    if not tables:
-        return wanted.empty_table()
-    return pa.concat_tables(tables)
+        yield batch.sort_by("row")
 
 
 def _typed(schema: SourceSchema | None) -> bool:
@@ -278,23 +289,28 @@ def user_table(table: pa.Table, schema: SourceSchema | None) -> pa.Table:
     return out
 
 
-def late_records(table: pa.Table, schema: SourceSchema | None) -> Iterator[dict[str, Any]]:
-    """The late collection as ``upsertctl late`` prints it (Python values): ``file``,
-    ``row``, ``key`` (column -> value), ``order`` and ``stored_order`` (the value for one
-    order column, a list in column order for several)."""
+def late_records(
+    tables: Iterable[pa.Table], schema: SourceSchema | None
+) -> Iterator[dict[str, Any]]:
+    """The late collection (``tables``: :func:`iter_late`'s) as ``upsertctl late``
+    prints it (Python values): ``file``, ``row``, ``key`` (column -> value), ``order``
+    and ``stored_order`` (the value for one order column, a list in column order for
+    several)."""
     several = schema is not None and schema.several_orders
-    for rec in table.to_pylist():
-        order, stored = rec["order"], rec["stored_order"]
-        if schema is not None:
-            columns = schema.order_columns
-            order = [order[c] for c in columns] if several else order[columns[0]]
-            stored = [stored[c] for c in columns] if several else stored[columns[0]]
-        yield {"file": rec["file"], "row": rec["row"], "key": rec["key"],
-               "order": order, "stored_order": stored}
+    for table in tables:
+        for rec in table.to_pylist():
+            order, stored = rec["order"], rec["stored_order"]
+            if schema is not None:
+                columns = schema.order_columns
+                order = [order[c] for c in columns] if several else order[columns[0]]
+                stored = [stored[c] for c in columns] if several else stored[columns[0]]
+            yield {"file": rec["file"], "row": rec["row"], "key": rec["key"],
+                   "order": order, "stored_order": stored}
 
 
 __all__ = [
     "LATE_FORMAT",
+    "iter_late",
     "late_entries",
     "late_records",
     "late_refs",
