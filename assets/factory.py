@@ -341,7 +341,9 @@ def build_source_assets(
                 context.log.info(
                     f"[{event.index}/{event.total}] {r.name}: ts {r.ts}, {r.rows_read} row(s)"
                     f" read, {r.inserts} insert(s), {r.retractions} retraction(s), {r.errors}"
-                    f" error row(s), {r.seconds:.2f}s"
+                    f" error row(s), "
+                    + (f"{r.late_rows} late row(s), " if r.late_rows else "")
+                    + f"{r.seconds:.2f}s"
                 )
 
         try:
