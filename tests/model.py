@@ -160,13 +160,15 @@ class UpsertModel:
                 c: v for c, v in r.items() if c != self.deleted and v != self.placeholder}
             by_key.setdefault(k, []).append((order, number, given))
         updates: list[Update] = []
+        late: list[tuple[int, int, Hashable, Any, Any]] = []
         for key, entries in by_key.items():
             stored = self.stored_order(key) if self.scope == "global" else None
             live: Any = self.live[key][0] if key in self.live else None
             current: dict[str, Any] | None = None if live is None else dict(live)
             last: Update | None = None
-            for order, _number, given in sorted(entries, key=lambda e: (e[0], e[1])):
+            for order, number, given in sorted(entries, key=lambda e: (e[0], e[1])):
                 if stored is not None and order <= stored:
+                    late.append((ts, number, key, order, stored))
                     continue  # late: skipped first
                 if given is None:
                     current = None
@@ -176,7 +178,8 @@ class UpsertModel:
                 last = (key, None if current is None else canonical(current), order)
             if last is not None:
                 updates.append(last)
-        return self.apply_updates(updates)
+        self.late.extend(sorted(late, key=lambda entry: entry[1]))  # in file order
+        return self.apply_updates(updates)  # none of them late
 
     def order_of(self, row: Mapping[str, Any]) -> Any:
         """A row's order value (a tuple for several order columns), None when null."""

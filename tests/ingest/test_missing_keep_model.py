@@ -6,7 +6,8 @@ null) or Parquet (a file without a column; nulls; the placeholder in string colu
 mixed in one shard, with several rows per key per batch, order ties, deletes between
 them, a column added from some batch on, both order scopes and several bucket counts.
 Floats, booleans and timestamps kept from earlier rows must come back exactly. The
-shard's snapshot and changes at every ts, and its error rows, must equal the model's.
+shard's snapshot and changes at every ts, its error rows and its late rows (global scope)
+must equal the model's.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.shard_config import ShardIngestConfig
 from upsert_core.ingest.verify_typed import verify_typed_parts
 from upsert_core.persist.testing import unreferenced_blobs
+from upsert_core.shard_table import ShardTable
 
 from .helpers import change_rows, memory_shard, snapshot_rows, write_jsonl, write_parquet
 
@@ -130,6 +132,11 @@ def test_keep_matches_model(
     for ts in range(len(history)):
         assert snapshot_rows(shard, ts) == model.rows(ts), f"snapshot at {ts}"
         assert change_rows(shard, ts) == model.row_changes(ts), f"changes at {ts}"
+    # Late rows (global scope) are kept as they came, whatever they leave out.
+    names = [f"{i:04d}.{kind}" for i, (kind, _data) in enumerate(history)]
+    assert [(r["file"], r["row"], r["key"]["key"], r["order"], r["stored_order"])
+            for r in ShardTable(shard).late_records()] == [
+        (names[ts], row, k[0], order, stored) for ts, row, k, order, stored in model.late]
     options = ShardIngestConfig.read(state.config).options
     checked = verify_typed_parts(shard.blob, shard.shard_id, state.batches, options)
     assert not checked.problems
