@@ -65,7 +65,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from bench._workload import WIDE_SCHEMA, WideWorkload, write_landing
 
