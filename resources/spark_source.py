@@ -52,7 +52,9 @@ Invariants:
   executors do not inherit the driver's environment.
 - The late collection is pinned at the upper the read was planned at (batches
   committed later are not read); task ``i`` reads the late parts of the buckets ``b``
-  with ``b % partitions == i``, so each late row is in one task.
+  with ``b % partitions == i``, so each late row is in one task. A task refuses
+  (``NotReadable``) when GC moved the shard's since after planning (the late rows
+  before it are gone): the tasks never return less than the planned collection.
 - Columns and types are the shard's (``inspect``'s ``columns``), mapped to Spark types;
   changes add the change's time and diff (bigint), ``__ts`` and ``__diff`` unless the
   shard has a column of either name (``shard_table.change_columns``).
@@ -301,8 +303,16 @@ def _late_of(
     plan: ReadPlan, part: KeyRange, shard: Shard, schema: SourceSchema | None
 ) -> Iterator[pa.RecordBatch]:
     """Task ``part.index``'s share of the late collection: its buckets' late parts of
-    the batches before the planned upper."""
-    late = read_late(shard.blob, shard.state(), schema, until=plan.until,
+    the batches before the planned upper. Refused when GC moved the shard's since after
+    planning: the late rows of the batches now before it are gone, and returning the
+    rest would silently lose rows (and disagree with the tasks that ran before)."""
+    state = shard.state()
+    if state.since > plan.planned_since:
+        raise NotReadable(
+            f"shard {plan.shard}: since moved from {plan.planned_since} to {state.since}"
+            " after the read of the late collection was planned; read again"
+        )
+    late = read_late(shard.blob, state, schema, until=plan.until,
                      buckets=lambda b: b % part.count == part.index)
     yield from user_table(late, schema).to_batches()
 

@@ -28,7 +28,7 @@ from resources.spark_source import (
 )
 from tests.ingest.helpers import write_jsonl
 from upsert_core import open_shard
-from upsert_core.errors import ShardNotFound
+from upsert_core.errors import NotReadable, ShardNotFound
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.persist.shard import Shard
 from upsert_core.stores import open_stores, resolve
@@ -268,3 +268,29 @@ def test_a_column_added_after_planning_does_not_change_what_tasks_return(
         for part in key_ranges(plan.partitions):
             for batch in read_range(plan, part):
                 assert batch.schema.names == planned.names, read
+
+
+def test_a_late_read_planned_before_gc_refuses_rather_than_losing_rows(
+    tmp_path: Path,
+) -> None:
+    """A ``read=late`` planned while the shard's since is 0 means every late row; if GC
+    moves since before the tasks run, a task must refuse (as a changes read does), never
+    return the collection without the batches now before since: the read would silently
+    lose rows, and tasks that ran before and after the GC would disagree."""
+    consensus, blob = f"sqlite:///{tmp_path / 'consensus.db'}", f"file://{tmp_path / 'blob'}"
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    for ts in range(5):  # from the second file on, key 2 is late once per file
+        write_jsonl(landing, f"{ts:03d}.jsonl", [{"key": 1, "offset": 10 + ts, "v": "x"},
+                                                {"key": 2, "offset": 0, "v": "y"}])
+    shard = Shard.open(*open_stores(resolve(consensus, blob)), "s")
+    ingest(shard, str(landing), IngestRequest(key=("key",), order="offset", buckets=2,
+                                              order_scope="global"))
+    plan = plan_read({"shard": "s", "consensus": consensus, "blob": blob,
+                      "read": "late", "partitions": "2"})
+    assert [r["file"] for r in sorted(_read_plan(plan), key=lambda r: r["file"])] == [
+        f"{ts:03d}.jsonl" for ts in range(1, 5)]
+    shard.gc(retain=2, leak_grace_ms=0)
+    assert shard.state().since == 3
+    with pytest.raises(NotReadable, match="since moved from 0 to 3"):
+        _read_plan(plan)
