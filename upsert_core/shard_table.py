@@ -300,7 +300,8 @@ class ShardTable:
         the order has several), typed as the shard's columns (``ingest.late``)."""
         state = self.shard.state()
         schema = ShardIngestConfig.read(state.config).schema
-        return user_table(read_late(self.shard.blob, state, schema), schema)
+        return user_table(
+            read_late(self.shard.blob, state, schema, fresh=self.shard.state), schema)
 
     def late_records(self) -> Iterator[dict[str, Any]]:
         """The late collection as ``upsertctl late`` prints it, as Python values:
@@ -308,7 +309,8 @@ class ShardTable:
         a list in column order when the order has several columns."""
         state = self.shard.state()
         schema = ShardIngestConfig.read(state.config).schema
-        return late_records(iter_late(self.shard.blob, state, schema), schema)
+        return late_records(
+            iter_late(self.shard.blob, state, schema, fresh=self.shard.state), schema)
 
     def inspect(self) -> dict[str, object]:
         """The summary ``upsertctl inspect`` prints, field for field

@@ -13,10 +13,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.model import UpsertModel
+from upsert_core.errors import NotReadable
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.late import late_refs
 from upsert_core.ingest.shard_config import parse_late_ref_name
 from upsert_core.landing.chunks import CHUNK_ROWS_ENV, STREAM_BYTES_ENV
+from upsert_core.persist.shard import Shard
 from upsert_core.persist.testing import unreferenced_blobs
 from upsert_core.shard_table import ShardTable
 
@@ -123,3 +125,56 @@ def test_streamed_parquet_records_the_whole_file_late_rows(
         late.append(list(ShardTable(shard).late_records()))
     assert late[0] == late[1]
     assert len(late[0]) > 10 and max(r["row"] for r in late[0]) > 30
+
+
+def _gc_deleting(shard: Shard, retain: int) -> None:
+    """GC moving since to ``upper - retain`` and deleting the late parts before it."""
+    refs = late_refs(shard.state())
+    shard.gc(retain=retain, leak_grace_ms=0)
+    shard.gc(leak_grace_ms=0)
+    since = shard.state().since
+    assert all(shard.blob.get(key) is None for ts, _, key in refs if ts < since)
+
+
+def test_a_late_read_survives_a_concurrent_gc_or_refuses(tmp_path: Path) -> None:
+    """Like the shard's own reads, a late read started before a GC that moves since
+    (and deletes the late parts before it) is not "corrupt": it goes on with the fresh
+    state when every row it has not yielded is still readable (started, nothing read
+    yet: the collection from the new since; or the batches it lost were all yielded),
+    and refuses with NotReadable when rows it has not yielded are gone."""
+    data = _landing(tmp_path, 6)
+    model = UpsertModel("global")
+    for rows in data:
+        model.apply(rows)
+    names = [f"{i:03d}.jsonl" for i in range(6)]
+
+    def expected(since: int) -> list[tuple[str, int]]:
+        return [(names[ts], row) for ts, row, *_ in model.late if ts >= since]
+
+    def fresh_shard() -> Shard:
+        shard = memory_shard()
+        ingest(shard, str(tmp_path), IngestRequest(order_scope="global", buckets=2))
+        return shard
+
+    shard = fresh_shard()  # nothing read yet: the read is the one from the new since
+    records = ShardTable(shard).late_records()
+    _gc_deleting(shard, 3)
+    assert [(r["file"], r["row"]) for r in records] == expected(3)
+
+    shard = fresh_shard()  # read through ts 3, then since moves to 4: nothing lost
+    records = ShardTable(shard).late_records()
+    got = []
+    for r in records:
+        got.append((r["file"], r["row"]))
+        if r["file"] == names[3]:
+            break
+    _gc_deleting(shard, 2)
+    got.extend((r["file"], r["row"]) for r in records)
+    assert got == expected(0)
+
+    shard = fresh_shard()  # read ts 1 only, then since moves to 3: ts 2 is gone
+    records = ShardTable(shard).late_records()
+    assert next(records)["file"] == names[1]
+    _gc_deleting(shard, 3)
+    with pytest.raises(NotReadable, match="since moved from 0 to 3"):
+        list(records)

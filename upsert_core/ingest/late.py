@@ -31,7 +31,10 @@ Invariants:
   their parts like any unreferenced blob.
 - A late part that is missing, undecodable, of an unknown format or of another
   shard, ts or bucket than its entry says is :class:`CorruptData` naming the blob: late
-  rows are never silently lost or misattributed.
+  rows are never silently lost or misattributed. A part GC deleted under a read whose
+  state is no longer current is not corruption: the read goes on with the fresh state,
+  or refuses (:class:`NotReadable`) if rows it has not yielded are gone
+  (:func:`iter_late`).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from upsert_core import order_keys
-from upsert_core.errors import CorruptData
+from upsert_core.errors import CorruptData, NotReadable
 from upsert_core.ingest.shard_config import late_ref_name, parse_late_ref_name
 from upsert_core.landing import ARROW_TYPES, SourceSchema
 from upsert_core.landing.rows import decode_rows_to_table
@@ -55,6 +58,7 @@ from upsert_core.order_keys import OrderArray
 from upsert_core.persist.keys import late_part_key
 from upsert_core.persist.location import Blob
 from upsert_core.persist.parts import VALUE_PREFIX
+from upsert_core.persist.shard import READ_ATTEMPTS
 from upsert_core.persist.state import ShardState
 
 LATE_FORMAT = 1
@@ -197,7 +201,7 @@ def read_late_part(blob: Blob, key: str, shard: str, ts: int, bucket: int) -> pa
     where = f"shard {shard}: late part {key} (ts {ts}, bucket {bucket})"
     data = blob.get(key)
     if data is None:
-        raise CorruptData(f"{where} is missing from the blob store")
+        raise _PartMissing(f"{where} is missing from the blob store")
     try:
         table = pq.read_table(io.BytesIO(data))
     except (pa.ArrowException, OSError) as exc:
@@ -217,11 +221,13 @@ def read_late_part(blob: Blob, key: str, shard: str, ts: int, bucket: int) -> pa
 def read_late(
     blob: Blob, state: ShardState, schema: SourceSchema | None, *, until: int | None = None,
     buckets: Callable[[int], bool] | None = None,
+    fresh: Callable[[], ShardState] | None = None,
 ) -> pa.Table:
     """The late collection as of ``state`` (:func:`late_schema`), batch by batch from
     ``since`` on, each batch's rows in file order; ``until`` and ``buckets`` as for
-    :func:`late_refs` (a read planned at an upper, a task's share of the buckets)."""
-    tables = list(iter_late(blob, state, schema, until=until, buckets=buckets))
+    :func:`late_refs` (a read planned at an upper, a task's share of the buckets),
+    ``fresh`` as for :func:`iter_late`."""
+    tables = list(iter_late(blob, state, schema, until=until, buckets=buckets, fresh=fresh))
     if len(tables) == 1:
         return tables[0]
     return pa.concat_tables(tables) if tables else empty_late()
@@ -230,23 +236,63 @@ def read_late(
 def iter_late(
     blob: Blob, state: ShardState, schema: SourceSchema | None, *, until: int | None = None,
     buckets: Callable[[int], bool] | None = None,
+    fresh: Callable[[], ShardState] | None = None,
 ) -> Iterator[pa.Table]:
     """:func:`read_late` one batch (ts) at a time, so a reader holds one batch's late
     rows; nothing when there are none (an empty table when the shard has a schema and
-    no late rows, so its columns are known)."""
-    refs = late_refs(state, until, buckets)
+    no late rows, so its columns are known).
+
+    ``fresh`` (the shard's current state) lets the read survive a concurrent GC, as the
+    shard's own reads do (``persist.shard``): GC that advances since drops the late
+    parts of the batches before it and may delete them while this read streams. A
+    missing part of a state that is no longer current is then GC's doing: the read goes
+    on with the fresh state after the last batch it yielded, unless a batch it has not
+    yielded yet is now before since (:class:`NotReadable`: read again). A part missing
+    from the current state is corruption (:class:`CorruptData`)."""
+    done = -1  # the last ts yielded
+    for attempt in range(1, READ_ATTEMPTS + 1):
+        try:
+            for ts, table in _batches(blob, state, schema, until, buckets, after=done):
+                yield table
+                done = ts
+            return
+        except _PartMissing:
+            current = None if fresh is None else fresh()
+            if current is None or current.seqno == state.seqno or attempt == READ_ATTEMPTS:
+                raise
+            lost = sorted({ts for ts, _, _ in late_refs(state, until, buckets)
+                           if done < ts < current.since})
+            if done >= 0 and lost:
+                raise NotReadable(
+                    f"shard {state.shard_id}: since moved from {state.since} to"
+                    f" {current.since} while the late rows streamed (those of ts"
+                    f" {lost[0]} on are gone); read again"
+                ) from None
+            state = current
+
+
+class _PartMissing(CorruptData):
+    """A late part its state references is not in the blob store."""
+
+
+def _batches(
+    blob: Blob, state: ShardState, schema: SourceSchema | None, until: int | None,
+    buckets: Callable[[int], bool] | None, *, after: int,
+) -> Iterator[tuple[int, pa.Table]]:
+    """``(ts, late rows)`` of each batch after ``after`` (see :func:`iter_late`)."""
+    refs = [r for r in late_refs(state, until, buckets) if r[0] > after]
     if not refs and not _typed(schema):
         return  # no ingest committed rows yet: no column types to give
     if schema is None:
         raise CorruptData(f"shard {state.shard_id} has late rows but no stored schema")
     wanted = late_schema(schema)
-    if not refs:
-        yield wanted.empty_table()
+    if not refs and after < 0:
+        yield -1, wanted.empty_table()
     for ts in sorted({ts for ts, _, _ in refs}):
         parts = [read_late_part(blob, key, state.shard_id, t, b)
                  for t, b, key in refs if t == ts]
         batch = pa.concat_tables([_conform(p, wanted, state.shard_id) for p in parts])
-        yield batch.sort_by("row")
+        yield ts, batch.sort_by("row")
 
 
 def _typed(schema: SourceSchema | None) -> bool:
