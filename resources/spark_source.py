@@ -306,14 +306,21 @@ def _late_of(
     the batches before the planned upper. Refused when GC moved the shard's since after
     planning: the late rows of the batches now before it are gone, and returning the
     rest would silently lose rows (and disagree with the tasks that ran before)."""
-    state = shard.state()
-    if state.since > plan.planned_since:
-        raise NotReadable(
-            f"shard {plan.shard}: since moved from {plan.planned_since} to {state.since}"
-            " after the read of the late collection was planned; read again"
-        )
-    late = read_late(shard.blob, state, schema, until=plan.until,
-                     buckets=lambda b: b % part.count == part.index)
+
+    def pinned() -> ShardState:
+        """The shard's state, refused once since moved past the planned one (also when
+        GC deletes a late part under the read: ``ingest.late.iter_late``)."""
+        state = shard.state()
+        if state.since > plan.planned_since:
+            raise NotReadable(
+                f"shard {plan.shard}: since moved from {plan.planned_since} to"
+                f" {state.since} after the read of the late collection was planned;"
+                " read again"
+            )
+        return state
+
+    late = read_late(shard.blob, pinned(), schema, until=plan.until,
+                     buckets=lambda b: b % part.count == part.index, fresh=pinned)
     yield from user_table(late, schema).to_batches()
 
 
