@@ -133,7 +133,7 @@ def translate_jsonl(
     skipped = 0
     rows: list[tuple[int, dict[str, object], dict[str, str]]] = []
     unavailable: dict[int, set[str]] = {}
-    for number, line in json_lines(name, data, errors):
+    for number, line in json_lines(name, data, errors, reuse_wrapper_schema=True):
         try:
             event = _translate(line, key, order, placeholder)
         except Unreadable as exc:

@@ -99,25 +99,25 @@ def read_jsonl(name: str, data: bytes, *, track_missing: bool = False) -> RawBat
     return raw
 
 
-def json_lines(name: str, data: bytes, errors: list[RowError]) -> Iterator[tuple[int, object]]:
+def json_lines(
+    name: str, data: bytes, errors: list[RowError], *, reuse_wrapper_schema: bool = False
+) -> Iterator[tuple[int, object]]:
     """``(line number, parsed value)`` of every non-blank line that parses as strict JSON
-    (module docstring); a line that does not is appended to ``errors`` instead."""
+    (module docstring); a line that does not is appended to ``errors`` instead.
+    ``reuse_wrapper_schema``: parse Kafka Connect's repeated ``schema`` once
+    (:class:`_WrapperSchemaReuse`; the same values and errors, the schema value shared
+    between lines, so it must only be read)."""
     if data.startswith(_BOM):
         data = data[len(_BOM) :]
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()  # the newline that ends the last line does not start another
+    parse = _WrapperSchemaReuse().parse if reuse_wrapper_schema else _parse_line
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            # SUBTLE: decoded here, strictly, not by json.loads: given bytes, it guesses
-            # UTF-16/32 from NUL bytes and decodes UTF-8 with "surrogatepass", so a
-            # UTF-16 line or CESU-8 surrogate bytes (not UTF-8) would read as valid.
-            text = line.decode("utf-8")
-            if text.startswith("\ufeff"):  # json.loads(bytes) skipped a BOM on any line
-                text = text[1:]
-            obj = json.loads(text, object_pairs_hook=_object, parse_constant=_not_json)
+            obj = parse(line)
         except UnicodeDecodeError as exc:
             reason = f"malformed JSON line: not valid UTF-8 ({exc.reason} at byte {exc.start + 1})"
             errors.append(RowError(name, number, reason))
@@ -130,6 +130,74 @@ def json_lines(name: str, data: bytes, errors: list[RowError]) -> Iterator[tuple
             errors.append(RowError(name, number, "malformed JSON line: a key is not UTF-8"))
             continue
         yield number, obj
+
+
+def _parse_line(line: bytes) -> object:
+    """One line's value, strictly (module docstring); raises ``UnicodeDecodeError``,
+    ``ValueError`` (``JSONDecodeError``, a repeated key, ``NaN``) or ``RecursionError``."""
+    # SUBTLE: decoded here, strictly, not by json.loads: given bytes, it guesses
+    # UTF-16/32 from NUL bytes and decodes UTF-8 with "surrogatepass", so a
+    # UTF-16 line or CESU-8 surrogate bytes (not UTF-8) would read as valid.
+    text = line.decode("utf-8")
+    if text.startswith("\ufeff"):  # json.loads(bytes) skipped a BOM on any line
+        text = text[1:]
+    return _DECODER.decode(text)
+
+
+class _WrapperSchemaReuse:
+    """Parses lines like :func:`_parse_line`, but Kafka Connect's ``{"schema": S,
+    "payload": ...}`` wrapper (``S`` the same ~2 KB on every line of a file) only once.
+
+    Invariant: a line is parsed on the short path only when it starts with exactly the
+    bytes ``{"schema":`` + ``S`` + ``,`` of an earlier line that parsed in full without
+    error; those bytes parse to that line's (checked) schema value, whatever follows, so
+    only ``{`` + the rest is parsed, with the same strict decoder, and the earlier value
+    is reused. The short path's result is used only where the full parse's is the same:
+    the rest parses, has at least one member and no ``schema`` (a repeated key). Every
+    other line, and every line the short path fails on, is parsed in full, so values,
+    errors and their messages are exactly :func:`_parse_line`'s. The schema value is
+    shared by the lines that reuse it: it must be read, never changed.
+    """
+
+    _HEAD = b'{"schema":'
+    _TRIES = 16  # schemas taken or found unusable before the file is parsed in full
+
+    def __init__(self) -> None:
+        self._prefix: bytes | None = None
+        self._schema: object = None
+        self._tries = self._TRIES
+
+    def parse(self, line: bytes) -> object:
+        prefix = self._prefix
+        if prefix is not None and line.startswith(prefix):
+            try:
+                rest = _DECODER.decode("{" + line[len(prefix) :].decode("utf-8"))
+            except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+                pass  # the full parse below gives today's error
+            else:
+                if isinstance(rest, dict) and rest and "schema" not in rest:
+                    wrapper = {"schema": self._schema}
+                    wrapper.update(rest)
+                    return wrapper
+        obj = _parse_line(line)
+        if (self._tries and line.startswith(self._HEAD) and isinstance(obj, dict)
+                and isinstance(obj["schema"], dict)):  # not a tombstone's null schema
+            self._remember(line, obj)
+        return obj
+
+    def _remember(self, line: bytes, obj: dict[str, object]) -> None:
+        """Take ``line``'s schema bytes as the prefix (``line`` parsed in full)."""
+        self._tries -= 1
+        text = line.decode("utf-8")
+        start = len(self._HEAD)
+        try:
+            _, end = _PLAIN.raw_decode(text, start)
+        except (ValueError, RecursionError):  # a value after whitespace: not raw_decode's
+            end = -1
+        if end < 0 or text[end : end + 1] != ",":
+            return
+        self._prefix = text[: end + 1].encode("utf-8")
+        self._schema = obj["schema"]
 
 
 def _keys_utf8(value: object) -> bool:
@@ -250,6 +318,11 @@ def _check_unique(name: str, columns: list[str]) -> None:
 def _short(text: str, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_object, parse_constant=_not_json)
+"""The strict decoder (what ``json.loads`` with these options builds on every call)."""
+_PLAIN = json.JSONDecoder()
+"""Only to find where a value already parsed strictly ends."""
 
 _READERS: dict[str, Callable[[str, bytes], RawBatch]] = {
     ".parquet": read_parquet,
