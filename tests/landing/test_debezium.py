@@ -286,3 +286,20 @@ def test_values_exact_at_a_wide_scale_or_with_zero_nanoseconds_are_read() -> Non
     assert batch.raw.errors == []
     assert rows[0]["amount"] == 12345678901.5
     assert rows[0]["at"] == dt.datetime(2024, 1, 1, 8, 0, 0, 123456, tzinfo=dt.UTC)
+
+
+def test_each_line_is_read_with_its_own_schema_when_the_schema_changes() -> None:
+    # The wrapper's schema is parsed once and its logical types read once while it
+    # stays the same; a line with another schema is read with that one.
+    dated = _connect_schema([{"field": "id", "type": "int32"},
+                             {"field": "d", "type": "int32", "name": "io.debezium.time.Date"}])
+    untyped = _connect_schema([{"field": "id", "type": "int32"}, {"field": "d", "type": "int32"}])
+    lines = [json.dumps({"schema": schema, "payload": _event("c", n, after={"id": n, "d": 1})},
+                        separators=(",", ":"))  # as Kafka Connect writes it
+             for n, schema in enumerate([dated, dated, untyped, untyped, dated], start=1)]
+    rows, batch = _rows(lines)
+    assert [(r["id"], r["d"]) for r in rows] == [
+        (1, dt.date(1970, 1, 2)), (2, dt.date(1970, 1, 2)), (5, dt.date(1970, 1, 2))]
+    reason = "column 'd': a value without a logical type where other events give it"
+    assert [(e.row, e.reason.startswith(reason)) for e in batch.raw.errors] == [
+        (3, True), (4, True)]

@@ -45,7 +45,7 @@ import binascii
 import datetime as dt
 import decimal
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -133,9 +133,10 @@ def translate_jsonl(
     skipped = 0
     rows: list[tuple[int, dict[str, object], dict[str, str]]] = []
     unavailable: dict[int, set[str]] = {}
+    schemas = _LastFieldSchemas()
     for number, line in json_lines(name, data, errors, reuse_wrapper_schema=True):
         try:
-            event = _translate(line, key, order, placeholder)
+            event = _translate(line, key, order, placeholder, schemas)
         except Unreadable as exc:
             errors.append(RowError(name, number, str(exc)))
             continue
@@ -213,11 +214,13 @@ def _mismatch(row: dict[str, object], types: dict[str, str], logical: dict[str, 
 
 
 def _translate(
-    line: object, key: tuple[str, ...], order: tuple[str, ...], placeholder: str | None = None
+    line: object, key: tuple[str, ...], order: tuple[str, ...], placeholder: str | None = None,
+    field_schemas_of: Callable[[object], FieldSchemas] | None = None,
 ) -> tuple[dict[str, object], dict[str, str]] | str | None:
     """One line -> (row, {column: logical type name}), ``"skipped"``, or None (a
     tombstone); raises :class:`Unreadable` for an error row. A ``placeholder`` value of
-    a value column is not read as its logical type (the caller marks it missing)."""
+    a value column is not read as its logical type (the caller marks it missing).
+    ``field_schemas_of``: :func:`_field_schemas`, or a cache of it."""
     if line is None:
         return None
     field_schemas: Mapping[str, object] = {}
@@ -226,7 +229,7 @@ def _translate(
         event = line["payload"]
         if event is None:
             return None  # the wrapper of a Kafka tombstone
-        field_schemas = _field_schemas(line.get("schema"))
+        field_schemas = (field_schemas_of or _field_schemas)(line.get("schema"))
     if not isinstance(event, dict):
         raise Unreadable(f"Debezium event is not an object (got {type(event).__name__})")
     if "op" not in event or event["op"] is None:
@@ -283,10 +286,13 @@ def _reach(event: Mapping[str, object], path: str) -> object:
     return _reach(inner, rest) if isinstance(inner, dict) else None
 
 
-def _field_schemas(schema: object) -> dict[str, dict[str, tuple[str, Mapping[str, object]]]]:
+FieldSchemas = dict[str, dict[str, tuple[str, Mapping[str, object]]]]
+
+
+def _field_schemas(schema: object) -> FieldSchemas:
     """``{"after"|"before": {field: (logical type name, parameters)}}`` for the fields
     the Kafka Connect ``schema`` gives a logical type this module reads."""
-    out: dict[str, dict[str, tuple[str, Mapping[str, object]]]] = {}
+    out: FieldSchemas = {}
     if not isinstance(schema, dict) or not isinstance(schema.get("fields"), list):
         return out
     for side in schema["fields"]:
@@ -302,6 +308,23 @@ def _field_schemas(schema: object) -> dict[str, dict[str, tuple[str, Mapping[str
                 fields[col] = (str(type_name), parameters if isinstance(parameters, dict) else {})
         out[str(side["field"])] = fields
     return out
+
+
+class _LastFieldSchemas:
+    """:func:`_field_schemas` of the last ``schema`` object, read again only for another
+    object: ``json_lines(..., reuse_wrapper_schema=True)`` gives the lines of a Connect
+    file one shared schema object, never changed (it holds a reference, so ``is`` cannot
+    match a new object at a freed one's address). The result is only read."""
+
+    def __init__(self) -> None:
+        self._schema: object = object()
+        self._fields: FieldSchemas = {}
+
+    def __call__(self, schema: object) -> FieldSchemas:
+        if schema is not self._schema:
+            self._fields = _field_schemas(schema)
+            self._schema = schema
+        return self._fields
 
 
 def logical_value(
