@@ -106,6 +106,7 @@ from assets.metadata import (
     shard_metadata,
     unreported_partitions,
 )
+from assets.partition_order import landing_partitions
 from assets.spec import SourceSpec
 from resources.spark import SparkResource
 from resources.stores import (
@@ -255,7 +256,7 @@ def build_source_assets(
     ``store_kinds``: the Dagster kinds of the consensus and blob stores (e.g.
     ``("postgres", "s3")``), shown on the assets that read or write the shard; the
     source's ``description``, ``owners`` and ``tags`` go on every asset."""
-    partitions = DynamicPartitionsDefinition(name=spec.partitions_name)
+    partitions = landing_partitions(spec.partitions_name)  # events in name (ts) order
     catalog: dict[str, Any] = {"owners": list(spec.owners), "tags": dict(spec.tags)}
     about = f"{spec.description.rstrip('.')}. " if spec.description else ""
     shard_kinds = set(store_kinds)

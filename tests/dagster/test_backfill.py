@@ -76,10 +76,6 @@ def test_shuffled_single_run_backfill_equals_sequential_ingest(plat: Platform) -
     assert shard_contents(plat.shard()) == expected
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 23, not fixed: a single-run backfill's upsert_state events are stored in the"
-    " order Dagster iterates the run's partition subset (a Python set of the keys), not"
-    " in ts order, so 'Latest materialization' may name an earlier file"))
 def test_a_backfills_events_are_stored_in_ts_order(plat: Platform) -> None:
     names = [f"c-{i:02d}.jsonl" for i in range(9)]  # 9! orders: a chance match is ~3e-6
     for i, name in enumerate(names):
