@@ -10,7 +10,8 @@ Invariants:
 - Loopback only: the server binds 127.0.0.1 on a free port, Spark's UI is off.
 - Its Python workers run this interpreter and import this checkout first
   (``PYTHONPATH``), so the engine's tasks run the caller's code.
-- The caller's ``SPARK_REMOTE`` / ``SPARK_MASTER`` never leak into the server.
+- The caller's ``SPARK_REMOTE`` / ``SPARK_MASTER`` / ``SPARK_CONNECT_AUTHENTICATE_TOKEN``
+  never leak into the server (a token is given only through ``env``).
 - Stopping signals only the server's own process group: TERM, then KILL.
 - A server that exits or does not answer within ``timeout_s`` is a
   :class:`ConfigError` quoting the tail of its log.
@@ -76,16 +77,22 @@ def start_connect_server(
     conf: Mapping[str, str] | None = None,
     name: str = "upsert-connect",
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    env: Mapping[str, str] | None = None,
 ) -> tuple[subprocess.Popen[bytes], str, int]:
     """Start a server as :func:`connect_server` does and leave it running: ``(process,
     sc:// URL, port)`` once it answers (the caller stops it, e.g. with
-    :func:`stop_group`); a server that does not come up is stopped and refused."""
+    :func:`stop_group`); a server that does not come up is stopped and refused. ``env``:
+    more environment for the server (e.g. its access token, which a command line would
+    show to every local user)."""
     import pyspark
 
     spark_home = Path(pyspark.__file__).parent
     port = free_port()
     log = log or Path(tempfile.mkdtemp(prefix="upsert-connect-")) / "connect-server.log"
-    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_REMOTE", "SPARK_MASTER")}
+    extra = dict(env or {})
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("SPARK_REMOTE", "SPARK_MASTER", "SPARK_CONNECT_AUTHENTICATE_TOKEN")}
+    env.update(extra)
     env.update(SPARK_HOME=str(spark_home), SPARK_LOCAL_IP="127.0.0.1",
                PYSPARK_PYTHON=sys.executable,
                PYTHONPATH=os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]))

@@ -6,7 +6,9 @@
 - ``"local"``: the in-process engine (no JVM; tests, tiny landings, machines without
   Java).
 - ``"spark"``: a :class:`LazySparkEngine`, the Spark engine
-  (``resources.spark_ingest.SparkEngine``) on ``resources.spark_session.get_spark()``.
+  (``resources.spark_ingest.SparkEngine``) on the warm local Spark Connect server
+  (``resources.local_spark``) on the embedded defaults, else on
+  ``resources.spark_session.get_spark()``.
 
 Invariants:
 
@@ -67,8 +69,10 @@ def _default_factory() -> SparkSession:
     from resources import local_spark
     from resources.spark_session import get_spark
 
-    if local_spark.enabled():  # UPSERT_SPARK_SERVER=auto: the warm local server
-        return get_spark(remote=local_spark.ensure_server())
+    if local_spark.enabled():  # the warm local server (UPSERT_SPARK_SERVER, default auto)
+        url = local_spark.ensure_server()
+        if url is not None:  # None: the server runs other code and is busy
+            return get_spark(remote=url)
     return get_spark()
 
 

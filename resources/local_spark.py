@@ -1,24 +1,33 @@
 """A warm local Spark: one Spark Connect server per ``$UPSERT_HOME``, started by the
-first Spark ingest that needs one and reused by every later command, stopped once it
-sat idle.
+first Spark ingest (``upsertctl ingest``, a Dagster run) that needs one and reused by
+every later command, stopped once it sat idle. This is the default on the embedded
+defaults: without ``SPARK_REMOTE`` or ``SPARK_MASTER``, and unless
+``UPSERT_SPARK_SERVER=off`` (a JVM per command, as before; the test suite's default).
 
-Without ``SPARK_REMOTE`` or ``SPARK_MASTER`` every ``upsertctl ingest`` and Dagster run
-on the embedded defaults started its own JVM (10-40 s). With
-``UPSERT_SPARK_SERVER=auto`` the first one starts a Spark Connect server on
-``local[*]`` in the background and every later one attaches to it in about a second.
-This stage is opt-in; the default stays a JVM per command until the server is proven.
+Without it every ``upsertctl ingest`` and Dagster run on the embedded defaults started
+its own JVM (10-40 s); with it the first one starts a Spark Connect server on
+``local[*]`` and every later one attaches to it in about a second.
 
-State lives in ``$UPSERT_HOME/spark/``: ``server.json`` (pid, port, url, started),
-``lock``, ``last_used`` (its mtime), the server's ``connect-server.log`` and the
-watchdog's ``watchdog.log``.
+State lives in ``$UPSERT_HOME/spark/`` (mode 0700): ``server.json`` (0600: pid, port,
+url, the access token, the code fingerprint, started), ``lock``, ``last_used`` (its
+mtime), ``users/<pid>``, the server's ``connect-server.log`` and the watchdog's
+``watchdog.log``.
 
 Invariants:
 
 - At most one server per ``$UPSERT_HOME``: it is found or started under an exclusive
   lock of ``spark/lock``; a recorded server whose process is gone or whose port does not
   answer is stopped (its process group) and replaced.
-- Loopback only, as ``connect_server`` starts it (127.0.0.1, UI off); its workers run
-  this interpreter and import this checkout.
+- Loopback only, as ``connect_server`` starts it (127.0.0.1, UI off), and only for its
+  user: it requires a random bearer token (Spark Connect's
+  ``SPARK_CONNECT_AUTHENTICATE_TOKEN``, passed in the server's environment, never on a
+  command line) that is kept in ``server.json``, readable by its owner only. Another
+  local user can reach the port but not run anything on it. The token never appears in
+  ``upsertctl spark status`` or in messages.
+- Its Python workers run the interpreter and import the checkout that started it. A
+  command whose code differs (another interpreter, a changed source file under the
+  checkout's packages: :func:`code_fingerprint`) never runs on an older server: it
+  replaces the server when no other command uses it, else runs on a JVM of its own.
 - Every command that uses it touches ``last_used`` and registers its process in
   ``spark/users/<pid>``. A watchdog process started with the server stops it (TERM, then
   KILL, its own process group only) once no registered process is alive and
@@ -32,8 +41,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -49,19 +60,24 @@ from upsert_core.stores import upsert_home
 
 ENV_SERVER = "UPSERT_SPARK_SERVER"
 ENV_IDLE = "UPSERT_SPARK_IDLE_S"
+ENV_TOKEN = "SPARK_CONNECT_AUTHENTICATE_TOKEN"
 DEFAULT_IDLE_S = 1800.0
 WATCH_INTERVAL_S = 5.0
 SERVER_MASTER = "local[*]"
+#: The checkout's packages whose code the server's Python workers import.
+CODE_PACKAGES = ("upsert_core", "resources", "assets", "orchestration")
 
 
 def enabled(env: Mapping[str, str] | None = None) -> bool:
-    """Whether commands use the local server: ``UPSERT_SPARK_SERVER=auto`` and neither
-    ``SPARK_REMOTE`` nor ``SPARK_MASTER`` chooses another Spark."""
+    """Whether commands use the local server: ``UPSERT_SPARK_SERVER`` unset or ``auto``
+    (the default), and neither ``SPARK_REMOTE`` nor ``SPARK_MASTER`` chooses another
+    Spark; ``off``: a JVM per command."""
     env = os.environ if env is None else env
     text = env.get(ENV_SERVER, "").strip().lower()
     if text not in ("", "auto", "off"):
-        raise ConfigError(f"{ENV_SERVER}={text!r}: use auto or off (the default)")
-    return text == "auto" and not env.get("SPARK_REMOTE") and not env.get("SPARK_MASTER")
+        raise ConfigError(f"{ENV_SERVER}={text!r}: use auto (the default: a warm local Spark"
+                          " Connect server) or off (a Spark JVM per command)")
+    return text != "off" and not env.get("SPARK_REMOTE") and not env.get("SPARK_MASTER")
 
 
 def idle_seconds(env: Mapping[str, str] | None = None) -> float:
@@ -82,9 +98,33 @@ def state_dir(home: Path | None = None) -> Path:
     return (home or upsert_home()) / "spark"
 
 
+def code_fingerprint() -> str:
+    """What a server's Python workers would run: this interpreter, pyspark's version and
+    the checkout's source files (names, sizes, mtimes; a few ms)."""
+    import pyspark
+
+    from resources.spark_session import REPO_ROOT
+
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(f"{sys.executable}\0{pyspark.__version__}\0{REPO_ROOT}\0".encode())
+    for package in CODE_PACKAGES:
+        for path in sorted((REPO_ROOT / package).rglob("*.py")):
+            st = path.stat()
+            digest.update(f"{path.relative_to(REPO_ROOT)}\0{st.st_size}\0{st.st_mtime_ns}\0"
+                          .encode())
+    return digest.hexdigest()
+
+
+def _private_dir(directory: Path) -> None:
+    """``directory``, created if need be, readable by its owner only."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if directory.stat().st_mode & 0o077:
+        directory.chmod(0o700)
+
+
 @contextmanager
 def _locked(directory: Path) -> Iterator[None]:
-    directory.mkdir(parents=True, exist_ok=True)
+    _private_dir(directory)
     with (directory / "lock").open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
@@ -99,6 +139,22 @@ def _record(directory: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def _write_record(directory: Path, record: dict[str, Any]) -> None:
+    """``server.json``, mode 0600 (it holds the token), replaced whole."""
+    temporary = directory / "server.json.tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        os.fchmod(out.fileno(), 0o600)
+        json.dump(record, out)
+    os.replace(temporary, directory / "server.json")
+
+
+def attach_url(record: Mapping[str, Any]) -> str:
+    """The URL a session attaches with: ``localhost`` (gRPC's local credentials, which
+    Spark Connect needs for a token without TLS) and the token."""
+    return f"sc://localhost:{int(record['port'])}/;token={record['token']}"
 
 
 def _alive(pid: int) -> bool:
@@ -146,23 +202,35 @@ def note_use(home: Path | None = None) -> None:
         touch(directory)
 
 
-def ensure_server(home: Path | None = None, *, timeout_s: float = 120.0) -> str:
-    """The ``sc://`` URL of this home's server, started if none runs (module docstring)."""
+def ensure_server(home: Path | None = None, *, timeout_s: float = 120.0) -> str | None:
+    """The URL to attach to this home's server (with its token), started if none runs;
+    None when a server of other code is in use by another command: the caller then runs
+    on a JVM of its own (module docstring)."""
     directory = state_dir(home)
+    code = code_fingerprint()
     with _locked(directory):
         record = _record(directory)
-        if _running(record):
-            touch(directory)
-            _register_user(directory)
-            return str(record["url"])  # type: ignore[index]
+        if record and _running(record):
+            if record.get("code") == code and record.get("token"):
+                touch(directory)
+                _register_user(directory)
+                return attach_url(record)
+            if _in_use(directory):
+                sys.stderr.write(
+                    "spark: the local Spark Connect server runs other code (the checkout"
+                    " changed since it started) and is in use; this command starts a Spark"
+                    " JVM of its own\n")
+                return None
         if record:
             _stop_pid(int(record["pid"]))
+        token = secrets.token_urlsafe(32)
         proc, url, port = start_connect_server(
             SERVER_MASTER, log=directory / "connect-server.log",
-            name="upsert-local-spark", timeout_s=timeout_s,
+            name="upsert-local-spark", timeout_s=timeout_s, env={ENV_TOKEN: token},
         )
-        (directory / "server.json").write_text(json.dumps(
-            {"pid": proc.pid, "port": port, "url": url, "started": time.time()}))
+        record = {"pid": proc.pid, "port": port, "url": url, "token": token, "code": code,
+                  "started": time.time()}
+        _write_record(directory, record)
         touch(directory)
         _register_user(directory)
         with (directory / "watchdog.log").open("ab") as log:
@@ -172,11 +240,11 @@ def ensure_server(home: Path | None = None, *, timeout_s: float = 120.0) -> str:
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        return url
+        return attach_url(record)
 
 
 def status(home: Path | None = None) -> dict[str, Any]:
-    """What runs for this home (starts nothing)."""
+    """What runs for this home (starts nothing, creates nothing; never the token)."""
     directory = state_dir(home)
     record = _record(directory)
     running = _running(record)
@@ -185,16 +253,21 @@ def status(home: Path | None = None) -> dict[str, Any]:
         "running": running,
         "url": record.get("url") if running and record else None,
         "pid": record.get("pid") if running and record else None,
+        "runs_this_code": (record.get("code") == code_fingerprint()) if running and record
+        else None,
         "idle_s": round(time.time() - used.stat().st_mtime, 1) if running and used.exists()
         else None,
         "stops_after_idle_s": idle_seconds(),
+        "enabled": enabled(),
         "state": str(directory),
     }
 
 
 def stop(home: Path | None = None) -> bool:
-    """Stop this home's server; whether one was running."""
+    """Stop this home's server; whether one was running (creates nothing)."""
     directory = state_dir(home)
+    if not (directory / "server.json").exists():
+        return False
     with _locked(directory):
         record = _record(directory)
         if not record:

@@ -9,7 +9,10 @@ landings, machines without Java).
 
 Which Spark: ``remote`` (a Spark Connect URL) or ``master`` when set, else the run's
 environment: ``SPARK_REMOTE`` (one long-lived Spark Connect server serves every run; a
-run attaches in about a second), else ``SPARK_MASTER``, else ``local[*]``.
+run attaches in about a second), else ``SPARK_MASTER``, else the warm local Spark
+Connect server of ``resources.local_spark`` (started by the first run, shared by later
+runs and ``upsertctl``), else (``UPSERT_SPARK_SERVER=off``) ``local[*]`` in the run's
+process.
 :func:`spark_resource_from_env` fills them, and ``engine``, from ``SPARK_REMOTE``,
 ``SPARK_MASTER`` and ``UPSERT_ENGINE``.
 
@@ -57,7 +60,8 @@ class SparkResource(ConfigurableResource):
 
             if master is None and remote is None and local_spark.enabled():
                 remote_url = local_spark.ensure_server()  # the warm local server
-                return get_spark(remote=remote_url, app_name="upsert-platform-dagster")
+                if remote_url is not None:  # None: it runs other code and is busy
+                    return get_spark(remote=remote_url, app_name="upsert-platform-dagster")
             return get_spark(master, remote=remote, app_name="upsert-platform-dagster")
 
         return make_engine(self.engine, session)

@@ -2,7 +2,9 @@
 
 - ``--engine spark`` (default): the Spark step (``resources.spark_ingest.SparkEngine``)
   on ``get_spark()``: the Spark Connect server at ``SPARK_REMOTE`` when set (attaching
-  takes about a second), else ``SPARK_MASTER``, else ``local[*]``. The session is
+  takes about a second), else ``SPARK_MASTER``, else the warm local Spark Connect server
+  (``resources.local_spark``: the first command starts it, later ones attach), else
+  (``UPSERT_SPARK_SERVER=off``) ``local[*]`` in this process. The session is
   created on the first file that runs (``resources.engines``: nothing pending, no
   Spark) and stopped before the command returns (for Connect: the remote session is
   released, the server keeps running).

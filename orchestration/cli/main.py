@@ -216,8 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--engine",
         choices=("spark", "local"),
         default=os.environ.get("UPSERT_ENGINE", "spark"),
-        help="spark (default; SPARK_REMOTE, else SPARK_MASTER, else local[*]) or local "
-        "(in-process) [UPSERT_ENGINE]",
+        help="spark (default; SPARK_REMOTE, else SPARK_MASTER, else a warm local Spark "
+        "Connect server, see 'upsertctl spark') or local (in-process) [UPSERT_ENGINE]",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -281,8 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("shards", "the names of the shards in the stores, one per line", shard=False)
 
-    p = command("spark", "the warm local Spark Connect server of UPSERT_SPARK_SERVER=auto:"
-                " its status, or stop it", shard=False)
+    p = command("spark", "the warm local Spark Connect server that Spark ingests start on"
+                " the embedded defaults (UPSERT_SPARK_SERVER=off: none): its status, or"
+                " stop it", shard=False)
     p.add_argument("action", choices=("status", "stop"))
 
     p = command("demo", "generate a sample landing and ingest it into shard 'demo'", shard=False)

@@ -32,7 +32,8 @@ Invariants:
   example addresses (``db:5432``, ``my-bucket``, ``spark-connect:15002``) replaced by
   that cluster's, and its ``AWS_*`` settings as the reader's credentials.
 - Every process a block starts carries ``DOCS_TEST_TAG``; when the session closes none
-  may be left running.
+  may be left running. A warm local Spark server (the reader's default, since
+  ``UPSERT_SPARK_SERVER`` is a chooser too) is stopped first, as its idle period would.
 """
 
 from __future__ import annotations
@@ -381,6 +382,7 @@ class DocSession:
                                env=self.env, capture_output=True, timeout=120)
                 drop_database(self.cluster_db)
             self._stack.close()
+            self._stop_local_spark()
         deadline = time.monotonic() + 30
         while (left := tagged_processes(self.tag)) and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -388,6 +390,19 @@ class DocSession:
             with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         return left
+
+
+    def _stop_local_spark(self) -> None:
+        """Stop a warm local Spark server the blocks started (it would stop after its
+        idle period; the session ends now), as ``upsertctl spark stop`` does."""
+        from resources import local_spark
+
+        homes = {self.root / ".upsert"}
+        exported = self.env.get("UPSERT_HOME")
+        if exported:
+            homes.add(self.root / exported)  # an absolute one stays itself
+        for home in homes:
+            local_spark.stop(home)
 
 
 def _answers(url: str) -> bool:

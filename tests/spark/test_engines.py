@@ -162,3 +162,63 @@ def test_upsertctl_refuses_a_bad_file_without_java(tmp_path: Path) -> None:
     cli = Cli(tmp_path / "home", env={"JAVA_HOME": str(tmp_path / "no-java")}, engine="spark")
     failed = cli.ingest(landing, rc=1)
     assert failed.error_line() == "upsertctl: error: 1.jsonl: missing key column 'key'"
+
+
+def test_the_warm_local_server_is_the_default_on_the_embedded_defaults() -> None:
+    from resources import local_spark
+
+    assert local_spark.enabled({}) and local_spark.enabled({"UPSERT_SPARK_SERVER": "auto"})
+    assert not local_spark.enabled({"UPSERT_SPARK_SERVER": "off"})
+    assert not local_spark.enabled({"SPARK_REMOTE": "sc://h:15002"})
+    assert not local_spark.enabled({"SPARK_MASTER": "spark://h:7077"})
+    with pytest.raises(ConfigError, match=r"UPSERT_SPARK_SERVER='on': use auto .* or off"):
+        local_spark.enabled({"UPSERT_SPARK_SERVER": "on"})
+
+
+@pytest.mark.parametrize("url", ["sc://localhost:4242/;token=t", None])
+def test_commands_attach_to_the_local_server_or_run_their_own_jvm(
+    url: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CLI's and Dagster's session factories attach to the URL ensure_server gives;
+    without one (a server of other code, busy) they start Spark in the process."""
+    from resources import engines, local_spark
+
+    monkeypatch.delenv("UPSERT_SPARK_SERVER")  # the product's default
+    monkeypatch.delenv("SPARK_REMOTE", raising=False)
+    monkeypatch.delenv("SPARK_MASTER", raising=False)
+    monkeypatch.setattr(local_spark, "ensure_server", lambda: url)
+    calls: list[tuple[object, object]] = []
+
+    def fake_get_spark(master: object = None, *, remote: object = None, **_: object) -> str:
+        calls.append((master, remote))
+        return "session"
+
+    monkeypatch.setattr(spark_session, "get_spark", fake_get_spark)
+    engines._default_factory()
+    session = SparkResource().ingest_engine().factory  # type: ignore[attr-defined]
+    session()
+    assert calls == [(None, url), (None, url)]
+
+
+def test_status_and_stop_create_nothing(tmp_path: Path) -> None:
+    from resources import local_spark
+
+    home = tmp_path / "home"
+    assert local_spark.status(home)["running"] is False
+    assert local_spark.stop(home) is False
+    assert not home.exists()
+
+
+def test_the_code_fingerprint_follows_the_checkouts_sources(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from resources import local_spark
+
+    monkeypatch.setattr(spark_session, "REPO_ROOT", tmp_path)
+    source = tmp_path / "upsert_core" / "a.py"
+    source.parent.mkdir()
+    source.write_text("x = 1\n")
+    first = local_spark.code_fingerprint()
+    assert local_spark.code_fingerprint() == first
+    source.write_text("x = 22\n")  # an edit, a git pull
+    assert local_spark.code_fingerprint() != first

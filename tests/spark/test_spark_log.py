@@ -18,7 +18,8 @@ import pytest
 from resources.spark_ingest import failure_line
 from tests.e2e.helpers import Cli, spark_noise, write_jsonl
 
-LOCAL = {"SPARK_REMOTE": "", "SPARK_MASTER": "", "UPSERT_SPARK_SERVER": ""}
+# A driver JVM in the command (no warm local server: UPSERT_SPARK_SERVER=off).
+LOCAL = {"SPARK_REMOTE": "", "SPARK_MASTER": "", "UPSERT_SPARK_SERVER": "off"}
 
 
 def _landing(tmp_path: Path) -> Path:
@@ -38,6 +39,9 @@ def test_spark_log_lines_stay_off_stderr(tmp_path: Path) -> None:
     # Not lost: Spark's driver wrote them to its log.
     log = (cli.home / "spark" / "driver.log").read_text()
     assert "WARNING: Using incubator modules" in log and "log4j" in log
+    # UPSERT_SPARK_SERVER=off: the JVM was the command's own, no server was started.
+    assert cli.run("spark", "status").json()["running"] is False
+    assert not (cli.home / "spark" / "server.json").exists()
 
 
 @pytest.mark.spark
