@@ -1,6 +1,6 @@
 """First-hour latency (issue 23): the four targets a new user meets on the embedded
 defaults (SQLite consensus, local blobs under ``UPSERT_HOME``) with the warm local Spark
-(``UPSERT_SPARK_SERVER=auto``, ``resources.local_spark``), each a fresh process per
+(``resources.local_spark``, the default; ``UPSERT_SPARK_SERVER=auto``), each a fresh process per
 file or command, as a user's shell runs them:
 
 (1) ``upsertctl ingest`` of one new 1,000-row file into a shard of ``--keys`` keys, the

@@ -116,9 +116,16 @@ def code_fingerprint() -> str:
 
 
 def _private_dir(directory: Path) -> None:
-    """``directory``, created if need be, readable by its owner only."""
+    """``directory``, created if need be, readable by its owner only: this user (another
+    user's server is never used, nor its directory taken over)."""
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if directory.stat().st_mode & 0o077:
+    info = directory.stat()
+    if info.st_uid != os.getuid():
+        raise ConfigError(
+            f"{directory} belongs to another user (uid {info.st_uid}): the warm local Spark"
+            " server of this UPSERT_HOME is theirs; set UPSERT_HOME to a directory of your"
+            f" own, or {ENV_SERVER}=off for a Spark JVM per command")
+    if info.st_mode & 0o077:
         directory.chmod(0o700)
 
 

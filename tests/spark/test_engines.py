@@ -222,3 +222,20 @@ def test_the_code_fingerprint_follows_the_checkouts_sources(
     assert local_spark.code_fingerprint() == first
     source.write_text("x = 22\n")  # an edit, a git pull
     assert local_spark.code_fingerprint() != first
+
+
+def test_another_users_server_directory_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shared UPSERT_HOME: the server (and its token) of whoever started it first is
+    never used by another user, nor its directory taken over; one line says what to do."""
+    import os
+
+    from resources import local_spark
+
+    state = local_spark.state_dir(tmp_path)
+    state.mkdir(mode=0o755)
+    monkeypatch.setattr(os, "getuid", lambda: state.stat().st_uid + 1)
+    with pytest.raises(ConfigError, match="belongs to another user.*UPSERT_SPARK_SERVER=off"):
+        local_spark.ensure_server(tmp_path)
+    assert oct(state.stat().st_mode & 0o777) == oct(0o755)  # left as it was
