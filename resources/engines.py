@@ -43,6 +43,7 @@ from upsert_core.ingest.outcome import FileOutcome
 from upsert_core.ingest.shard_api import IngestShard
 from upsert_core.ingest.tasks import FileTask, read_file
 from upsert_core.landing import read_counter
+from upsert_core.redact import redact_url
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -135,8 +136,9 @@ class LazySparkEngine:
             except UpsertPlatformError:
                 raise
             except Exception as exc:  # noqa: BLE001 - one line for the user, not a trace
-                raise IngestError(f"{task.file.name}: no Spark session: {failure_line(exc)}"
-                                  ) from exc
+                # redacted: the warm local server's URL carries its token
+                raise IngestError(f"{task.file.name}: no Spark session:"
+                                  f" {redact_url(failure_line(exc))}") from exc
             self.spark, self.created = spark, spark is not before
             self._engine = SparkEngine(spark)
             self.local_server = _uses_local_server()

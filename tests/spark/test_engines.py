@@ -239,3 +239,15 @@ def test_another_users_server_directory_is_refused(
     with pytest.raises(ConfigError, match="belongs to another user.*UPSERT_SPARK_SERVER=off"):
         local_spark.ensure_server(tmp_path)
     assert oct(state.stat().st_mode & 0o777) == oct(0o755)  # left as it was
+
+
+def test_a_session_failure_never_prints_the_local_servers_token(tmp_path: Path) -> None:
+    shard, landing = _applied_landing(tmp_path)
+    write_jsonl(landing, "2.jsonl", [{"key": 1, "offset": 2, "v": "b"}])
+
+    def refused() -> object:
+        raise RuntimeError("cannot reach sc://localhost:4242/;token=s3cret-t0ken here")
+
+    with pytest.raises(IngestError, match="no Spark session") as info:
+        ingest(shard, str(landing), IngestRequest(), engine=LazySparkEngine(refused))
+    assert "s3cret-t0ken" not in str(info.value) and "token=***" in str(info.value)
