@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             short = Landing(landing.initial, landing.files[:2])
             guarded(rows, "upsertctl ingest, fresh local Spark", lambda: [cli_files(
                 "upsertctl ingest, fresh local Spark per process", short, root / "local-spark",
-                "spark")])
+                "spark", {"UPSERT_SPARK_SERVER": "off"})])  # not the warm local server
         guarded(rows, "upsertctl ingest --engine local", lambda: [cli_files(
             "upsertctl ingest --engine local (no JVM)", landing, root / "local", "local")])
         guarded(rows, "delta-rs", lambda: [delta_files(landing, root / "delta")])
