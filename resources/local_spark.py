@@ -9,7 +9,7 @@ its own JVM (10-40 s); with it the first one starts a Spark Connect server on
 ``local[*]`` and every later one attaches to it in about a second.
 
 State lives in ``$UPSERT_HOME/spark/`` (mode 0700): ``server.json`` (0600: pid, port,
-url, the access token, the code fingerprint, started), ``lock``, ``last_used`` (its
+url, the access token, the code fingerprint, started, the watchdog's pid), ``lock``, ``last_used`` (its
 mtime), ``users/<pid>``, the server's ``connect-server.log`` and the watchdog's
 ``watchdog.log``.
 
@@ -34,7 +34,9 @@ Invariants:
   ``last_used`` is older than ``UPSERT_SPARK_IDLE_S`` (default 1800 s), so a job that
   runs longer than that is never stopped under it; it exits when the server is gone.
 - ``upsertctl spark status`` reports it without starting anything; ``upsertctl spark
-  stop`` stops it (a no-op when none runs).
+  stop`` stops it and its watchdog (a no-op when none runs), as a replacement does. A
+  recorded pid is signalled only while its command line is still the server's or the
+  watchdog's (never a process that reused the pid).
 """
 
 from __future__ import annotations
@@ -229,7 +231,7 @@ def ensure_server(home: Path | None = None, *, timeout_s: float = 120.0) -> str 
                     " JVM of its own\n")
                 return None
         if record:
-            _stop_pid(int(record["pid"]))
+            _stop_server(record)
         token = secrets.token_urlsafe(32)
         proc, url, port = start_connect_server(
             SERVER_MASTER, log=directory / "connect-server.log",
@@ -241,12 +243,14 @@ def ensure_server(home: Path | None = None, *, timeout_s: float = 120.0) -> str 
         touch(directory)
         _register_user(directory)
         with (directory / "watchdog.log").open("ab") as log:
-            subprocess.Popen(
+            watchdog = subprocess.Popen(
                 [sys.executable, "-m", "resources.local_spark", "watch", str(directory),
                  str(idle_seconds())],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        record["watchdog"] = watchdog.pid  # stopped with the server (stop, a replacement)
+        _write_record(directory, record)
         return attach_url(record)
 
 
@@ -280,9 +284,34 @@ def stop(home: Path | None = None) -> bool:
         if not record:
             return False
         was = _running(record)
-        _stop_pid(int(record["pid"]))
+        _stop_server(record)
         (directory / "server.json").unlink(missing_ok=True)
         return was
+
+
+SERVER_MARK = b"upsert-local-spark"
+WATCHDOG_MARK = b"resources.local_spark"
+
+
+def _is_ours(pid: int, mark: bytes) -> bool:
+    """Whether ``pid`` is still the recorded process (its command line has ``mark``), not
+    a process that reused its pid; without ``/proc``, assumed so."""
+    if not Path("/proc").is_dir():
+        return True
+    try:
+        return mark in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _stop_server(record: Mapping[str, Any]) -> None:
+    """Stop a recorded server and its watchdog (not when called by the watchdog)."""
+    if _is_ours(int(record["pid"]), SERVER_MARK):
+        _stop_pid(int(record["pid"]))
+    watchdog = record.get("watchdog")
+    if isinstance(watchdog, int) and watchdog != os.getpid() and _is_ours(watchdog,
+                                                                         WATCHDOG_MARK):
+        _stop_pid(watchdog)
 
 
 def _stop_pid(pid: int) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.helpers import Cli, spark_noise, write_jsonl
+from tests.e2e.helpers import REPO, Cli, base_env, spark_noise, write_jsonl
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -100,6 +100,7 @@ def test_one_server_is_started_reused_and_stopped(tmp_path: Path) -> None:
         cli.ingest(landing)
         replaced = cli.run("spark", "status").json()
         pids.append(int(replaced["pid"]))
+        pids.append(int(json.loads((state / "server.json").read_text())["watchdog"]))
         assert replaced["pid"] != first["pid"] and replaced["runs_this_code"] is True
         assert not _alive(int(first["pid"]))
         rows = {r["key"]: r["v"] for r in cli.snapshot()}
@@ -110,9 +111,49 @@ def test_one_server_is_started_reused_and_stopped(tmp_path: Path) -> None:
     deadline = time.monotonic() + 30
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not any(_alive(p) for p in pids)
+    assert not any(_alive(p) for p in pids)  # the servers, and the watchdog with its server
     again = cli.run("spark", "stop")
     assert "no local Spark Connect server was running" in again.err
+
+
+def test_dagster_runs_attach_to_the_server_the_cli_uses(tmp_path: Path) -> None:
+    """A Dagster run on the embedded defaults (here ``python -m orchestration.backfill``,
+    a run in its own process as ``dagster dev`` makes one) starts the warm server; the
+    next run and ``upsertctl`` attach to the same one."""
+    cli = _cli(tmp_path, "600")
+    landing = tmp_path / "landing"
+    (tmp_path / "dagster").mkdir()
+    env = base_env({**cli.extra_env, "UPSERT_HOME": str(cli.home), "UPSERT_ENGINE": "spark",
+                    "UPSERT_LANDING": str(landing), "UPSERT_SHARD": "feed",
+                    "UPSERT_KEY": "key", "UPSERT_ORDER": "offset",
+                    "DAGSTER_HOME": str(tmp_path / "dagster")})
+
+    def backfill() -> str:
+        done = subprocess.run([sys.executable, "-m", "orchestration.backfill", "feed"],
+                              env=env, cwd=REPO, capture_output=True, timeout=600)
+        assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
+        return done.stdout.decode()
+
+    pids: list[int] = []
+    try:
+        write_jsonl(landing, "1.jsonl", [{"key": k, "offset": 1, "v": "a"} for k in range(5)])
+        assert backfill() == "1.jsonl: applied at ts 0\n"
+        first = cli.run("spark", "status").json()
+        pids.append(int(first["pid"]))
+        assert first["running"] and first["runs_this_code"]
+        write_jsonl(landing, "2.jsonl", [{"key": 1, "offset": 2, "v": "b"}])
+        assert backfill() == "2.jsonl: applied at ts 1\n"
+        write_jsonl(landing, "3.jsonl", [{"key": 2, "offset": 3, "v": "c"}])
+        cli.run("ingest", "--shard", "feed", "--no-progress", str(landing))
+        assert cli.run("spark", "status").json()["pid"] == first["pid"]
+        rows = {r["key"]: r["v"] for r in cli.snapshot("feed")}
+        assert len(rows) == 5 and (rows[1], rows[2]) == ("b", "c")
+    finally:
+        cli.run("spark", "stop")
+    deadline = time.monotonic() + 30
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(p) for p in pids)
 
 
 def test_an_idle_server_stops_by_itself(tmp_path: Path) -> None:
