@@ -106,7 +106,7 @@ from assets.metadata import (
     shard_metadata,
     unreported_partitions,
 )
-from assets.partition_order import landing_partitions
+from assets.partition_order import landing_partitions, report_in_ts_order
 from assets.spec import SourceSpec
 from resources.spark import SparkResource
 from resources.stores import (
@@ -389,6 +389,7 @@ def build_source_assets(
         context.log.info(meta["status"].value)
         if result.files:
             context.log.info(run_totals(result, seconds))
+        report_in_ts_order(spec.partitions_name, {k: result.applied_at[k] for k in keys})
         return MaterializeResult(metadata=meta)
 
     @asset(name=OUTPUT, partitions_def=partitions, deps=[state_key], key_prefix=prefix,
@@ -442,6 +443,7 @@ def build_source_assets(
                              f" through {published}: dagster/row_count not updated")
             meta["unpublished_batches"] = MetadataValue.int(max(upper - published, 0))
         meta.update(extra)
+        report_in_ts_order(spec.partitions_name, {k: ingested[k] for k in keys})
         return MaterializeResult(metadata=meta)
 
     @asset(name=GC, deps=[output_key], key_prefix=prefix, group_name=spec.name, pool=pool,

@@ -92,6 +92,30 @@ def test_a_backfills_events_are_stored_in_ts_order(plat: Platform) -> None:
         assert stored == names, (asset, stored)
 
 
+def test_a_late_files_backfill_reports_it_last(plat: Platform) -> None:
+    """A backfill of every file after a late one (a name before those already applied):
+    the run applies only the late file, at the latest ts, and reports it last, after the
+    partitions its range covers that earlier runs applied; so "Latest materialization"
+    names the file the run applied, not the greatest name."""
+    names = plat.write_batches(["b-02.jsonl", "b-03.jsonl"])
+    spec = plat.spec()
+    plat.add_partitions(spec, names)
+    _, defs = plat.build(spec)
+    run_backfill(defs, spec, names, instance=plat.instance)
+    write_jsonl(plat.landing / "b-01.jsonl", [{"key": "late", "offset": 9, "v": "x"}])
+    runs = run_backfill(defs, spec, ["b-01.jsonl", *names], instance=plat.instance)
+    assert {r.partition: r.status for r in runs}["b-01.jsonl"] == "applied at ts 2"
+    [run_id] = {r.run_id for r in runs}
+    for asset in ("upsert_state", "output_shard"):
+        records = plat.instance.fetch_materializations(AssetKey(["feed", asset]),
+                                                       limit=1000).records
+        stored = [r.asset_materialization.partition for r in reversed(records)  # type: ignore[union-attr]
+                  if r.run_id == run_id]
+        assert stored == ["b-02.jsonl", "b-03.jsonl", "b-01.jsonl"], (asset, stored)
+        assert plat.instance.get_latest_materialization_event(  # type: ignore[union-attr]
+            AssetKey(["feed", asset])).asset_materialization.partition == "b-01.jsonl"
+
+
 def test_backfill_stops_at_a_broken_file(plat: Platform) -> None:
     names = plat.write_batches(["b-01.jsonl", "b-03.jsonl"])
     (plat.landing / "b-02.jsonl").write_text('{"key": "x", "offset": "not a number"}\n{')
