@@ -9,9 +9,9 @@ its own JVM (10-40 s); with it the first one starts a Spark Connect server on
 ``local[*]`` and every later one attaches to it in about a second.
 
 State lives in ``$UPSERT_HOME/spark/`` (mode 0700): ``server.json`` (0600: pid, port,
-url, the access token, the code fingerprint, started, the watchdog's pid), ``lock``, ``last_used`` (its
-mtime), ``users/<pid>``, the server's ``connect-server.log`` and the watchdog's
-``watchdog.log``.
+url, the access token, the code fingerprint, started, the watchdog's pid), ``lock``,
+``last_used`` (its mtime), ``users/<pid>``, the server's ``connect-server.log`` and the
+watchdog's ``watchdog.log``.
 
 Invariants:
 
@@ -56,6 +56,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from resources import spark_session
 from resources.connect_server import answers, start_connect_server
 from upsert_core.errors import ConfigError
 from upsert_core.stores import upsert_home
@@ -105,14 +106,13 @@ def code_fingerprint() -> str:
     the checkout's source files (names, sizes, mtimes; a few ms)."""
     import pyspark
 
-    from resources.spark_session import REPO_ROOT
-
+    root = spark_session.REPO_ROOT
     digest = hashlib.blake2b(digest_size=16)
-    digest.update(f"{sys.executable}\0{pyspark.__version__}\0{REPO_ROOT}\0".encode())
+    digest.update(f"{sys.executable}\0{pyspark.__version__}\0{root}\0".encode())
     for package in CODE_PACKAGES:
-        for path in sorted((REPO_ROOT / package).rglob("*.py")):
+        for path in sorted((root / package).rglob("*.py")):
             st = path.stat()
-            digest.update(f"{path.relative_to(REPO_ROOT)}\0{st.st_size}\0{st.st_mtime_ns}\0"
+            digest.update(f"{path.relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}\0"
                           .encode())
     return digest.hexdigest()
 
