@@ -1,4 +1,5 @@
-"""Small measuring helpers for the benchmarks: peak RSS of processes, directory sizes.
+"""Small measuring helpers for the benchmarks: peak RSS of processes, directory sizes, and
+figures rounded for their JSON lines.
 
 Peak memory comes from Linux's ``/proc/<pid>/status`` (``VmHWM``, the resident high-water
 mark); writing ``5`` to ``/proc/<pid>/clear_refs`` resets it, so a benchmark can measure
@@ -10,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
+from typing import Any
 
 
 def _status_kb(pid: int, field: str) -> int | None:
@@ -67,3 +69,14 @@ def dir_bytes(path: Path) -> int:
             with contextlib.suppress(OSError):
                 total += os.stat(os.path.join(root, name)).st_size
     return total
+
+
+def rounded(value: Any) -> Any:
+    """``value`` with every float (in lists and dicts too) rounded to 4 places."""
+    if isinstance(value, float):
+        return round(value, 4)
+    if isinstance(value, list):
+        return [rounded(v) for v in value]
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    return value

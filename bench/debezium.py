@@ -66,6 +66,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from bench._measure import rounded
 from bench._workload import WIDE_SCHEMA, WideWorkload, write_landing
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -482,16 +483,6 @@ def report(f: dict[str, Any]) -> list[str]:
             lines.append(f"FAIL: the {variant} shard's final snapshot differs from the plain "
                          f"one ({rows[variant]:,} rows against {rows['plain']:,})")
     return lines
-
-
-def rounded(value: Any) -> Any:
-    if isinstance(value, float):
-        return round(value, 4)
-    if isinstance(value, list):
-        return [rounded(v) for v in value]
-    if isinstance(value, dict):
-        return {k: rounded(v) for k, v in value.items()}
-    return value
 
 
 def positive(parser: argparse.ArgumentParser, name: str) -> Callable[[str], int]:

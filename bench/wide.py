@@ -57,7 +57,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from bench._measure import dir_bytes, peak_mb, reset_peak
+from bench._measure import dir_bytes, peak_mb, reset_peak, rounded
 from bench._workload import dedup_batch, wide_canonical, write_wide_workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -431,16 +431,6 @@ def report(f: dict[str, Any]) -> list[str]:
         lines.append(f"Note: the delta-rs export process exited with {f['delta_export_exit']} "
                      "after writing its file (an abort at interpreter teardown).")
     return lines
-
-
-def rounded(value: Any) -> Any:
-    if isinstance(value, float):
-        return round(value, 4)
-    if isinstance(value, list):
-        return [rounded(v) for v in value]
-    if isinstance(value, dict):
-        return {k: rounded(v) for k, v in value.items()}
-    return value
 
 
 def main(argv: list[str] | None = None) -> int:
