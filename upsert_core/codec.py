@@ -547,6 +547,37 @@ def _column_piece(arr: pa.Array, valid: BoolArray) -> _Piece | None:
     return None
 
 
+def encodes_in_bulk(columns: Sequence[pa.Array | pa.ChunkedArray]) -> bool:
+    """Whether :func:`encode_columns` accepts every row of ``columns`` (of one length)
+    value by value, without encoding them: True only where it is certain (the types
+    ``landing.schema.ARROW_TYPES`` holds, timestamps and dates within Python's range,
+    strings that are UTF-8), so a caller may put off the encoding and know it cannot
+    fail. It mirrors :func:`_column_piece`'s refusals; output over 2 GiB is not
+    checked (``persist.parts.rows_of_values`` splits such output itself)."""
+    for column in columns:
+        arrays = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+        t = column.type
+        if pa.types.is_int64(t) or pa.types.is_float64(t) or pa.types.is_boolean(t):
+            continue
+        if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_null(t):
+            continue
+        if pa.types.is_string(t) or pa.types.is_large_string(t):
+            if all(_valid_utf8(a) for a in arrays):
+                continue
+            return False
+        if pa.types.is_timestamp(t) and t.unit == "us":
+            low, high, as_int = _MIN_MICROS, _MAX_MICROS, pa.int64()
+        elif pa.types.is_date32(t):
+            low, high, as_int = _MIN_DATE_DAYS, _MAX_DATE_DAYS, pa.int32()
+        else:
+            return False
+        bounds = pc.min_max(column.cast(as_int))
+        least, most = bounds["min"].as_py(), bounds["max"].as_py()
+        if least is not None and (least < low or most > high):
+            return False
+    return True
+
+
 def _valid_utf8(arr: pa.Array) -> bool:
     try:
         arr.validate(full=True)  # Arrow does not check strings it did not build itself

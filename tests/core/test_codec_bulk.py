@@ -12,7 +12,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from upsert_core.codec import encode_columns, encode_datums, key_digest, key_digests
+from upsert_core.codec import (
+    encode_columns,
+    encode_datums,
+    encodes_in_bulk,
+    key_digest,
+    key_digests,
+)
 from upsert_core.landing.rows import encode_row
 
 _UTC = dt.UTC
@@ -115,3 +121,35 @@ def test_canonical_floats_and_trailing_nulls() -> None:
 )
 def test_unsupported_input_falls_back(column: pa.Array) -> None:
     assert encode_columns([pa.array([1], pa.int64()), column]) is None
+
+
+@given(tables())
+def test_encodes_in_bulk_is_never_wrong(data: tuple[list[pa.Array], int]) -> None:
+    columns, _ = data
+    if encodes_in_bulk(columns):
+        assert encode_columns(columns, drop_trailing_nulls=True) is not None
+
+
+@pytest.mark.parametrize(
+    "column",
+    [
+        pa.array([10**18], pa.timestamp("us", tz="UTC")),  # beyond Python's datetimes
+        pa.array([-(10**18)], pa.timestamp("us")),
+        pa.array([2**31 - 1], pa.date32()),
+        pa.array([b"\xff"], pa.binary()).cast(pa.string(), safe=False),  # not UTF-8
+        pa.array([1], pa.timestamp("ms")),  # not the stored unit: not vouched for
+        pa.array([[1]], pa.list_(pa.int64())),
+    ],
+)
+def test_encodes_in_bulk_refuses_what_may_not_encode(column: pa.Array) -> None:
+    assert not encodes_in_bulk([pa.array([1], pa.int64()), column])
+
+
+def test_encodes_in_bulk_vouches_for_the_stored_types() -> None:
+    columns = [
+        pa.array([1, None], pa.int64()), pa.array([-0.0, float("nan")]),
+        pa.array([True, None]), pa.array(["é", None]), pa.array([b"\x00", None]),
+        pa.array([0, None], pa.timestamp("us", tz="UTC")), pa.array([0, None], pa.date32()),
+    ]
+    assert encodes_in_bulk(columns)
+    assert encodes_in_bulk([pa.chunked_array([c, c]) for c in columns])

@@ -28,6 +28,7 @@ import contextlib
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Literal, Protocol
 
 import numpy as np
@@ -42,6 +43,7 @@ from upsert_core.ingest.statecache import StateCache
 from upsert_core.ingest.tasks import (
     FileRead,
     FileTask,
+    RowsNotDeferred,
     read_file,
     read_file_streamed,
     run_bucket,
@@ -153,6 +155,14 @@ class InProcessEngine:
         each bucket's read back when its drain starts: memory follows a chunk while
         reading and the buckets in flight while draining, whose number the memory
         budget bounds (:func:`memory_budget`)."""
+        try:
+            return self._run_spilled(task, blob)
+        except RowsNotDeferred:
+            # A chunk of the shard's first file needed its rows encoded: read it again
+            # with every chunk encoded, so all are of one kind (nothing was written).
+            return self._run_spilled(replace(task, may_defer_rows=False), blob)
+
+    def _run_spilled(self, task: FileTask, blob: Blob) -> FileOutcome:
         with BucketSpill(task.rows_schema, memory_limit=memory_budget() // SPILL_SHARE) as spill:
             read = read_file_streamed(task, blob, spill.add)
             outcome = FileOutcome(read=read)

@@ -73,6 +73,14 @@ from upsert_core.ingest.checkpoint import (
     new_state,
     write_checkpoint,
 )
+from upsert_core.ingest.first_drain import (
+    FirstDrain,
+    canonical_floats,
+    drain_into_empty,
+    has_values,
+    rows_deferred,
+    with_encoded_rows,
+)
 from upsert_core.ingest.late import late_table, write_late_part
 from upsert_core.ingest.missing_values import fill_missing
 from upsert_core.ingest.outcome import BucketResult, FileRead
@@ -100,9 +108,9 @@ from upsert_core.landing.missing import (
     parse_missing,
 )
 from upsert_core.landing.rows import decode_rows_to_table
-from upsert_core.landing.schema import ARROW_TYPES
 from upsert_core.order_scope import OrderScope
 from upsert_core.persist.codec_state import decode_state
+from upsert_core.persist.consolidate import UPDATE_SCHEMA
 from upsert_core.persist.keys import writing_as
 from upsert_core.persist.location import Blob
 from upsert_core.persist.parts import (
@@ -110,6 +118,7 @@ from upsert_core.persist.parts import (
     VALUE_PREFIX,
     delete_parts,
     write_error_batch,
+    write_insertions_part,
     write_parts,
 )
 from upsert_core.persist.state import BlobPart, Part, ShardState
@@ -224,6 +233,9 @@ class FileTask:
     """``null`` or ``keep``: what a value a row leaves out means (``landing.missing``)."""
     unavailable: str = DEFAULT_PLACEHOLDER
     """With ``missing`` ``keep``: the placeholder string that marks a value left out."""
+    may_defer_rows: bool = True
+    """False: validation encodes every row even where :attr:`defers_rows` would not
+    (the retry after :class:`RowsNotDeferred`)."""
 
     @property
     def scope(self) -> OrderScope:
@@ -238,6 +250,17 @@ class FileTask:
     def keeps(self) -> bool:
         """Whether a value a row leaves out keeps the key's previous one."""
         return parse_missing(self.missing) is Missing.KEEP
+
+    @property
+    def defers_rows(self) -> bool:
+        """Whether validation leaves the rows unencoded (``ingest.first_drain``): the
+        shard's first file in the batch scope, every bucket starting empty, stored as
+        values only (no ``--missing keep``, whose fill reads encoded rows)."""
+        return (
+            self.may_defer_rows and self.ts == 0 and self.scope is OrderScope.BATCH
+            and self.typed_parts
+            and self.values_only and self.part_bases and not self.keeps
+        )
 
     @property
     def missing_policy(self) -> MissingPolicy | None:
@@ -346,17 +369,13 @@ def part_values(
     as the one quiet NaN), so both give equal values. Retractions (``sources[i]`` -1)
     and rows without kept values are decoded."""
     names = [VALUE_PREFIX + name for name in row_schema.names]
-    have = set(rows.column_names)
-    if not names or any(
-        name not in have or rows.schema.field(name).type != ARROW_TYPES[typ]
-        for name, (_, typ) in zip(names, row_schema.columns, strict=True)
-    ):
+    if not has_values(rows, row_schema):
         return decode_rows_to_table(row_schema, updates.column("row"))
     inserted = np.flatnonzero(sources >= 0)
     taken = rows.select(names).take(pa.array(sources[inserted], pa.int64()))
     taken = taken.rename_columns(list(row_schema.names))
     taken = pa.table(
-        [_canonical_floats(col) for col in taken.columns], names=list(row_schema.names)
+        [canonical_floats(col) for col in taken.columns], names=list(row_schema.names)
     )
     if len(inserted) == len(sources):
         return taken
@@ -370,30 +389,11 @@ def part_values(
     return merged.take(pa.array(at, pa.int64())).combine_chunks()
 
 
-def _canonical_floats(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
-    """A float64 column with ``-0.0`` as ``0.0`` and every NaN as the quiet NaN (as the
-    codec encodes them); any other column as it is."""
-    if column.type != pa.float64():
-        return column
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    values = array.to_numpy(zero_copy_only=False)
-    bits = values.view(np.uint64)
-    odd = (bits == np.uint64(0x8000000000000000)) | (
-        np.isnan(values) & (bits != np.uint64(0x7FF8000000000000))
-    )
-    if not odd.any():
-        return array
-    fixed = values.copy()
-    fixed[fixed == 0.0] = 0.0
-    fixed[np.isnan(fixed)] = np.nan
-    return pa.array(fixed, pa.float64(), mask=array.is_null().to_numpy(zero_copy_only=False))
-
-
 def _read_file(task: FileTask, blob: Blob, *, write_errors: bool) -> tuple[FileRead, pa.Table]:
     try:
         schema = SourceSchema.from_json(task.schema_json)
         batch = validate_file(task.file, schema, task.value_checks, task.envelope,
-                              task.missing_policy)
+                              task.missing_policy, encode_rows=not task.defers_rows)
     except UpsertPlatformError as exc:
         return file_error_read(task.file.name, exc), task.rows_schema.empty_table()
     read = FileRead(
@@ -405,6 +405,13 @@ def _read_file(task: FileTask, blob: Blob, *, write_errors: bool) -> tuple[FileR
     return read, bucketed(batch, task.buckets, task.keeps)
 
 
+class RowsNotDeferred(Exception):
+    """A chunk of a file read with :attr:`FileTask.defers_rows` came back encoded (its
+    values did not certainly encode), so its chunks would not be of one kind: the
+    caller discards what its sink received and reads the file again with
+    ``may_defer_rows=False``. Nothing was written when it is raised."""
+
+
 def read_file_streamed(
     task: FileTask, blob: Blob, sink: Callable[[pa.Table], None], *,
     write_errors: bool = True,
@@ -413,7 +420,9 @@ def read_file_streamed(
     chunk is validated against the schema the one before left, and its bucketed rows
     (``ROWS_SCHEMA``) go to ``sink`` in file order; the error rows of all chunks make
     one error part. A file-level problem in any chunk comes back in ``file_error`` as
-    for :func:`read_file`, and the caller discards what ``sink`` received."""
+    for :func:`read_file`, and the caller discards what ``sink`` received. With
+    ``task.defers_rows`` every chunk's rows are deferred or :class:`RowsNotDeferred`
+    is raised."""
     with writing_as(task.writer_id):
         before = read_counter.bytes_read(task.file.url)
         read = _read_file_streamed(task, blob, sink, write_errors=write_errors)
@@ -430,12 +439,14 @@ def _read_file_streamed(
     try:
         schema = SourceSchema.from_json(task.schema_json)
         for batch in validate_chunks(task.file, schema, task.value_checks, task.envelope,
-                                     task.missing_policy):
+                                     task.missing_policy, encode_rows=not task.defers_rows):
             schema = batch.schema
             errors.extend(batch.errors)
             rows_read += batch.total_rows
             good += len(batch)
             skipped += batch.skipped
+            if len(batch) and task.defers_rows and not batch.rows_deferred:
+                raise RowsNotDeferred(name)
             if len(batch):
                 sink(bucketed(batch, task.buckets, task.keeps))
     except UpsertPlatformError as exc:
@@ -594,6 +605,13 @@ def _run_bucket(
         task.scope is OrderScope.BATCH and len(state) == 0 and task.typed_parts
         and task.values_only and task.part_bases and result.rehydrated is None
     )
+    first: FirstDrain | None = None
+    if rows_deferred(rows) and whole_state and not task.keeps and has_values(rows, row_schema):
+        # Validation left the rows unencoded and nothing here compares one: the
+        # insertions and the state come from the values (ingest.first_drain).
+        first = drain_into_empty(rows, row_schema)
+    else:
+        rows = with_encoded_rows(rows, row_schema)
     if task.keeps:
         # --missing keep: each row made whole from the key's earlier one (this batch's
         # or the state's) before the drain, which then sees complete rows only.
@@ -602,7 +620,13 @@ def _run_bucket(
     # append commits. That is safe because the state only leaves this step as a
     # checkpoint (or a cache entry), which is used only once the very
     # compare-and-append that commits this output has committed.
-    drained = drain_to_upper(state, rows, ts)
+    if first is not None:
+        drained = DrainResult(UPDATE_SCHEMA.empty_table(), first.state, first.winners,
+                              first.winners, len(first.keys), 0)
+        updates = len(first.keys)
+    else:
+        drained = drain_to_upper(state, rows, ts)
+        updates = drained.updates.num_rows
     state, table = drained.state, drained.updates
     result.inserts = drained.inserts
     result.retractions = drained.retractions
@@ -610,7 +634,12 @@ def _run_bucket(
     try:
         if len(drained.late):
             _record_late(task, bucket, rows, drained, blob, result, row_schema)
-        if table.num_rows:
+        if first is not None and updates:
+            result.parts = [write_insertions_part(
+                blob, task.shard_id, first.keys, ts, first.values,
+                bucket=(bucket, task.buckets), inline_threshold=task.inline_threshold,
+            )]
+        elif table.num_rows:
             # Typed, bucket-labelled parts: a snapshot reads their value columns bucket
             # by bucket, with neither a merge nor a decode (persist.typed_read).
             values = (
@@ -634,7 +663,7 @@ def _run_bucket(
             result.bytes_written += part.encoded_size_bytes
             if isinstance(part, BlobPart):
                 result.new_blobs.append(part.key)
-        pending = base.pending + table.num_rows
+        pending = base.pending + updates
         if task.scope is OrderScope.GLOBAL and (
             drained.applied or result.rehydrated is not None or bucket not in task.tombstones
         ):

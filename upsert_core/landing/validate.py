@@ -21,6 +21,11 @@ Invariants:
   Lines file, a Parquet file with no rows) is an empty batch; its column types still
   count as the first appearance of its columns.
 - Every good row decodes: no value reaches the codec that it cannot read back.
+- Asked not to encode rows (``encode_rows=False``: the ingest's first file, whose
+  buckets start empty), a batch whose typed values all certainly encode
+  (``codec.encodes_in_bulk``) keeps them unencoded (``rows_deferred``); its keys,
+  orders, errors and values are exactly those of the encoded batch. Otherwise the rows
+  are encoded as always.
 - ``orders`` are int64 for one order column: the order value itself, or microseconds
   since the epoch (UTC) for a timestamp order column. For an order of several columns
   they are order keys (``upsert_core.order_keys``: one comparable bytes value per row,
@@ -63,6 +68,7 @@ from upsert_core.codec import (
     Datum,
     encode_columns_in_chunks,
     encode_datums,
+    encodes_in_bulk,
     key_digest,
     key_digests,
 )
@@ -135,6 +141,10 @@ class ValidatedBatch:
     the values ``row_values[i]`` encodes; None when not kept (rows encoded one by one)."""
     skipped: int = 0
     """Debezium events that change nothing and are not error rows (``op`` ``t``/``m``)."""
+    rows_deferred: bool = False
+    """The rows were not encoded (validation asked not to, and each certainly encodes:
+    ``codec.encodes_in_bulk``): ``row_values`` is all null and ``values`` holds the
+    rows; ``ingest.tasks.with_encoded_rows`` encodes them where they are needed."""
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -187,18 +197,21 @@ def validate_file(
     value_checks: tuple[ValueCheck, ...] = (),
     envelope: str = Envelope.PLAIN,
     missing: MissingPolicy | None = None,
+    encode_rows: bool = True,
 ) -> ValidatedBatch:
     """Read and validate one landing file; with ``envelope`` ``debezium`` its events are
     first translated into plain rows (:mod:`~upsert_core.landing.debezium`). With
-    ``missing`` (``--missing keep``) the batch marks the values its rows leave out."""
+    ``missing`` (``--missing keep``) the batch marks the values its rows leave out.
+    Without ``encode_rows`` rows that certainly encode are left unencoded
+    (``ValidatedBatch.rows_deferred``)."""
     placeholder = None if missing is None else missing.placeholder
     if parse_envelope(envelope) is Envelope.DEBEZIUM:
         events = read_debezium(file, schema, placeholder)
-        batch = validate_batch(events.raw, schema, value_checks, missing)
+        batch = validate_batch(events.raw, schema, value_checks, missing, encode_rows)
         batch.skipped = events.skipped
         return batch
     raw = read_batch(file, track_missing=missing is not None)
-    return validate_batch(raw, schema, value_checks, missing)
+    return validate_batch(raw, schema, value_checks, missing, encode_rows)
 
 
 def validate_chunks(
@@ -207,6 +220,7 @@ def validate_chunks(
     value_checks: tuple[ValueCheck, ...] = (),
     envelope: str = Envelope.PLAIN,
     missing: MissingPolicy | None = None,
+    encode_rows: bool = True,
 ) -> Iterator[ValidatedBatch]:
     """:func:`validate_file` for a Parquet file read in chunks (``landing.chunks``): each
     chunk validated against the schema the one before left, its events first translated
@@ -216,13 +230,13 @@ def validate_chunks(
     if parse_envelope(envelope) is Envelope.DEBEZIUM:
         placeholder = None if missing is None else missing.placeholder
         for events in debezium_chunks(file, schema, placeholder):
-            batch = validate_batch(events.raw, schema, value_checks, missing)
+            batch = validate_batch(events.raw, schema, value_checks, missing, encode_rows)
             batch.skipped = events.skipped
             schema = batch.schema
             yield batch
         return
     for raw in parquet_chunks(file):
-        batch = validate_batch(raw, schema, value_checks, missing)
+        batch = validate_batch(raw, schema, value_checks, missing, encode_rows)
         schema = batch.schema
         yield batch
 
@@ -232,6 +246,7 @@ def validate_batch(
     schema: SourceSchema,
     value_checks: tuple[ValueCheck, ...] = (),
     missing: MissingPolicy | None = None,
+    encode_rows: bool = True,
 ) -> ValidatedBatch:
     """Validate a read batch against ``schema``, then run ``value_checks`` on the rows
     that passed (:mod:`~upsert_core.landing.value_checks`); see the module docstring.
@@ -335,7 +350,7 @@ def validate_batch(
     if not len(good_idx):
         return ValidatedBatch(raw.file, schema, errors=sorted(errors + raw.errors, key=_row))
 
-    out = _encode(raw, schema, arrays, good_idx, deletes, errors)
+    out = _encode(raw, schema, arrays, good_idx, deletes, errors, encode_rows)
     out.errors = sorted(errors + raw.errors, key=_row)
     if left_out is not None:
         out.missing = left_out[_out_rows(raw, out)]
@@ -406,14 +421,32 @@ def _encode(
     good_idx: npt.NDArray[np.intp],
     deletes: npt.NDArray[np.bool_],
     errors: list[RowError],
+    encode_rows: bool = True,
 ) -> ValidatedBatch:
-    """Encode the good rows; a value the codec rejects turns its row into an error."""
+    """Encode the good rows; a value the codec rejects turns its row into an error.
+    Without ``encode_rows`` the rows are left unencoded where they certainly encode
+    (``ValidatedBatch.rows_deferred``)."""
     if len(good_idx) == len(raw.positions):  # every row good: good_idx is 0..n-1
         taken = [arrays[name] for name in schema.names]
     else:
         take = pa.array(good_idx, type=pa.int64())
         taken = [pc.take(arrays[name], take) for name in schema.names]
     key_at = [schema.names.index(k) for k in schema.key]
+    typed_ok = all(
+        col.type == ARROW_TYPES[typ] for col, (_, typ) in zip(taken, schema.columns, strict=True)
+    )
+    if not encode_rows and typed_ok and encodes_in_bulk(taken):
+        bulk_keys = encode_columns_in_chunks([taken[k] for k in key_at])
+        if bulk_keys is not None:
+            # The rows are left unencoded: every one would encode (encodes_in_bulk), and
+            # the bucket step derives them from the values where it needs them.
+            return ValidatedBatch(
+                file=raw.file, schema=schema, keys=key_digests(bulk_keys),
+                row_values=pa.nulls(len(good_idx), pa.binary()),
+                deletes=deletes[good_idx], positions=raw.positions[good_idx],
+                orders=_orders(schema, arrays, pa.array(good_idx, type=pa.int64())),
+                values=pa.table(taken, names=list(schema.names)), rows_deferred=True,
+            )
     keys: list[bytes] = []
     rows: list[bytes] | pa.BinaryArray = []
     kept: list[int] = []
@@ -447,9 +480,7 @@ def _encode(
 
     orders = _orders(schema, arrays, pa.array(keep, type=pa.int64()))
     typed = None
-    if bulk_rows is not None and all(
-        col.type == ARROW_TYPES[typ] for col, (_, typ) in zip(taken, schema.columns, strict=True)
-    ):
+    if bulk_rows is not None and typed_ok:
         typed = pa.table(taken, names=list(schema.names))
     return ValidatedBatch(
         file=raw.file,

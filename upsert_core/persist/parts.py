@@ -59,6 +59,7 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -296,6 +297,48 @@ def write_part(
     return _write_prepared(
         blob, shard, table, bucket, inline_threshold, row_group_rows, values_only
     )
+
+
+def write_insertions_part(
+    blob: Blob,
+    shard: str,
+    keys: pa.Array,
+    ts: int,
+    values: pa.Table,
+    *,
+    bucket: tuple[int, int],
+    inline_threshold: int = DEFAULT_INLINE_THRESHOLD,
+    row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
+) -> Part:
+    """One values-only (format 3) part inserting each of ``keys`` once at ``ts``, row
+    ``i`` with row ``i`` of ``values`` (every row column, as stored): what
+    :func:`write_part` writes for those insertions with ``values_only``, byte for byte,
+    without the encoded rows it would drop. ``keys`` must be 16-byte digests in
+    strictly increasing order (one insertion per key is consolidated whatever the
+    rows), which is checked."""
+    _check_values_only(values, True)
+    n = len(keys)
+    keys = keys.cast(pa.binary())
+    table = pa.table(
+        [keys, pa.array(np.full(n, ts, np.int64)), pa.array(np.ones(n, np.int64))],
+        names=["key", "ts", "diff"],
+    )
+    if n:
+        lengths = pc.min_max(pc.binary_length(keys)).as_py()
+        if lengths["min"] != KEY_BYTES or lengths["max"] != KEY_BYTES:
+            raise InvalidUsage(f"batch part keys must be {KEY_BYTES} bytes")
+        if n > 1 and not pc.all(pc.greater(keys.slice(1), keys.slice(0, n - 1))).as_py():
+            raise InvalidUsage("an insertions part needs strictly increasing keys")
+    table = _with_values(table, values)
+    if parse_bucket(format_bucket(bucket)) != bucket:
+        raise InvalidUsage(f"bucket label {bucket} must be (b, N) with 0 <= b < N")
+    table = table.replace_schema_metadata({
+        BUCKET_META: format_bucket(bucket).encode(),
+        CONSOLIDATED_META: b"1",
+        FORMAT_META: str(VALUES_ONLY_FORMAT).encode(),
+    })
+    encoded = encode_parquet(table, row_group_rows)
+    return _store(blob, part_key(shard), encoded, n, inline_threshold)
 
 
 def _check_values_only(values: pa.Table | None, values_only: bool) -> None:
