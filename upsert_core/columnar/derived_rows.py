@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from upsert_core.codec_columns import decode_columns
+from upsert_core.errors import CodecError
 from upsert_core.persist.parts import rows_of_values
 
 ROW_TYPE = pa.large_binary()
@@ -83,6 +85,40 @@ class DerivedRows:
         dense = _encode(_take(self._values, index.filter(pa.array(valid))))
         at = np.cumsum(valid) - 1
         return dense.take(pa.array(at, pa.int64(), mask=~valid))
+
+    def merged(self, rows: pa.Array, sources: np.ndarray) -> DerivedRows | None:
+        """The rows ``sources`` picks from these rows followed by the encoded ``rows``
+        (index ``len(self) + j`` is ``rows[j]``), still derived from values: the picked
+        encoded rows are decoded with these values' column types, so nothing is
+        encoded. None where that cannot be done exactly (these rows are already
+        encoded, a picked row is null or does not decode to these types): the caller
+        then merges encoded rows."""
+        if self._encoded is not None:
+            return None
+        n = self._length
+        picked = np.asarray(sources, np.int64)
+        from_rows = picked >= n
+        changed = picked[from_rows] - n
+        taken = rows.take(pa.array(changed, pa.int64())) if len(changed) else rows.slice(0, 0)
+        if taken.null_count:
+            return None
+        try:
+            decoded = decode_columns(
+                taken, [v.type for v in self._values], list(self.values.column_names)
+            )
+        except (CodecError, TypeError, ValueError):
+            return None
+        # Rows of the base keep their place; the decoded ones are appended after them,
+        # and one take per column puts every row where ``sources`` wants it.
+        at = np.where(from_rows, 0, picked)
+        at[from_rows] = n + np.arange(len(changed))
+        columns = [
+            take_rows(pa.chunked_array([*base.chunks, *new.chunks], base.type), at)
+            for base, new in zip(
+                self._values, (pa.chunked_array([c]) if isinstance(c, pa.Array) else c
+                               for c in decoded.columns), strict=True)
+        ]
+        return DerivedRows(pa.table(columns, names=list(self.values.column_names)))
 
     def cast(self, target: pa.DataType) -> pa.Array:
         return self.materialize().cast(target)

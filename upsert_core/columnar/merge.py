@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from upsert_core.columnar.derived_rows import as_row_array
+from upsert_core.columnar.derived_rows import DerivedRows, as_row_array
 from upsert_core.columnar.state import (
     I64,
     ROW_TYPE,
@@ -70,8 +70,15 @@ def merge_sources(n: int, index: Index, found: Mask, write: Mask, remove: Mask) 
     return sources
 
 
-def _rows(level_rows: pa.Array, rows: pa.Array, sources: Index) -> pa.LargeBinaryArray:
-    # A base with derived rows is encoded whole here: a fold rewrites every row anyway.
+def _rows(
+    level_rows: pa.Array | DerivedRows, rows: pa.Array, sources: Index
+) -> pa.LargeBinaryArray | DerivedRows:
+    if isinstance(level_rows, DerivedRows):
+        # A base derived from values stays so: the changed rows are decoded into values
+        # rather than every base row encoded (a fresh process never needs them all).
+        merged = level_rows.merged(rows, sources)
+        if merged is not None:
+            return merged
     both = pa.concat_arrays([as_row_array(level_rows).cast(ROW_TYPE), rows.cast(ROW_TYPE)])
     taken: pa.LargeBinaryArray = both.take(pa.array(sources, pa.int64()))
     return taken
