@@ -430,7 +430,7 @@ def build_source_assets(
                            extra)
         summary = shard_summary(shard)
         meta = shard_metadata(summary)
-        meta.update(column_schema_metadata(ShardTable(shard).source_schema()))
+        meta.update(column_schema_metadata(ShardTable(shard).row_view().visible))
         # SUBTLE: the recorded live-row count is the shard's at ITS upper. A batch
         # committed after the checks ran (``upsertctl ingest`` meanwhile) is not
         # published: its rows must not be in the published row count, so the count is

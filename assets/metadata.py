@@ -158,7 +158,9 @@ def shard_metadata(inspected: Mapping[str, object]) -> dict[str, Any]:
 
 def column_schema_metadata(schema: SourceSchema | None) -> dict[str, Any]:
     """The shard's columns as Dagster's ``dagster/column_schema`` (shown in the catalog),
-    in the type names ``upsertctl inspect`` and ``open_shard().inspect()`` use."""
+    in the type names ``upsertctl inspect`` and ``open_shard().inspect()`` use; ``schema``
+    is the shard's visible one (``RowView.visible``: a Debezium shard's stored order
+    columns are not columns of the shard)."""
     columns = [] if schema is None else [
         TableColumn(name=name, type=str(typ)) for name, typ in schema.columns
     ]

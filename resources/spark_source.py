@@ -55,9 +55,12 @@ Invariants:
   with ``b % partitions == i``, so each late row is in one task. A task refuses
   (``NotReadable``) when GC moved the shard's since after planning (the late rows
   before it are gone): the tasks never return less than the planned collection.
-- Columns and types are the shard's (``inspect``'s ``columns``), mapped to Spark types;
-  changes add the change's time and diff (bigint), ``__ts`` and ``__diff`` unless the
-  shard has a column of either name (``shard_table.change_columns``).
+- Columns and types are the shard's (``inspect``'s ``columns``: the visible ones, a
+  Debezium shard's stored order columns hidden, ``upsert_core.row_view``), mapped to
+  Spark types; changes add the change's time and diff (bigint), ``__ts`` and ``__diff``
+  unless the shard has a column of either name (``shard_table.change_columns``). The
+  hidden columns are pinned with the schema at planning, and a changes task
+  consolidates its rows as visible rows: every key lies in one task, whole.
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ from upsert_core.persist.read import check_changes_readable, check_snapshot_read
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.state import ShardState
 from upsert_core.read_times import parse_ts_text, require_time, require_ts
+from upsert_core.row_view import RowView
 from upsert_core.shard_table import (
     BucketSelection,
     changes_schema,
@@ -115,7 +119,10 @@ class ReadPlan:
     until: int | None = None
     partitions: int = DEFAULT_PARTITIONS
     schema_json: str | None = None
-    """The shard's source schema when the read was planned: the columns Spark was told."""
+    """The shard's source schema when the read was planned: with ``hidden``, the columns
+    Spark was told."""
+    hidden: tuple[str, ...] = ()
+    """The stored columns the read hides (``upsert_core.row_view``)."""
     planned_since: int = 0
     """The shard's since when the read was planned (see :func:`read_range`)."""
     buckets: int | None = None
@@ -177,7 +184,8 @@ def plan_read(options: Mapping[str, str]) -> ReadPlan:
         raise ShardNotFound(f"{exc}{existing_shards_note(config)}") from None
     plan = ReadPlan(consensus=config.consensus_url, blob=config.blob_url, shard=shard_name,
                     read=read, partitions=partitions,
-                    schema_json=_schema_json(state), planned_since=state.since,
+                    schema_json=_schema_json(state), hidden=_hidden(state),
+                    planned_since=state.since,
                     buckets=_buckets(state), env=tuple(sorted(driver_env().items())))
     if read == LATE:
         return ReadPlan(**{**plan.__dict__, "until": state.upper})
@@ -208,17 +216,26 @@ def _schema_json(state: ShardState) -> str | None:
     return None if schema is None else schema.to_json()
 
 
+def _hidden(state: ShardState) -> tuple[str, ...]:
+    return RowView.of_config(state.config).hidden
+
+
 def source_schema_of(plan: ReadPlan) -> SourceSchema | None:
     """The source schema pinned in the plan. Schemas only append columns, so it covers
     every row at the plan's times (all before the upper it was planned at)."""
     return None if plan.schema_json is None else SourceSchema.from_json(plan.schema_json)
 
 
+def view_of(plan: ReadPlan) -> RowView:
+    """The row view pinned in the plan: its schema and the columns it hides."""
+    return RowView(source_schema_of(plan), plan.hidden)
+
+
 def arrow_schema_of(plan: ReadPlan) -> pa.Schema:
-    schema = source_schema_of(plan)
     if plan.read == LATE:
-        return user_schema(schema)
-    return snapshot_schema(schema) if plan.read == SNAPSHOT else changes_schema(schema)
+        return user_schema(source_schema_of(plan))
+    view = view_of(plan)
+    return snapshot_schema(view) if plan.read == SNAPSHOT else changes_schema(view)
 
 
 class UpsertDataSource(DataSource):  # type: ignore[misc]
@@ -267,10 +284,11 @@ def read_range(plan: ReadPlan, part: KeyRange) -> Iterator[pa.RecordBatch]:
     if plan.read == LATE:
         yield from _late_of(plan, part, table.shard, schema)
         return
+    view = view_of(plan)
     if plan.read == SNAPSHOT and plan.buckets is not None:
         assert plan.as_of is not None
         selection = BucketSelection(plan.buckets, part.index, part.count)
-        yield from table.snapshot_of_buckets(plan.as_of, schema, selection)
+        yield from table.snapshot_of_buckets(plan.as_of, view, selection)
         return
     if plan.read == SNAPSHOT:
         batches = table.shard.snapshot(plan.as_of)
@@ -290,9 +308,11 @@ def read_range(plan: ReadPlan, part: KeyRange) -> Iterator[pa.RecordBatch]:
                 break  # sorted by key: nothing of this range follows
             if keys[len(keys) - 1].as_py() < part.lo:
                 continue
+            # SUBTLE: a batch holds all updates of each key it covers and the range
+            # keeps or drops a key whole, so ``mine`` consolidates on its own.
             mine = batch.filter(_in_range(keys, part.lo, part.hi))
             if mine.num_rows:
-                yield from decode(schema, mine).to_batches()
+                yield from decode(view, mine).to_batches()
     finally:
         close = getattr(batches, "close", None)
         if close is not None:

@@ -41,6 +41,12 @@ Semantics, one batch (one landing file) at a time, each at the next timestamp ``
   first. The key's change is the result of the last row. A key or order column holding
   the placeholder is an error row.
 
+- Hidden columns (a Debezium shard's order fields: the shard's columns are ``after``'s,
+  CONTRACT.md "Change data capture"): the state keeps the whole row, order included, but
+  a read shows each row without them (:func:`visible_row`); changes are summed per
+  visible row, so a retraction and an insertion that differ only in hidden columns
+  cancel and are no change (``rows``/``row_changes`` with ``hidden``).
+
 Two ways in: :meth:`UpsertModel.apply` takes a file's rows as dicts (key column(s),
 order column, delete marker, value columns: a row becomes its :func:`canonical` form
 without the marker, and rows with a null key or order are error rows, recorded and not
@@ -51,7 +57,7 @@ order)`` triples in file order (the core engines' encoded keys and rows).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 Row = tuple[tuple[str, Any], ...]
@@ -67,6 +73,13 @@ Change = tuple[Hashable, Hashable, int]
 def canonical(row: Mapping[str, Any]) -> Row:
     """A row without its nulls, as sorted pairs: a missing column and a null are equal."""
     return tuple(sorted((c, v) for c, v in row.items() if v is not None))
+
+
+def visible_row(row: Hashable, hidden: Collection[str]) -> Hashable:
+    """A :func:`canonical` row without the columns ``hidden`` (as reads show it)."""
+    if not hidden:
+        return row
+    return tuple(pair for pair in row if pair[0] not in hidden)  # type: ignore[attr-defined]
 
 
 def is_deleted(marker: Any) -> bool:
@@ -250,18 +263,25 @@ class UpsertModel:
         assert 0 <= ts < self.upper, f"ts {ts} not applied (upper {self.upper})"
         return list(self._changes[ts])
 
-    def rows(self, ts: int | None = None) -> Counter[Hashable]:
-        """The snapshot's values as a bag (a shard's snapshot read without keys)."""
-        return Counter(self.snapshot(ts).values())
+    def rows(self, ts: int | None = None, hidden: Collection[str] = ()) -> Counter[Hashable]:
+        """The snapshot's values as a bag (a shard's snapshot read without keys), each
+        without the columns ``hidden``."""
+        return Counter(visible_row(value, hidden) for value in self.snapshot(ts).values())
 
-    def row_changes(self, ts: int) -> Counter[Hashable]:
+    def row_changes(self, ts: int, hidden: Collection[str] = ()) -> Counter[Hashable]:
         """The changes at ``ts`` as value -> diff (values hold their key columns, so no
-        two keys share a value)."""
+        two keys share a value). With ``hidden``, values without those columns, diffs
+        summed per value and the ones that cancel dropped (the changes a read shows)."""
         out: Counter[Hashable] = Counter()
         for _k, value, diff in self.changes(ts):
             assert value not in out, "a value shared by two keys"
             out[value] = diff
-        return out
+        if not hidden:
+            return out
+        shown: Counter[Hashable] = Counter()
+        for value, diff in out.items():
+            shown[visible_row(value, hidden)] += diff
+        return Counter({value: diff for value, diff in shown.items() if diff})
 
     def records(self, ts: int | None, columns: Sequence[str]) -> list[dict[str, Any]]:
         """The snapshot as output rows of :meth:`apply`'s dict rows: every one of

@@ -18,9 +18,12 @@ Invariants:
 - The option fields are always present: None (``null``) before the shard's first
   ingest committed its options, and ``columns`` is then ``{}``. ``columns`` maps each
   column, in schema order, to its type in the platform's type names (``int64``,
-  ``float64``, ``string``, ``bool``, ``timestamp``, ``date``, ``binary``).
+  ``float64``, ``string``, ``bool``, ``timestamp``, ``date``, ``binary``): the columns
+  reads show (``upsert_core.row_view``), so a Debezium shard lists ``after``'s columns,
+  not its stored order field(s).
 - ``order`` is the order column's name, or the list of its columns, in comparison
-  order, when the order has several (``--order a,b``).
+  order, when the order has several (``--order a,b``): also when it is not a column of
+  the shard (a Debezium shard's ``source.lsn``).
 - ``rewritten_files`` (after ``ingested_files``) lists the names the last ingest found
   rewritten under an ingested name (``ingest.ledger``), ``[]`` when none.
 - Cheap and read-only: a consensus read, no part is read (a count that is not recorded
@@ -34,6 +37,7 @@ from typing import TYPE_CHECKING
 
 from upsert_core.ingest.ledger import rewritten_files
 from upsert_core.ingest.shard_config import ShardIngestConfig, recorded_live_rows
+from upsert_core.row_view import RowView
 
 if TYPE_CHECKING:
     from upsert_core.persist.shard import Shard
@@ -85,5 +89,5 @@ def _options(config: Mapping[str, str]) -> dict[str, object]:
         "missing": options.missing.value,
         "unavailable": options.unavailable if options.missing.value == "keep" else None,
         "buckets": options.buckets,
-        "columns": {name: str(typ) for name, typ in schema.columns},
+        "columns": {name: str(typ) for name, typ in RowView.of(options).columns},
     }

@@ -7,6 +7,9 @@
 ``columns`` of ``inspect``), ready for pandas (``to_pandas()``), DuckDB (query the Arrow
 table) or Polars (``pl.from_arrow``).
 
+The shard's columns are its :class:`~upsert_core.row_view.RowView`'s visible ones: a
+Debezium shard's stored order columns are not among them (``upsert_core.row_view``).
+
 Invariants:
 
 - Reads follow the CLI's rules and raise the same typed errors (all derived from
@@ -25,7 +28,8 @@ Invariants:
   readable commit :class:`~upsert_core.errors.NotReadable`.
 - Rows are typed with the schema of the state the read started from: schemas only
   append columns, so it covers every row the read returns; a column a row predates is
-  null.
+  null. Every read returns the visible columns only (:attr:`ShardTable.schema`), and
+  ``changes`` are consolidated as visible rows (``RowView.project_updates``).
 - Snapshots come from the parts' value columns, bucket by bucket, when every part is
   typed and bucket-labelled (``persist.typed_read``: no merge, no decode); otherwise
   from the merged read (``persist.read``), decoded one batch ahead on a helper thread.
@@ -56,7 +60,7 @@ from upsert_core.ingest.checkpoint import checkpoint_intact
 from upsert_core.ingest.late import iter_late, late_records, read_late, user_table
 from upsert_core.ingest.shard_config import ShardIngestConfig
 from upsert_core.ingest.tasks import Base
-from upsert_core.landing import ARROW_TYPES, SourceSchema
+from upsert_core.landing import SourceSchema
 from upsert_core.landing.rows import decode_rows_to_table
 from upsert_core.order_scope import OrderScope
 from upsert_core.persist.buckets import bucket_of_keys
@@ -70,6 +74,7 @@ from upsert_core.persist.typed_read import (
     TypedSnapshot,
     open_typed_snapshot,
 )
+from upsert_core.row_view import RowView
 from upsert_core.shard_summary import shard_summary
 from upsert_core.stores import existing_shards_note, open_stores, resolve
 
@@ -102,13 +107,18 @@ class ShardTable:
         return self.shard.shard_id
 
     def source_schema(self) -> SourceSchema | None:
-        """The shard's source schema (None before its first ingest committed one)."""
+        """The shard's stored source schema (None before its first ingest committed one):
+        the columns its rows store, hidden ones included (:meth:`row_view`)."""
         return ShardIngestConfig.read(self.shard.state().config).schema
+
+    def row_view(self) -> RowView:
+        """The stored schema and the columns reads hide (``upsert_core.row_view``)."""
+        return RowView.of_config(self.shard.state().config)
 
     @property
     def schema(self) -> pa.Schema:
         """The Arrow schema of a snapshot: the shard's columns, in order."""
-        return snapshot_schema(self.source_schema())
+        return snapshot_schema(self.row_view())
 
     # --- reads --------------------------------------------------------------------------
 
@@ -122,25 +132,26 @@ class ShardTable:
         as_of = as_of_ts(state, as_of, as_of_time)
         pinned = state.upper - 1 if as_of is None else as_of
         check_snapshot_readable(state, pinned)  # NotReadable now, at the call
-        schema = ShardIngestConfig.read(state.config).schema
-        batches = self._snapshot(state, pinned, schema, None)
-        return pa.RecordBatchReader.from_batches(snapshot_schema(schema), batches)
+        view = RowView.of_config(state.config)
+        batches = self._snapshot(state, pinned, view, None)
+        return pa.RecordBatchReader.from_batches(snapshot_schema(view), batches)
 
     def snapshot_of_buckets(
-        self, as_of: int, schema: SourceSchema | None, selection: BucketSelection
+        self, as_of: int, view: RowView, selection: BucketSelection
     ) -> Iterator[pa.RecordBatch]:
-        """The snapshot's rows of the keys ``selection`` keeps, typed with ``schema``
-        (e.g. the schema a Spark read was planned with; it must cover the rows at
+        """The snapshot's rows of the keys ``selection`` keeps, typed with ``view``
+        (e.g. the view a Spark read was planned with; its schema must cover the rows at
         ``as_of``): one Spark task's share. Raises NotReadable now, at the call."""
         state = self.shard.state()
         check_snapshot_readable(state, as_of)
-        return self._snapshot(state, as_of, schema, selection)
+        return self._snapshot(state, as_of, view, selection)
 
     def _snapshot(
-        self, state: ShardState, as_of: int, schema: SourceSchema | None,
+        self, state: ShardState, as_of: int, view: RowView,
         selection: BucketSelection | None,
     ) -> Iterator[pa.RecordBatch]:
-        fields = list(snapshot_schema(schema))
+        # The typed read reads only the visible columns' values: hidden ones never load.
+        fields = list(snapshot_schema(view))
         try:
             typed = open_typed_snapshot(self.shard.blob, state, as_of, fields,
                                         typed_bases(state), self._base_copies(state))
@@ -153,8 +164,8 @@ class ShardTable:
             merged = self.shard.snapshot(as_of)
             if selection is not None:
                 merged = _in_buckets(merged, selection.buckets, selection.mask)
-            return self._decoded(schema, merged)
-        return self._typed(typed, state, as_of, fields, schema, selection)
+            return self._decoded(view, merged)
+        return self._typed(typed, state, as_of, fields, view, selection)
 
     def _base_copies(self, state: ShardState) -> BaseLoader | None:
         """This machine's decoded copies of the bases (``ingest.base_cache``, kept by
@@ -173,7 +184,7 @@ class ShardTable:
         return load
 
     def _decoded(
-        self, schema: SourceSchema | None, batches: Iterator[pa.RecordBatch]
+        self, view: RowView, batches: Iterator[pa.RecordBatch]
     ) -> Iterator[pa.RecordBatch]:
         """The merged read's batches decoded into typed rows."""
         # Each batch is decoded on a helper thread while the read merges the next
@@ -182,7 +193,7 @@ class ShardTable:
         pending: Future[pa.Table] | None = None
         try:
             for batch in batches:
-                future = pool.submit(decode_snapshot_batch, schema, batch)
+                future = pool.submit(decode_snapshot_batch, view, batch)
                 if pending is not None:
                     yield from pending.result().to_batches()
                 pending = future
@@ -196,7 +207,7 @@ class ShardTable:
 
     def _typed(
         self, typed: TypedSnapshot, state: ShardState, as_of: int, fields: list[pa.Field],
-        schema: SourceSchema | None, selection: BucketSelection | None,
+        view: RowView, selection: BucketSelection | None,
     ) -> Iterator[pa.RecordBatch]:
         """The typed read, bucket by bucket, resumed after GC removed a part under it.
 
@@ -251,7 +262,7 @@ class ShardTable:
             return keep if selection is None else keep & selection.mask(ids)
 
         merged = _in_buckets(self.shard.snapshot(as_of), buckets, wanted)
-        yield from self._decoded(schema, merged)
+        yield from self._decoded(view, merged)
 
     def snapshot(
         self, as_of: int | None = None, *, as_of_time: datetime | str | None = None
@@ -264,7 +275,7 @@ class ShardTable:
         """The names :meth:`changes` gives the change's time and diff: ``("__ts",
         "__diff")``, or with more leading ``_`` when the shard has a column of either name
         (:func:`change_columns`)."""
-        return change_columns(self.source_schema())
+        return change_columns(self.row_view())
 
     def changes(
         self, since: int | None = None, until: int | None = None, *,
@@ -275,14 +286,15 @@ class ShardTable:
         ``__ts`` and ``__diff`` unless the shard has such a column (:meth:`change_columns`).
         ``since_time``/``until_time`` (instead of ``since``/``until``) stand for the first
         ts committed at or after that time, or the upper when none is
-        (``persist.commit_times``)."""
+        (``persist.commit_times``). Rows that differ only in hidden columns are one row
+        (``RowView.project_updates``), so a change that touched only those is none."""
         state = self.shard.state()
         since, until = changes_ts(state, since, until, since_time, until_time)
         lower = state.since if since is None else since
         batches = self.shard.changes(lower, until)
-        schema = self.source_schema()
-        tables = [decode_changes_batch(schema, batch) for batch in batches]
-        return pa.concat_tables(tables) if tables else changes_schema(schema).empty_table()
+        view = self.row_view()
+        tables = [decode_changes_batch(view, batch) for batch in batches]
+        return pa.concat_tables(tables) if tables else changes_schema(view).empty_table()
 
     def errors(self) -> pa.Table:
         """The error collection: ``file``, ``row`` (from 1, in file order), ``reason``."""
@@ -378,55 +390,65 @@ def typed_bases(state: ShardState) -> dict[int, BucketBase]:
     return out
 
 
-def snapshot_schema(schema: SourceSchema | None) -> pa.Schema:
-    """The Arrow schema of a snapshot of a shard with source schema ``schema``."""
-    if schema is None:
-        return pa.schema([])
-    return pa.schema([(name, ARROW_TYPES[typ]) for name, typ in schema.columns])
+def snapshot_schema(view: RowView) -> pa.Schema:
+    """The Arrow schema of a snapshot of a shard read through ``view``: its visible
+    columns."""
+    return view.arrow_schema
 
 
-def change_columns(schema: SourceSchema | None) -> tuple[str, str]:
-    """The names of a changes read's time and diff columns for a shard with ``schema``.
+def change_columns(view: RowView) -> tuple[str, str]:
+    """The names of a changes read's time and diff columns for a shard read through
+    ``view``.
 
     ``(TS_COLUMN, DIFF_COLUMN)`` (``__ts``, ``__diff``) unless the shard has a column of
     either name, in any case (every column of a file is a value column, so it may): then
     both names take one more leading ``_`` until neither is a column of the shard, case
     ignored. They never collide with a row column, even where names are resolved without
-    case (Spark, DuckDB), so every value of a row stays readable by name."""
+    case (Spark, DuckDB), so every value of a row stays readable by name. (A hidden
+    column is not a column of a read, so it takes no name.)"""
     # Compared case-insensitively: Spark and DuckDB resolve names without case.
-    taken = set() if schema is None else {name.casefold() for name, _ in schema.columns}
+    taken = {name.casefold() for name in view.names}
     ts, diff = TS_COLUMN, DIFF_COLUMN
     while ts.casefold() in taken or diff.casefold() in taken:
         ts, diff = "_" + ts, "_" + diff
     return ts, diff
 
 
-def changes_schema(schema: SourceSchema | None) -> pa.Schema:
+def changes_schema(view: RowView) -> pa.Schema:
     """The Arrow schema of a shard's changes: the snapshot's columns, then the change's
     time and diff (int64) named by :func:`change_columns`."""
-    ts, diff = change_columns(schema)
-    return snapshot_schema(schema).append(pa.field(ts, pa.int64())).append(
+    ts, diff = change_columns(view)
+    return snapshot_schema(view).append(pa.field(ts, pa.int64())).append(
         pa.field(diff, pa.int64())
     )
 
 
-def decode_snapshot_batch(schema: SourceSchema | None, batch: pa.RecordBatch) -> pa.Table:
+def decode_snapshot_batch(view: RowView, batch: pa.RecordBatch) -> pa.Table:
     """One batch of a consolidated snapshot read (``key``, ``row``, ``ts``, ``diff``) as
-    typed rows, a row of multiplicity ``n`` repeated ``n`` times."""
-    return _decode(schema, batch, repeat=True).cast(snapshot_schema(schema))
+    typed rows of the visible columns, a row of multiplicity ``n`` repeated ``n``
+    times."""
+    table = view.visible_table(_decode(view.stored, batch, repeat=True))
+    return table.cast(snapshot_schema(view))
 
 
-def decode_changes_batch(schema: SourceSchema | None, batch: pa.RecordBatch) -> pa.Table:
-    """One batch of a consolidated changes read as typed rows plus the change's time and
-    diff (:func:`change_columns`)."""
-    ts, diff = change_columns(schema)
-    table = _decode(schema, batch, repeat=False)
-    table = table.append_column(ts, batch.column("ts").cast(pa.int64()))
-    table = table.append_column(diff, batch.column("diff").cast(pa.int64()))
-    return table.cast(changes_schema(schema))
+def decode_changes_batch(
+    view: RowView, batch: pa.RecordBatch | pa.Table
+) -> pa.Table:
+    """One batch of a consolidated changes read (holding all updates of each key it
+    covers, as every read's batches do) as typed rows of the visible columns, consolidated
+    as such (``RowView.project_updates``), plus the change's time and diff
+    (:func:`change_columns`)."""
+    ts, diff = change_columns(view)
+    updates = view.project_updates(batch)
+    table = _decode(view.visible, updates, repeat=False)
+    table = table.append_column(ts, updates.column("ts").cast(pa.int64()))
+    table = table.append_column(diff, updates.column("diff").cast(pa.int64()))
+    return table.cast(changes_schema(view))
 
 
-def _decode(schema: SourceSchema | None, batch: pa.RecordBatch, *, repeat: bool) -> pa.Table:
+def _decode(
+    schema: SourceSchema | None, batch: pa.RecordBatch | pa.Table, *, repeat: bool
+) -> pa.Table:
     """The batch's rows decoded into typed columns; with ``repeat`` a row of multiplicity
     ``n > 1`` appears ``n`` times (and rows with ``n <= 0`` not at all)."""
     rows = batch.column("row")

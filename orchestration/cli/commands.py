@@ -8,6 +8,8 @@ Invariants:
   ``--out``; progress and summaries go to stderr (:mod:`orchestration.cli.progress`).
 - Rows are decoded with a schema read AFTER the read started: schemas only append
   columns, so that schema is at least as new as every row the read returns.
+- Rows have the shard's visible columns only (``upsert_core.row_view``: a Debezium
+  shard's stored order columns are hidden), and changes are consolidated as such.
 - Every function returns the process exit status; failures raise (``cli.main`` turns
   them into the one error line).
 """
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     from upsert_core.ingest.shard_config import ShardOptions
     from upsert_core.landing import SourceSchema
     from upsert_core.persist.shard import Shard
+    from upsert_core.row_view import RowView
 
 EXIT_OK = 0
 
@@ -45,22 +48,20 @@ def shard_options(shard: Shard) -> ShardOptions | None:
     return ShardIngestConfig.read(shard.state().config).options
 
 
-def shard_schema(shard: Shard) -> SourceSchema | None:
-    """The shard's source schema (None before its first ingest committed one)."""
-    options = shard_options(shard)
-    return None if options is None else options.schema
+def shard_view(shard: Shard) -> RowView:
+    """The shard's stored schema and the columns reads hide (``upsert_core.row_view``)."""
+    from upsert_core.row_view import RowView  # heavy: pyarrow, the ingest's config
+
+    return RowView.of(shard_options(shard))
 
 
-def _columns(schema: SourceSchema | None) -> list[tuple[str, object]]:
-    from upsert_core.landing import ARROW_TYPES  # heavy: pyarrow
-
-    if schema is None:
-        return []
-    return [(name, ARROW_TYPES[typ]) for name, typ in schema.columns]
+def _columns(view: RowView) -> list[tuple[str, object]]:
+    """The output columns: the shard's visible ones, as ``(name, Arrow type)``."""
+    return [(field.name, field.type) for field in view.arrow_schema]
 
 
 def _decoded(
-    schema: SourceSchema | None, batches: Iterator[pa.RecordBatch]
+    schema: SourceSchema | None, batches: Iterator[pa.RecordBatch | pa.Table]
 ) -> Iterator[tuple[list[dict[str, object]], list[int], list[int]]]:
     """Per batch: decoded rows, their ts and their diffs."""
     from upsert_core.landing import decode_row  # heavy: pyarrow
@@ -82,9 +83,11 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     if args.format == "parquet":
         return _snapshot_parquet(shard, as_of, args)
     batches = shard.snapshot(as_of)  # raises NotReadable now, not mid-output
-    schema = shard_schema(shard)
-    with row_writer(args.format, _columns(schema), args.out) as writer:
-        for rows, _ts, diffs in _decoded(schema, batches):
+    view = shard_view(shard)
+    # Decoded with the stored schema; the writer writes the visible columns only (a
+    # snapshot holds one row per key, so dropping hidden columns needs no consolidation).
+    with row_writer(args.format, _columns(view), args.out) as writer:
+        for rows, _ts, diffs in _decoded(view.stored, batches):
             # A live row has diff 1; a larger count (never seen in a consolidated
             # shard) is written that many times rather than hidden.
             writer.write([row for row, d in zip(rows, diffs, strict=True) for _ in range(d)])
@@ -125,11 +128,13 @@ def cmd_changes(args: argparse.Namespace) -> int:
     )
     lower = state.since if since is None else since
     batches = shard.changes(lower, until)
-    schema = shard_schema(shard)
-    names = [name for name, _ in _columns(schema)]
+    view = shard_view(shard)
+    names = list(view.names)
+    # Each batch holds all updates of its keys, so each is projected on its own.
+    visible = (view.project_updates(batch) for batch in batches)
 
     def lines() -> Iterator[dict[str, object]]:
-        for rows, times, diffs in _decoded(schema, batches):
+        for rows, times, diffs in _decoded(view.visible, visible):
             for row, ts, diff in zip(rows, times, diffs, strict=True):
                 yield {"row": json_row(names, row), "ts": ts, "diff": diff}
 

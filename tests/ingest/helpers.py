@@ -18,6 +18,7 @@ from upsert_core.landing import SourceSchema, decode_row
 from upsert_core.persist.location.blob_memory import MemoryBlob
 from upsert_core.persist.location.consensus_memory import MemoryConsensus
 from upsert_core.persist.shard import Shard
+from upsert_core.shard_table import ShardTable
 
 
 def write_jsonl(root: Path, name: str, rows: Iterable[object]) -> Path:
@@ -63,6 +64,27 @@ def change_rows(shard: Shard, ts: int) -> Counter[Row]:
             key = canonical(decode_row(schema, row))
             assert key not in out, "changes are not consolidated"
             out[key] = diff
+    return out
+
+
+def read_snapshot_rows(shard: Shard, ts: int) -> Counter[Row]:
+    """The snapshot at ``ts`` as the Python read API returns it (``open_shard``'s
+    :class:`ShardTable`: the shard's visible columns), as canonical rows."""
+    return Counter(canonical(row) for row in ShardTable(shard).snapshot(ts).to_pylist())
+
+
+def read_change_rows(shard: Shard, ts: int) -> Counter[Row]:
+    """The changes at ``ts`` as the Python read API returns them, as canonical rows ->
+    diff; asserts they are consolidated (no row twice, no zero diff)."""
+    table = ShardTable(shard)
+    time, diff = table.change_columns()
+    out: Counter[Row] = Counter()
+    for row in table.changes(ts, ts + 1).to_pylist():
+        assert row.pop(time) == ts
+        change = row.pop(diff)
+        key = canonical(row)
+        assert key not in out and change != 0, "changes are not consolidated"
+        out[key] = change
     return out
 
 

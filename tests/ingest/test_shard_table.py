@@ -21,6 +21,7 @@ from tests.model import UpsertModel
 from upsert_core.errors import NotReadable, ShardNotFound, UpsertPlatformError
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.persist.shard import Shard
+from upsert_core.row_view import RowView
 from upsert_core.shard_table import DIFF_COLUMN, TS_COLUMN
 from upsert_core.stores import open_stores, resolve
 
@@ -219,7 +220,7 @@ def test_streamed_batches_keep_read_order_and_errors_surface_at_their_batch(
     assert len(read) == 1
     slices = [read[0].slice(i, 1) for i in range(read[0].num_rows)]
     monkeypatch.setattr(table.shard, "snapshot", lambda as_of: iter(slices))
-    want = [shard_table.decode_snapshot_batch(table.source_schema(), s).to_pylist()
+    want = [shard_table.decode_snapshot_batch(table.row_view(), s).to_pylist()
             for s in slices]
     got = [b.to_pylist() for b in table.to_batches()]
     assert got == want and len(got) == 3
@@ -269,7 +270,7 @@ def test_changes_keep_user_columns_named_like_the_change_columns(home: Path) -> 
     ]
     assert sorted(changes.column("__ts").to_pylist()) == [50, 50, 51]  # one column of the name
     # A shard without such columns keeps the documented names.
-    assert upsert_core.shard_table.change_columns(None) == (TS_COLUMN, DIFF_COLUMN)
+    assert upsert_core.shard_table.change_columns(RowView(None)) == (TS_COLUMN, DIFF_COLUMN)
 
 
 @pytest.mark.parametrize("bad", [2.5, 1.0, True, False, "1", None])

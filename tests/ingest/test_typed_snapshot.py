@@ -278,15 +278,15 @@ def test_bucket_selections_split_the_snapshot_without_overlap(
     shard = _history_shard(tmp_path, 2, 60, 4)
     reader = ShardTable(shard)
     want = reader.snapshot()
-    schema = reader.source_schema()
+    view = reader.row_view()
     shares = []
     for index in range(count):
         selection = shard_table.BucketSelection(4, index, count)
         if typed:
-            batches = list(reader.snapshot_of_buckets(1, schema, selection))
+            batches = list(reader.snapshot_of_buckets(1, view, selection))
         else:
             with _merged_only():
-                batches = list(reader.snapshot_of_buckets(1, schema, selection))
+                batches = list(reader.snapshot_of_buckets(1, view, selection))
         shares.append(pa.Table.from_batches(batches, schema=reader.schema))
     keys = [set(t.column("key").to_pylist()) for t in shares]
     assert sum(len(k) for k in keys) == len(set().union(*keys)) == want.num_rows

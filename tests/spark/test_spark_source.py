@@ -294,3 +294,36 @@ def test_a_late_read_planned_before_gc_refuses_rather_than_losing_rows(
     assert shard.state().since == 3
     with pytest.raises(NotReadable, match="since moved from 0 to 3"):
         _read_plan(plan)
+
+
+def test_a_debezium_shard_reads_as_the_columns_of_after(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The order field a Debezium shard stores in its rows is not a column of the
+    DataFrame (CONTRACT.md: the shard's columns are ``after``'s); an update that changed
+    only the LSN is no change, whichever task reads its key."""
+    from tests.debezium_events import event, write_events_jsonl
+
+    consensus, blob = f"sqlite:///{tmp_path / 'consensus.db'}", f"file://{tmp_path / 'blob'}"
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    write_events_jsonl(landing, "0001.jsonl", [
+        event("r", 10 + k, after={"id": k, "name": f"n{k}"}) for k in range(20)])
+    write_events_jsonl(landing, "0002.jsonl", [
+        *(event("u", 40 + k, after={"id": k, "name": f"n{k}"}) for k in range(10)),  # LSN only
+        event("u", 60, after={"id": 15, "name": "renamed"})])
+    shard = Shard.open(*open_stores(resolve(consensus, blob)), "cdc")
+    ingest(shard, str(landing), IngestRequest(key=("id",), envelope="debezium", buckets=3,
+                                              order_scope="global"))
+    table = open_shard("cdc", consensus, blob)
+    for as_of in (None, 0):
+        frame = read_shard(spark, "cdc", as_of=as_of, consensus=consensus, blob=blob,
+                           partitions=2)
+        assert frame.columns == ["id", "name"]
+        got = [r.asDict() for r in frame.collect()]
+        assert len(got) == 20 and _bag(got) == _bag(table.snapshot(as_of).to_pylist())
+    changes = read_shard(spark, "cdc", changes=True, since=1, consensus=consensus, blob=blob,
+                         partitions=3)
+    assert changes.columns == ["id", "name", "__ts", "__diff"]
+    assert sorted((r["name"], r["__diff"]) for r in changes.collect()) == [
+        ("n15", -1), ("renamed", 1)]

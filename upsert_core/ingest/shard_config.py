@@ -182,6 +182,18 @@ class ShardOptions:
     unavailable: str = DEFAULT_PLACEHOLDER
     """With ``missing`` ``keep``: the placeholder that marks a value left out."""
 
+    @property
+    def hidden_columns(self) -> tuple[str, ...]:
+        """The stored columns that are not columns of the shard: a Debezium shard's order
+        field(s) (``source.lsn``, ...). Its rows hold them, as a plain shard's rows hold
+        its order column, so the global scope can read a key's order back from its row;
+        but they are the envelope's fields, not ``after``'s, and reads never show them
+        (CONTRACT.md, "Change data capture"; ``upsert_core.row_view``). Derived from the
+        stored options alone, so shards written before reads hid them read the same."""
+        if self.envelope is Envelope.DEBEZIUM:
+            return self.schema.order_columns
+        return ()
+
 
 def _frozen(mapping: Mapping[int, str]) -> Mapping[int, str]:
     return MappingProxyType(dict(mapping))

@@ -22,9 +22,14 @@ Invariants:
   error row, never confused with the envelope's own columns.
 - The order value is the event field the order names, a dot reaching inside
   (``source.lsn``, ``ts_ms``); it is a column of the batch named by the order, like a
-  plain file's order column, and so is stored in the shard's rows (see README). An
-  order of several fields (``source.file,source.pos,source.row``) gives one such
-  column per field, each read the same way.
+  plain file's order column, and so is stored in the shard's rows (the global scope's
+  rebuild reads a key's order back from its row). An order of several fields
+  (``source.file,source.pos,source.row``) gives one such column per field, each read
+  the same way. Stored, but not a column of the shard: the shard's columns are
+  ``after``'s (CONTRACT.md), so every read hides the order columns of a Debezium shard
+  (``ShardOptions.hidden_columns``, applied once for all reads by
+  :mod:`upsert_core.row_view`), and an event that changes only the order changes no row
+  a read shows.
 - The key and order columns are in the batch whenever it has rows, so a missing key or
   order in an event is a null key or order (an error row from validation), never a
   file-level "missing column".

@@ -23,7 +23,8 @@ Invariants:
   reasons of the JSON Lines path), or a skipped event (``op`` ``t`` or ``m``, counted).
   A Parquet file has no Kafka tombstones (the sink drops them).
 - ``op`` ``c``, ``r``, ``u``: every field of ``after``; ``op`` ``d``: the key columns
-  of ``before``; with the order value and the delete marker as in JSON Lines. A null or
+  of ``before``; with the order value (stored in the rows, hidden from reads, as in
+  :mod:`~upsert_core.landing.debezium`) and the delete marker as in JSON Lines. A null or
   unknown ``op``, a missing ``after`` (c/r/u) or ``before`` (d), a field of ``after``
   named like the order or the delete marker, an order that reaches a struct or a list,
   a value not of its logical type: an error row.
