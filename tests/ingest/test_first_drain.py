@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.debezium_events import event, write_events_parquet
 from upsert_core.columnar import ColumnarState, drain_to_upper
 from upsert_core.columnar.derived_rows import as_row_array
 from upsert_core.ingest import IngestRequest, ingest
@@ -181,3 +182,28 @@ def test_a_chunk_that_must_be_encoded_reads_the_file_again(
         assert snapshot_rows(deferred, ts) == snapshot_rows(plain, ts)
         assert change_rows(deferred, ts) == change_rows(plain, ts)
     assert deferred.check().ok
+
+
+def test_a_streamed_first_file_whose_chunks_evolve_the_schema_reads_encoded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A Debezium Parquet file's columns are those of the events kept so far: a first
+    # chunk of deletes only has the key and order columns, a later chunk adds after's.
+    # The spill keeps only the base columns of chunks that differ, so deferred rows would
+    # reach the bucket step without their values: the file must be read encoded.
+    image = pa.struct([("id", pa.int64()), ("v", pa.string())])
+    events = [event("d", i, before={"id": i, "v": None}) for i in range(1, 4)]
+    events += [event("c", i, after={"id": i % 5, "v": f"v{i}"}) for i in range(4, 12)]
+    write_events_parquet(tmp_path, "0001.parquet", events, image=image,
+                         source=pa.struct([("lsn", pa.int64())]))
+    shards = []
+    for stream_bytes in (str(1 << 40), "0"):
+        monkeypatch.setenv(STREAM_BYTES_ENV, stream_bytes)
+        monkeypatch.setenv(CHUNK_ROWS_ENV, "3")
+        shard = memory_shard()
+        ingest(shard, str(tmp_path), IngestRequest(key=("id",), envelope="debezium", buckets=2))
+        assert shard.check().ok
+        shards.append(shard)
+    whole, streamed = shards
+    assert snapshot_rows(streamed, 0) == snapshot_rows(whole, 0)
+    assert len(snapshot_rows(streamed, 0)) == 5

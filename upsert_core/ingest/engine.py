@@ -161,8 +161,9 @@ class InProcessEngine:
         try:
             return self._run_spilled(task, blob)
         except RowsNotDeferred:
-            # A chunk of the shard's first file needed its rows encoded: read it again
-            # with every chunk encoded, so all are of one kind (nothing was written).
+            # A chunk of the shard's first file needed its rows encoded, or changed the
+            # columns: read it again with every chunk encoded, so all are of one kind
+            # (nothing was written).
             return self._run_spilled(replace(task, may_defer_rows=False), blob)
 
     def _run_spilled(self, task: FileTask, blob: Blob) -> FileOutcome:

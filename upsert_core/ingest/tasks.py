@@ -407,8 +407,9 @@ def _read_file(task: FileTask, blob: Blob, *, write_errors: bool) -> tuple[FileR
 
 class RowsNotDeferred(Exception):
     """A chunk of a file read with :attr:`FileTask.defers_rows` came back encoded (its
-    values did not certainly encode), so its chunks would not be of one kind: the
-    caller discards what its sink received and reads the file again with
+    values did not certainly encode), or with other columns than the chunks before it
+    (which the spill would drop, values included), so its chunks would not be of one
+    kind: the caller discards what its sink received and reads the file again with
     ``may_defer_rows=False``. Nothing was written when it is raised."""
 
 
@@ -421,8 +422,8 @@ def read_file_streamed(
     (``ROWS_SCHEMA``) go to ``sink`` in file order; the error rows of all chunks make
     one error part. A file-level problem in any chunk comes back in ``file_error`` as
     for :func:`read_file`, and the caller discards what ``sink`` received. With
-    ``task.defers_rows`` every chunk's rows are deferred or :class:`RowsNotDeferred`
-    is raised."""
+    ``task.defers_rows`` every chunk's rows are deferred, with the same columns, or
+    :class:`RowsNotDeferred` is raised."""
     with writing_as(task.writer_id):
         before = read_counter.bytes_read(task.file.url)
         read = _read_file_streamed(task, blob, sink, write_errors=write_errors)
@@ -436,6 +437,7 @@ def _read_file_streamed(
     name = task.file.name
     errors: list[RowError] = []
     rows_read = good = skipped = 0
+    deferred: pa.Schema | None = None
     try:
         schema = SourceSchema.from_json(task.schema_json)
         for batch in validate_chunks(task.file, schema, task.value_checks, task.envelope,
@@ -445,10 +447,19 @@ def _read_file_streamed(
             rows_read += batch.total_rows
             good += len(batch)
             skipped += batch.skipped
-            if len(batch) and task.defers_rows and not batch.rows_deferred:
+            if not len(batch):
+                continue
+            if task.defers_rows and not batch.rows_deferred:
                 raise RowsNotDeferred(name)
-            if len(batch):
-                sink(bucketed(batch, task.buckets, task.keeps))
+            rows = bucketed(batch, task.buckets, task.keeps)
+            if task.defers_rows:
+                # SUBTLE: chunks whose columns differ (a Debezium chunk of deletes only
+                # has no value columns yet) reach the drain with the base columns only
+                # (ingest.spill), and deferred rows are nothing without their values.
+                deferred = deferred or rows.schema
+                if rows.schema != deferred:
+                    raise RowsNotDeferred(name)
+            sink(rows)
     except UpsertPlatformError as exc:
         return file_error_read(name, exc)
     read = FileRead(schema_json=schema.to_json(), rows_read=rows_read, good_rows=good,
