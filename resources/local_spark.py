@@ -51,7 +51,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -331,24 +331,36 @@ def _stop_pid(pid: int) -> None:
 
 
 def watch(directory: Path, idle_s: float) -> int:
-    """The watchdog: stop the server once idle for ``idle_s``; exit when it is gone."""
+    """The watchdog: stop the server once idle for ``idle_s``; exit when it is gone (or
+    replaced: the new one has a watchdog of its own)."""
+    server: int | None = None
     while True:
         time.sleep(min(WATCH_INTERVAL_S, idle_s / 4))
         record = _record(directory)
-        if not record or not _alive(int(record["pid"])):
+        if not record or not _alive(int(record["pid"])) or server not in (None, record["pid"]):
             return 0
-        used = directory / "last_used"
-        if _in_use(directory):  # a command is still running on it: not idle
-            touch(directory)
-            continue
-        idle = time.time() - (used.stat().st_mtime if used.exists() else 0.0)
-        if idle > idle_s:
-            with _locked(directory):
-                current = _record(directory)
-                if current and current.get("pid") == record.get("pid"):
-                    _stop_pid(int(record["pid"]))
-                    (directory / "server.json").unlink(missing_ok=True)
+        server = record["pid"]
+        if stop_if_idle(directory, record, idle_s):
             return 0
+
+
+def stop_if_idle(directory: Path, record: Mapping[str, Any], idle_s: float,
+                 now: Callable[[], float] = time.time) -> bool:
+    """The watchdog's decision: stop the server of ``record`` if no command uses it and
+    none has for ``idle_s``; whether it stopped it."""
+    used = directory / "last_used"
+    if _in_use(directory):  # a command is still running on it: not idle
+        touch(directory)
+        return False
+    idle = now() - (used.stat().st_mtime if used.exists() else 0.0)
+    if idle > idle_s:
+        with _locked(directory):
+            current = _record(directory)
+            if current and current.get("pid") == record.get("pid"):
+                _stop_pid(int(record["pid"]))
+                (directory / "server.json").unlink(missing_ok=True)
+                return True
+    return False
 
 
 if __name__ == "__main__":  # python -m resources.local_spark watch DIR IDLE_S
