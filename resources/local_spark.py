@@ -33,6 +33,9 @@ Invariants:
   KILL, its own process group only) once no registered process is alive and
   ``last_used`` is older than ``UPSERT_SPARK_IDLE_S`` (default 1800 s), so a job that
   runs longer than that is never stopped under it; it exits when the server is gone.
+  Its checks are repeated under ``spark/lock``, the lock a command attaches under, right
+  before the stop (:func:`stop_if_idle`): an attach and an idle stop are serialized, and
+  a command that attached meanwhile keeps its server.
 - ``upsertctl spark status`` reports it without starting anything; ``upsertctl spark
   stop`` stops it and its watchdog (a no-op when none runs), as a replacement does. A
   recorded pid is signalled only while its command line is still the server's or the
@@ -348,19 +351,30 @@ def stop_if_idle(directory: Path, record: Mapping[str, Any], idle_s: float,
                  now: Callable[[], float] = time.time) -> bool:
     """The watchdog's decision: stop the server of ``record`` if no command uses it and
     none has for ``idle_s``; whether it stopped it."""
-    used = directory / "last_used"
-    if _in_use(directory):  # a command is still running on it: not idle
+    if not _idle(directory, idle_s, now):
+        return False
+    with _locked(directory):
+        # SUBTLE: a command attaches under this lock (ensure_server registers it and
+        # touches last_used), so the checks above may be stale by now: one that attached
+        # since then must keep its server. Repeated here, they serialize the two.
+        current = _record(directory)
+        if not current or current.get("pid") != record.get("pid"):
+            return False  # stopped or replaced meanwhile: not ours to stop
+        if not _idle(directory, idle_s, now):
+            return False
+        _stop_pid(int(record["pid"]))
+        (directory / "server.json").unlink(missing_ok=True)
+        return True
+
+
+def _idle(directory: Path, idle_s: float, now: Callable[[], float]) -> bool:
+    """No command uses the server and none has for ``idle_s``; a command still running on
+    it touches ``last_used`` (however long it runs, the idle time starts when it ends)."""
+    if _in_use(directory):
         touch(directory)
         return False
-    idle = now() - (used.stat().st_mtime if used.exists() else 0.0)
-    if idle > idle_s:
-        with _locked(directory):
-            current = _record(directory)
-            if current and current.get("pid") == record.get("pid"):
-                _stop_pid(int(record["pid"]))
-                (directory / "server.json").unlink(missing_ok=True)
-                return True
-    return False
+    used = directory / "last_used"
+    return now() - (used.stat().st_mtime if used.exists() else 0.0) > idle_s
 
 
 if __name__ == "__main__":  # python -m resources.local_spark watch DIR IDLE_S
