@@ -27,6 +27,12 @@ Invariants:
 - Engine names other than :data:`ENGINES` are a :class:`ConfigError`; a session that
   cannot be made (no Java, a Connect server that does not answer) is one
   :class:`IngestError` line naming the file that needed it.
+- On the warm local server (a session ``resources.local_session.attach`` made, and only
+  then: not a JVM a command falls back to), each file touches the server's
+  ``last_used``; a file whose Spark step fails, or whose session cannot be made, while
+  that server is gone (stopped, replaced, killed) is one :class:`IngestError` line naming
+  the file and the server's pid and saying to run the command again (nothing of the file
+  was committed), whatever the underlying failure said.
 """
 
 from __future__ import annotations
@@ -48,6 +54,8 @@ from upsert_core.redact import redact_url
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from resources.local_spark import LocalServer
+
 ENGINES = ("spark", "local")
 ENV_ENGINE = "UPSERT_ENGINE"
 DEFAULT_ENGINE = "spark"
@@ -67,20 +75,14 @@ def engine_from_env(env: Mapping[str, str] | None = None) -> str:
 
 def _default_factory() -> SparkSession:
     # heavy: pyspark
-    from resources import local_spark
+    from resources import local_session, local_spark
     from resources.spark_session import get_spark
 
     if local_spark.enabled():  # the warm local server (UPSERT_SPARK_SERVER, default auto)
-        url = local_spark.ensure_server()
-        if url is not None:  # None: the server runs other code and is busy
-            return get_spark(remote=url)
+        session = local_session.attach()
+        if session is not None:  # None: the server runs other code and is busy
+            return session
     return get_spark()
-
-
-def _uses_local_server() -> bool:
-    from resources import local_spark  # heavy: the pyspark package's paths
-
-    return local_spark.enabled()
 
 
 def _active_session() -> Any:
@@ -114,7 +116,8 @@ class LazySparkEngine:
         self.spark: SparkSession | None = None
         self.created = False
         self._engine: Engine | None = None
-        self.local_server = False
+        self.local_server: LocalServer | None = None
+        """The warm local server the session is attached to, if it is."""
 
     @property
     def started(self) -> bool:
@@ -128,11 +131,15 @@ class LazySparkEngine:
             if found is not None:
                 return found  # no session for a file Spark would refuse anyway
             checked = read_counter.bytes_read(task.file.url) - before
+            from resources.local_session import server_of  # heavy: pyspark
+            from resources.local_spark import LocalServerStopped  # heavy: pyspark's paths
             from resources.spark_ingest import SparkEngine, failure_line  # heavy: pyspark
 
             before = _active_session()
             try:
                 spark = self.factory()
+            except LocalServerStopped as exc:
+                raise exc.server.stopped_error(task.file.name) from exc
             except UpsertPlatformError:
                 raise
             except Exception as exc:  # noqa: BLE001 - one line for the user, not a trace
@@ -141,12 +148,18 @@ class LazySparkEngine:
                                   f" {redact_url(failure_line(exc))}") from exc
             self.spark, self.created = spark, spark is not before
             self._engine = SparkEngine(spark)
-            self.local_server = _uses_local_server()
-        if self.local_server:
-            from resources import local_spark  # heavy: the pyspark package's paths
-
-            local_spark.note_use()
-        outcome = self._engine.run_file(task, shard)
+            self.local_server = server_of(spark)
+        server = self.local_server
+        if server is not None:
+            server.note_use()
+        try:
+            outcome = self._engine.run_file(task, shard)
+        except Exception as exc:
+            # Whatever the failure looked like (a job error, an RPC given up on), a server
+            # that stopped under the file is what the user needs to know.
+            if server is not None and server.gone():
+                raise server.stopped_error(task.file.name) from exc
+            raise
         outcome.read.landing_bytes += checked
         return outcome
 

@@ -9,15 +9,16 @@ its own JVM (10-40 s); with it the first one starts a Spark Connect server on
 ``local[*]`` and every later one attaches to it in about a second.
 
 State lives in ``$UPSERT_HOME/spark/`` (mode 0700): ``server.json`` (0600: pid, port,
-url, the access token, the code fingerprint, started, the watchdog's pid), ``lock``,
-``last_used`` (its mtime), ``users/<pid>``, the server's ``connect-server.log`` and the
-watchdog's ``watchdog.log``.
+url, the access token, the code fingerprint, started, the watchdog's pid, and
+``stopping`` once a stop began), ``lock``, ``last_used`` (its mtime), ``users/<pid>``,
+the server's ``connect-server.log`` and the watchdog's ``watchdog.log``.
 
 Invariants:
 
 - At most one server per ``$UPSERT_HOME``: it is found or started under an exclusive
-  lock of ``spark/lock``; a recorded server whose process is gone or whose port does not
-  answer is stopped (its process group) and replaced.
+  lock of ``spark/lock``; a recorded server whose process is gone, whose port does not
+  answer, or whose stop began and was interrupted is stopped (its process group) and
+  replaced.
 - Loopback only, as ``connect_server`` starts it (127.0.0.1, UI off), and only for its
   user: it requires a random bearer token (Spark Connect's
   ``SPARK_CONNECT_AUTHENTICATE_TOKEN``, passed in the server's environment, never on a
@@ -29,14 +30,25 @@ Invariants:
   checkout's packages: :func:`code_fingerprint`) never runs on an older server: it
   replaces the server when no other command uses it, else runs on a JVM of its own.
 - Every command that uses it touches ``last_used`` and registers its process in
-  ``spark/users/<pid>``. A watchdog process started with the server stops it (TERM, then
-  KILL, its own process group only) once no registered process is alive and
-  ``last_used`` is older than ``UPSERT_SPARK_IDLE_S`` (default 1800 s), so a job that
-  runs longer than that is never stopped under it; it exits when the server is gone.
+  ``spark/users/<pid>``; a command that runs on a JVM of its own touches neither
+  (:func:`ensure_server` gives it None). A watchdog process started with the server
+  stops it (TERM, then KILL, its own process group only) once no registered process is
+  alive and ``last_used`` is older than ``UPSERT_SPARK_IDLE_S`` (default 1800 s), so a
+  job that runs longer than that is never stopped under it; it exits when the server is
+  gone. Its checks are repeated under ``spark/lock``, the lock a command attaches under,
+  right before the stop (:func:`stop_if_idle`): an attach and an idle stop are
+  serialized, and a command that attached meanwhile keeps its server.
 - ``upsertctl spark status`` reports it without starting anything; ``upsertctl spark
-  stop`` stops it and its watchdog (a no-op when none runs), as a replacement does. A
-  recorded pid is signalled only while its command line is still the server's or the
-  watchdog's (never a process that reused the pid).
+  stop`` stops it and its watchdog (a no-op when none runs), as a replacement does
+  (the CLI names the commands that were using it: :func:`users`). A recorded pid is
+  signalled only while its command line is still the server's or the watchdog's (never
+  a process that reused the pid).
+- Every stop (``upsertctl spark stop``, the watchdog, a replacement) first records
+  ``stopping`` in ``server.json``, under the lock: a command attached to the server
+  (:class:`LocalServer`) takes a failure after that, or after the server's process is
+  gone (a SIGKILL, a crash), for the server's end, gives up at once instead of retrying,
+  and fails its file with one line saying to run the command again
+  (``resources.local_session``, ``resources.engines``).
 """
 
 from __future__ import annotations
@@ -51,14 +63,15 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from resources import spark_session
 from resources.connect_server import answers, start_connect_server
-from upsert_core.errors import ConfigError
+from upsert_core.errors import ConfigError, IngestError, UpsertPlatformError
 from upsert_core.stores import upsert_home
 
 ENV_SERVER = "UPSERT_SPARK_SERVER"
@@ -166,6 +179,45 @@ def attach_url(record: Mapping[str, Any]) -> str:
     return f"sc://localhost:{int(record['port'])}/;token={record['token']}"
 
 
+@dataclass(frozen=True)
+class LocalServer:
+    """A command's attachment to this home's server (what :func:`ensure_server` gives):
+    its state directory, its pid, and the URL to attach with (it holds the token: kept
+    out of ``repr``, never printed)."""
+
+    directory: Path
+    pid: int
+    url: str = field(repr=False)
+
+    def gone(self) -> bool:
+        """Whether it stopped or is being stopped: its process is gone (or a zombie), or
+        its record no longer names it (stopped, replaced) or says that a stop began."""
+        if not (_alive(self.pid) and _is_ours(self.pid, SERVER_MARK)):
+            return True
+        record = _record(self.directory)
+        return not record or record.get("pid") != self.pid or STOPPING in record
+
+    def note_use(self) -> None:
+        """Mark it used now (each file a command runs on it), so a long run is never
+        taken for idle."""
+        touch(self.directory)
+
+    def stopped_error(self, file_name: str) -> IngestError:
+        """The one line for a file whose run it left: nothing of the file was committed
+        (a commit follows the file's Spark step), so running the command again is safe."""
+        return IngestError(
+            f"{file_name}: the local Spark server stopped during the run (pid {self.pid});"
+            f" run the command again: nothing of {file_name} was committed")
+
+
+class LocalServerStopped(UpsertPlatformError):
+    """The server went away while a command attached to it (before it ran a file)."""
+
+    def __init__(self, server: LocalServer) -> None:
+        super().__init__(f"the local Spark server stopped (pid {server.pid})")
+        self.server = server
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -203,27 +255,29 @@ def _in_use(directory: Path) -> bool:
     return busy
 
 
-def note_use(home: Path | None = None) -> None:
-    """Mark the server used now (each file an ingest runs on it), so a long run is
-    never taken for idle; nothing when the local server is not in use."""
-    directory = state_dir(home)
-    if enabled() and (directory / "server.json").exists():
-        touch(directory)
+def users(home: Path | None = None) -> list[int]:
+    """The pids of the commands using this home's server now (changes nothing)."""
+    marks = state_dir(home) / "users"
+    found = marks.glob("*") if marks.is_dir() else ()
+    return sorted(int(m.name) for m in found if m.name.isdigit() and _alive(int(m.name)))
 
 
-def ensure_server(home: Path | None = None, *, timeout_s: float = 120.0) -> str | None:
-    """The URL to attach to this home's server (with its token), started if none runs;
+def ensure_server(home: Path | None = None, *, timeout_s: float = 120.0
+                  ) -> LocalServer | None:
+    """This home's server to attach to (its URL has the token), started if none runs;
     None when a server of other code is in use by another command: the caller then runs
-    on a JVM of its own (module docstring)."""
+    on a JVM of its own (module docstring) and leaves the server's ``last_used`` alone."""
     directory = state_dir(home)
     code = code_fingerprint()
     with _locked(directory):
         record = _record(directory)
-        if record and _running(record):
+        # A record still saying "stopping" is a stop that was interrupted (its commands
+        # would take every failure for the server's end): replaced, never attached to.
+        if record and _running(record) and STOPPING not in record:
             if record.get("code") == code and record.get("token"):
                 touch(directory)
                 _register_user(directory)
-                return attach_url(record)
+                return LocalServer(directory, int(record["pid"]), attach_url(record))
             if _in_use(directory):
                 sys.stderr.write(
                     "spark: the local Spark Connect server runs other code (the checkout"
@@ -231,7 +285,7 @@ def ensure_server(home: Path | None = None, *, timeout_s: float = 120.0) -> str 
                     " JVM of its own\n")
                 return None
         if record:
-            _stop_server(record)
+            _stop_server(directory, record)
         token = secrets.token_urlsafe(32)
         proc, url, port = start_connect_server(
             SERVER_MASTER, log=directory / "connect-server.log",
@@ -251,7 +305,7 @@ def ensure_server(home: Path | None = None, *, timeout_s: float = 120.0) -> str 
             )
         record["watchdog"] = watchdog.pid  # stopped with the server (stop, a replacement)
         _write_record(directory, record)
-        return attach_url(record)
+        return LocalServer(directory, proc.pid, attach_url(record))
 
 
 def status(home: Path | None = None) -> dict[str, Any]:
@@ -266,6 +320,8 @@ def status(home: Path | None = None) -> dict[str, Any]:
         "pid": record.get("pid") if running and record else None,
         "runs_this_code": (record.get("code") == code_fingerprint()) if running and record
         else None,
+        # a stop began (and, if it still runs, was interrupted: the next command replaces it)
+        "stopping": bool(running and record and STOPPING in record),
         "idle_s": round(time.time() - used.stat().st_mtime, 1) if running and used.exists()
         else None,
         "stops_after_idle_s": idle_seconds(),
@@ -284,13 +340,16 @@ def stop(home: Path | None = None) -> bool:
         if not record:
             return False
         was = _running(record)
-        _stop_server(record)
+        _stop_server(directory, record)
         (directory / "server.json").unlink(missing_ok=True)
         return was
 
 
 SERVER_MARK = b"upsert-local-spark"
 WATCHDOG_MARK = b"resources.local_spark"
+#: In ``server.json`` from the moment a stop begins: commands attached to the server
+#: then know their failures are its stop (:meth:`LocalServer.gone`).
+STOPPING = "stopping"
 
 
 def _is_ours(pid: int, mark: bytes) -> bool:
@@ -304,8 +363,14 @@ def _is_ours(pid: int, mark: bytes) -> bool:
         return False
 
 
-def _stop_server(record: Mapping[str, Any]) -> None:
+def _mark_stopping(directory: Path, record: Mapping[str, Any]) -> None:
+    """Record that the server of ``record`` is being stopped (under the lock)."""
+    _write_record(directory, {**record, STOPPING: time.time()})
+
+
+def _stop_server(directory: Path, record: Mapping[str, Any]) -> None:
     """Stop a recorded server and its watchdog (not when called by the watchdog)."""
+    _mark_stopping(directory, record)
     if _is_ours(int(record["pid"]), SERVER_MARK):
         _stop_pid(int(record["pid"]))
     watchdog = record.get("watchdog")
@@ -331,24 +396,48 @@ def _stop_pid(pid: int) -> None:
 
 
 def watch(directory: Path, idle_s: float) -> int:
-    """The watchdog: stop the server once idle for ``idle_s``; exit when it is gone."""
+    """The watchdog: stop the server once idle for ``idle_s``; exit when it is gone (or
+    replaced: the new one has a watchdog of its own)."""
+    server: int | None = None
     while True:
         time.sleep(min(WATCH_INTERVAL_S, idle_s / 4))
         record = _record(directory)
-        if not record or not _alive(int(record["pid"])):
+        if not record or not _alive(int(record["pid"])) or server not in (None, record["pid"]):
             return 0
-        used = directory / "last_used"
-        if _in_use(directory):  # a command is still running on it: not idle
-            touch(directory)
-            continue
-        idle = time.time() - (used.stat().st_mtime if used.exists() else 0.0)
-        if idle > idle_s:
-            with _locked(directory):
-                current = _record(directory)
-                if current and current.get("pid") == record.get("pid"):
-                    _stop_pid(int(record["pid"]))
-                    (directory / "server.json").unlink(missing_ok=True)
+        server = record["pid"]
+        if stop_if_idle(directory, record, idle_s):
             return 0
+
+
+def stop_if_idle(directory: Path, record: Mapping[str, Any], idle_s: float,
+                 now: Callable[[], float] = time.time) -> bool:
+    """The watchdog's decision: stop the server of ``record`` if no command uses it and
+    none has for ``idle_s``; whether it stopped it."""
+    if not _idle(directory, idle_s, now):
+        return False
+    with _locked(directory):
+        # SUBTLE: a command attaches under this lock (ensure_server registers it and
+        # touches last_used), so the checks above may be stale by now: one that attached
+        # since then must keep its server. Repeated here, they serialize the two.
+        current = _record(directory)
+        if not current or current.get("pid") != record.get("pid"):
+            return False  # stopped or replaced meanwhile: not ours to stop
+        if not _idle(directory, idle_s, now):
+            return False
+        _mark_stopping(directory, current)
+        _stop_pid(int(record["pid"]))
+        (directory / "server.json").unlink(missing_ok=True)
+        return True
+
+
+def _idle(directory: Path, idle_s: float, now: Callable[[], float]) -> bool:
+    """No command uses the server and none has for ``idle_s``; a command still running on
+    it touches ``last_used`` (however long it runs, the idle time starts when it ends)."""
+    if _in_use(directory):
+        touch(directory)
+        return False
+    used = directory / "last_used"
+    return now() - (used.stat().st_mtime if used.exists() else 0.0) > idle_s
 
 
 if __name__ == "__main__":  # python -m resources.local_spark watch DIR IDLE_S

@@ -11,8 +11,8 @@ Which Spark: ``remote`` (a Spark Connect URL) or ``master`` when set, else the r
 environment: ``SPARK_REMOTE`` (one long-lived Spark Connect server serves every run; a
 run attaches in about a second), else ``SPARK_MASTER``, else the warm local Spark
 Connect server of ``resources.local_spark`` (started by the first run, shared by later
-runs and ``upsertctl``), else (``UPSERT_SPARK_SERVER=off``) ``local[*]`` in the run's
-process.
+runs and ``upsertctl``; attached with ``resources.local_session``), else
+(``UPSERT_SPARK_SERVER=off``) ``local[*]`` in the run's process.
 :func:`spark_resource_from_env` fills them, and ``engine``, from ``SPARK_REMOTE``,
 ``SPARK_MASTER`` and ``UPSERT_ENGINE``.
 
@@ -39,6 +39,8 @@ from upsert_core.ingest import Engine
 
 __all__ = ["ENGINES", "ENV_ENGINE", "SparkResource", "spark_resource_from_env"]
 
+APP_NAME = "upsert-platform-dagster"
+
 
 class SparkResource(ConfigurableResource):
     """The ingest engine: Spark (default) or in-process (``engine="local"``)."""
@@ -55,14 +57,14 @@ class SparkResource(ConfigurableResource):
 
         def session() -> Any:
             # heavy: pyspark
-            from resources import local_spark
+            from resources import local_session, local_spark
             from resources.spark_session import get_spark
 
             if master is None and remote is None and local_spark.enabled():
-                remote_url = local_spark.ensure_server()  # the warm local server
-                if remote_url is not None:  # None: it runs other code and is busy
-                    return get_spark(remote=remote_url, app_name="upsert-platform-dagster")
-            return get_spark(master, remote=remote, app_name="upsert-platform-dagster")
+                attached = local_session.attach(APP_NAME)  # the warm local server
+                if attached is not None:  # None: it runs other code and is busy
+                    return attached
+            return get_spark(master, remote=remote, app_name=APP_NAME)
 
         return make_engine(self.engine, session)
 

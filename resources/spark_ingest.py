@@ -481,6 +481,8 @@ def split_plan(task: FileTask, slices: int) -> list[Split] | None:
 
 TRACEBACK = "Traceback (most recent call last):"
 WHERE_ONLY = ("An error occurred while calling", "An exception was thrown from the Python worker")
+GRPC_CALL = "of RPC that terminated with:"
+GRPC_FIELD = re.compile(r'^\s*(status|details)\s*=\s*(?:StatusCode\.)?"?(.*?)"?\s*$')
 
 
 def failure_line(exc: BaseException) -> str:
@@ -488,13 +490,19 @@ def failure_line(exc: BaseException) -> str:
     first line only says where it happened (py4j's "An error occurred while calling
     o58.collectToPython.", pyspark's "An exception was thrown from the Python worker:").
     The cause is the Python traceback's last line (``ValueError: ...``), else the Java
-    exception on the next line. SUBTLE: the JVM's own account of a failed job is in its
-    log, not on stderr (``resources/spark_session.py``), so this line is all a user sees.
+    exception on the next line. A Spark Connect call that failed in gRPC (its text opens
+    with ``<_InactiveRpcError of RPC that terminated with:``) says its status and details.
+    SUBTLE: the JVM's own account of a failed job is in its log, not on stderr
+    (``resources/spark_session.py``), so this line is all a user sees.
     """
     lines = [line.rstrip() for line in str(exc).splitlines() if line.strip()]
     if not lines:
         return type(exc).__name__
     first = lines[0].strip()
+    if first.endswith(GRPC_CALL):
+        fields = {m[1]: m[2] for m in map(GRPC_FIELD.match, lines[1:]) if m}
+        said = ": ".join(v for v in (fields.get("status"), fields.get("details")) if v)
+        return f"the Spark Connect call failed: {said or first}"
     if not first.startswith(WHERE_ONLY) or len(lines) == 1:
         return first
     stripped = [line.strip() for line in lines]

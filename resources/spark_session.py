@@ -65,16 +65,19 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import SparkSession
 
 from upsert_core.errors import ConfigError
 from upsert_core.stores import upsert_home
+
+if TYPE_CHECKING:
+    from pyspark.sql.connect.client.retries import RetryPolicy
 
 DEFAULT_SHUFFLE_PARTITIONS = 8
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -172,10 +175,13 @@ def get_spark(
     shuffle_partitions: int = DEFAULT_SHUFFLE_PARTITIONS,
     conf: Mapping[str, str] | None = None,
     log: Path | None = None,
+    retry_policies: Sequence[RetryPolicy] | None = None,
 ) -> SparkSession:
     """A SparkSession for ``remote``/``master``, else ``SPARK_REMOTE``, else
     ``SPARK_MASTER``, else ``local[*]``. A driver JVM this call starts writes its output
-    to ``log`` (default :func:`driver_log`) unless ``UPSERT_SPARK_LOG`` is on."""
+    to ``log`` (default :func:`driver_log`) unless ``UPSERT_SPARK_LOG`` is on.
+    ``retry_policies``: a Connect session's client retries its calls with these instead
+    of pyspark's default (set before its first call to the server)."""
     prepare_environment()
     target = spark_target(master, remote)
     sql = {
@@ -184,6 +190,10 @@ def get_spark(
     }
     if target.remote:
         url = shared_session_url(target.url)
+        if retry_policies is not None:
+            # Made without settings, the session has called nothing on the server yet.
+            made = SparkSession.builder.remote(url).getOrCreate()
+            made.client.set_retry_policies(retry_policies)
         builder = SparkSession.builder.remote(url)
         settings = {**sql, **{k: v for k, v in (conf or {}).items() if k.startswith("spark.sql.")}}
         for key, value in settings.items():

@@ -238,9 +238,17 @@ def cmd_spark(args: argparse.Namespace) -> int:
     from resources import local_spark  # heavy: the pyspark package's paths
 
     if args.action == "stop":
+        using = local_spark.users()
         was = local_spark.stop()
-        sys.stderr.write("spark: stopped the local Spark Connect server\n" if was
-                         else "spark: no local Spark Connect server was running\n")
+        if not was:
+            sys.stderr.write("spark: no local Spark Connect server was running\n")
+        elif using:
+            pids = ", ".join(str(pid) for pid in using)
+            sys.stderr.write(f"spark: stopped the local Spark Connect server while in use by"
+                             f" pid {pids}: a file running on it fails (nothing of it is"
+                             f" committed); run that command again\n")
+        else:
+            sys.stderr.write("spark: stopped the local Spark Connect server\n")
     print(dumps(local_spark.status()))
     return EXIT_OK
 

@@ -179,25 +179,31 @@ def test_the_warm_local_server_is_the_default_on_the_embedded_defaults() -> None
 def test_commands_attach_to_the_local_server_or_run_their_own_jvm(
     url: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The CLI's and Dagster's session factories attach to the URL ensure_server gives;
-    without one (a server of other code, busy) they start Spark in the process."""
+    """The CLI's and Dagster's session factories attach to the server ensure_server gives,
+    with the local server's retries; without one (a server of other code, busy) they
+    start Spark in the process, with pyspark's."""
     from resources import engines, local_spark
+    from resources.local_session import LocalServerRetries
 
     monkeypatch.delenv("UPSERT_SPARK_SERVER")  # the product's default
     monkeypatch.delenv("SPARK_REMOTE", raising=False)
     monkeypatch.delenv("SPARK_MASTER", raising=False)
-    monkeypatch.setattr(local_spark, "ensure_server", lambda: url)
-    calls: list[tuple[object, object]] = []
+    server = None if url is None else local_spark.LocalServer(Path("/nowhere"), 1, url)
+    monkeypatch.setattr(local_spark, "ensure_server", lambda: server)
+    calls: list[tuple[object, object, object]] = []
 
-    def fake_get_spark(master: object = None, *, remote: object = None, **_: object) -> str:
-        calls.append((master, remote))
+    def fake_get_spark(master: object = None, *, remote: object = None,
+                       retry_policies: list[object] | None = None, **_: object) -> str:
+        servers = [p.server for p in retry_policies or () if isinstance(p, LocalServerRetries)]
+        calls.append((master, remote, servers))
         return "session"
 
     monkeypatch.setattr(spark_session, "get_spark", fake_get_spark)
     engines._default_factory()
     session = SparkResource().ingest_engine().factory  # type: ignore[attr-defined]
     session()
-    assert calls == [(None, url), (None, url)]
+    retries = [] if server is None else [server]
+    assert calls == [(None, url, retries), (None, url, retries)]
 
 
 def test_status_and_stop_create_nothing(tmp_path: Path) -> None:

@@ -3,13 +3,16 @@
 first Spark ingest starts one Spark Connect server for its ``UPSERT_HOME``, later
 commands attach to the same server, only with its token (kept where only its user reads
 it), a command whose code differs never runs on it, ``upsertctl spark status|stop``
-report and stop it, and a server idle past ``UPSERT_SPARK_IDLE_S`` stops by itself.
+report and stop it, a server idle past ``UPSERT_SPARK_IDLE_S`` stops by itself, and an
+ingest whose server is killed or stopped under it fails at once with one line and a rerun
+ingests its file exactly once.
 Real processes: each test starts (and always stops) its own server."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -18,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.helpers import REPO, Cli, base_env, spark_noise, write_jsonl
+from tests.e2e.helpers import REPO, Cli, Result, base_env, spark_noise, write_jsonl
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -62,6 +65,7 @@ def test_one_server_is_started_reused_and_stopped(tmp_path: Path) -> None:
         pids.append(int(first["pid"]))
         assert first["running"] and first["url"].startswith("sc://127.0.0.1:")
         assert first["runs_this_code"] is True and first["enabled"] is True
+        assert first["stopping"] is False
         write_jsonl(landing, "2.jsonl", [{"key": 1, "offset": 2, "v": "b"}])
         attached = cli.ingest(landing)
         # The server's JVM output is its log's, never the commands' stderr (issue 23).
@@ -154,6 +158,78 @@ def test_dagster_runs_attach_to_the_server_the_cli_uses(tmp_path: Path) -> None:
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(_alive(p) for p in pids)
+
+
+BIG_ROWS = 200_000  # a Spark job of a few seconds at least, however idle the machine
+
+
+def _ingest_while_the_server_goes(cli: Cli, landing: Path, end: str) -> tuple[Result, float]:
+    """Start an ingest, and once its Spark job runs on the server (the server's log says
+    it got a job), end the server: ``kill`` (SIGKILL of its JVM) or ``stop`` (``upsertctl
+    spark stop`` from another shell). The ingest's result, and how long it ran on after."""
+    log = cli.home / "spark" / "connect-server.log"
+    pid = int(cli.run("spark", "status").json()["pid"])
+    jobs = log.read_text().count("Got job")
+    proc = cli.popen(*cli.ingest_args(landing))
+    try:
+        deadline = time.monotonic() + 300
+        while log.read_text().count("Got job") == jobs:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the ingest's job never started"
+            time.sleep(0.05)
+        ended = time.monotonic()
+        if end == "kill":
+            os.kill(pid, signal.SIGKILL)
+        else:
+            stopped = cli.run("spark", "stop")
+            assert f"in use by pid {proc.pid}" in stopped.err, stopped.err
+        out, err = proc.communicate(timeout=120)
+        took = time.monotonic() - ended
+    finally:
+        if proc.poll() is None:  # it hung: the failure is the assertion below, not a leak
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return Result(["ingest"], proc.returncode, out, err), took
+
+
+def test_a_server_gone_mid_run_fails_the_file_at_once_and_a_rerun_ingests_it_once(
+    tmp_path: Path,
+) -> None:
+    """The server killed (SIGKILL of its JVM) while an ingest's Spark job runs on it: the
+    ingest exits within seconds (it used to wait 10 minutes for pyspark's retries, then
+    print a raw gRPC error), non-zero, with one line naming the file, the server's pid
+    and the next step; nothing of the file is committed, and the rerun, on a new server,
+    ingests it exactly once. The same for a server stopped from another shell."""
+    cli = _cli(tmp_path, "600")
+    landing = tmp_path / "landing"
+    write_jsonl(landing, "0.jsonl", [{"key": k, "offset": 0, "v": "-"} for k in range(5)])
+
+    def fails_at_once(name: str, ts: int, end: str) -> int:
+        write_jsonl(landing, name, [{"key": k, "offset": ts, "v": name}
+                                    for k in range(BIG_ROWS)])
+        pid = int(cli.run("spark", "status").json()["pid"])
+        failed, took = _ingest_while_the_server_goes(cli, landing, end)
+        assert failed.rc == 1 and took < 60, (took, str(failed))
+        assert failed.err_lines == [
+            "1 pending file(s)",
+            f"upsertctl: error: {name}: the local Spark server stopped during the run"
+            f" (pid {pid}); run the command again: nothing of {name} was committed"]
+        assert cli.inspect()["upper"] == ts  # nothing of it committed
+        return pid
+
+    try:
+        cli.ingest(landing)  # starts the server
+        killed = fails_at_once("1.jsonl", 1, "kill")
+        again = cli.ingest(landing)  # on a new server
+        assert "upper 1 -> 2" in again.err, again.err
+        assert cli.run("spark", "status").json()["pid"] != killed
+        rows = cli.snapshot()
+        assert len(rows) == BIG_ROWS and {r["v"] for r in rows} == {"1.jsonl"}
+        assert cli.inspect()["upper"] == 2  # applied exactly once
+        cli.check()
+        fails_at_once("2.jsonl", 2, "stop")  # `upsertctl spark stop` from another shell
+    finally:
+        cli.run("spark", "stop")
 
 
 def test_an_idle_server_stops_by_itself(tmp_path: Path) -> None:

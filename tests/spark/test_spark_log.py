@@ -88,6 +88,13 @@ KeyError: 'k'
 \tat org.apache.spark.api.python.BasePythonRunner.handle(PythonRunner.scala:1)
 Caused by: something else"""
 
+GRPC = """<_MultiThreadedRendezvous of RPC that terminated with:
+	status = StatusCode.UNAVAILABLE
+	details = "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:41615: \
+Failed to connect to remote host: connect: Connection refused (111)"
+	debug_error_string = "UNKNOWN:Error received from peer  {grpc_status:14}"
+>"""
+
 
 @pytest.mark.parametrize(("text", "line"), [
     (PY4J, "An error occurred while calling o58.collectToPython."
@@ -96,6 +103,9 @@ Caused by: something else"""
            " No such file or directory"),
     (WORKER, "An exception was thrown from the Python worker: ValueError: boom"),
     (WRAPPED, "An error occurred while calling o9.collect. KeyError: 'k'"),
+    (GRPC, "the Spark Connect call failed: UNAVAILABLE: failed to connect to all addresses;"
+           " last error: UNKNOWN: ipv4:127.0.0.1:41615: Failed to connect to remote host:"
+           " connect: Connection refused (111)"),
     ("a plain message\nand more", "a plain message"),
     ("", "RuntimeError"),
 ])
