@@ -16,9 +16,10 @@ the server's ``connect-server.log`` and the watchdog's ``watchdog.log``.
 Invariants:
 
 - At most one server per ``$UPSERT_HOME``: it is found or started under an exclusive
-  lock of ``spark/lock``; a recorded server whose process is gone, whose port does not
-  answer, or whose stop began and was interrupted is stopped (its process group) and
-  replaced.
+  lock of ``spark/lock``; a recorded server whose process is gone (or whose pid another
+  process reused), whose port does not answer, or whose stop began and was interrupted
+  is stopped (its process group, if still the server's) and replaced; ``spark status``
+  and ``spark stop`` do not take such a record for a running server either.
 - Loopback only, as ``connect_server`` starts it (127.0.0.1, UI off), and only for its
   user: it requires a random bearer token (Spark Connect's
   ``SPARK_CONNECT_AUTHENTICATE_TOKEN``, passed in the server's environment, never on a
@@ -229,7 +230,12 @@ def _alive(pid: int) -> bool:
 
 
 def _running(record: dict[str, Any] | None) -> bool:
-    return bool(record) and _alive(int(record["pid"])) and answers(int(record["port"]))  # type: ignore[index]
+    """Whether ``record``'s server runs: its process is still the server (not a process
+    that reused its pid, e.g. after a reboot) and its port answers."""
+    if not record:
+        return False
+    pid = int(record["pid"])
+    return _alive(pid) and _is_ours(pid, SERVER_MARK) and answers(int(record["port"]))
 
 
 def touch(directory: Path) -> None:

@@ -240,3 +240,40 @@ def test_a_server_whose_stop_was_interrupted_is_replaced_not_attached_to(
             for proc in (old, new):
                 proc.kill()
                 proc.wait()
+
+
+def test_a_record_whose_pid_was_reused_is_not_a_running_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``server.json`` left behind (a reboot, a killed server) whose pid now belongs to
+    another process and whose port something else answers on: ``spark status`` said
+    running, ``spark stop`` said it stopped it, and every ingest attached to the stranger
+    and failed with "run the command again", forever. It is replaced instead, and the
+    other process is never signalled."""
+    home = tmp_path / "home"
+    directory = local_spark.state_dir(home)
+    directory.mkdir(parents=True, mode=0o700)
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+                                start_new_session=True)
+    new = _stand_in()
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        record = {"pid": stranger.pid, "port": port, "token": "t",
+                  "code": local_spark.code_fingerprint()}
+        (directory / "server.json").write_text(json.dumps(record))
+        monkeypatch.setattr(local_spark, "start_connect_server",
+                            lambda *_, **__: (new, "sc://127.0.0.1:1", 1))
+        try:
+            assert local_spark.status(home)["running"] is False
+            assert local_spark.stop(home) is False  # nothing of ours was running
+            (directory / "server.json").write_text(json.dumps(record))
+            server = local_spark.ensure_server(home)
+            assert server is not None and server.pid == new.pid and not server.gone()
+            assert stranger.poll() is None  # not ours: never signalled
+        finally:
+            local_spark.stop(home)
+            for proc in (stranger, new):
+                proc.kill()
+                proc.wait()
