@@ -157,11 +157,16 @@ def _locked(directory: Path) -> Iterator[None]:
 
 
 def _record(directory: Path) -> dict[str, Any] | None:
+    """``server.json``, or None when there is none or it names no server (not JSON, no
+    integer pid and port: edited by hand, damaged), which the next command replaces."""
     try:
         data = json.loads((directory / "server.json").read_text())
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        return None
+    valid = all(isinstance(data.get(key), int) for key in ("pid", "port"))
+    return data if valid else None
 
 
 def _write_record(directory: Path, record: dict[str, Any]) -> None:

@@ -277,3 +277,30 @@ def test_a_record_whose_pid_was_reused_is_not_a_running_server(
             for proc in (stranger, new):
                 proc.kill()
                 proc.wait()
+
+
+@pytest.mark.parametrize("text", ['{"port": 5}', '{"pid": "abc", "port": 1}',
+                                  '{"pid": 1, "port": null}'])
+def test_a_malformed_record_is_no_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
+    """A ``server.json`` that parses but lacks a usable pid or port (edited by hand, a
+    damaged disk) made ``spark status``, ``spark stop`` and every ingest fail with
+    ``unexpected KeyError: 'pid'``, with no way out: it is no server, and the next
+    command starts one in its place."""
+    home = tmp_path / "home"
+    directory = local_spark.state_dir(home)
+    directory.mkdir(parents=True, mode=0o700)
+    (directory / "server.json").write_text(text)
+    new = _stand_in()
+    monkeypatch.setattr(local_spark, "start_connect_server",
+                        lambda *_, **__: (new, "sc://127.0.0.1:1", 1))
+    try:
+        assert local_spark.status(home)["running"] is False
+        assert local_spark.stop(home) is False
+        server = local_spark.ensure_server(home)
+        assert server is not None and server.pid == new.pid
+    finally:
+        local_spark.stop(home)
+        new.kill()
+        new.wait()
