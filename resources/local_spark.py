@@ -280,6 +280,7 @@ def ensure_server(home: Path | None = None, *, timeout_s: float = 120.0
     on a JVM of its own (module docstring) and leaves the server's ``last_used`` alone."""
     directory = state_dir(home)
     code = code_fingerprint()
+    idle_s = idle_seconds()  # a bad setting refused before a server starts without a watchdog
     with _locked(directory):
         record = _record(directory)
         # A record still saying "stopping" is a stop that was interrupted (its commands
@@ -310,7 +311,7 @@ def ensure_server(home: Path | None = None, *, timeout_s: float = 120.0
         with (directory / "watchdog.log").open("ab") as log:
             watchdog = subprocess.Popen(
                 [sys.executable, "-m", "resources.local_spark", "watch", str(directory),
-                 str(idle_seconds())],
+                 str(idle_s)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )

@@ -30,7 +30,7 @@ from resources.engines import LazySparkEngine
 from resources.local_session import LocalServerRetries
 from resources.local_spark import LocalServer, LocalServerStopped
 from tests.e2e.helpers import REPO, write_jsonl
-from upsert_core.errors import IngestError
+from upsert_core.errors import ConfigError, IngestError
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.persist.location.urls import open_blob, open_consensus
 from upsert_core.persist.shard import Shard
@@ -304,3 +304,28 @@ def test_a_malformed_record_is_no_server(
         local_spark.stop(home)
         new.kill()
         new.wait()
+
+
+def test_a_bad_idle_setting_starts_no_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``UPSERT_SPARK_IDLE_S`` was read only to start the watchdog, after the server was
+    up: a bad value failed the command after the server's start (30 s) and left that
+    server running with no watchdog, never stopped when idle. It is refused first."""
+    home = tmp_path / "home"
+    monkeypatch.setenv(local_spark.ENV_IDLE, "0")
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(*_: object, **__: object) -> tuple[subprocess.Popen[bytes], str, int]:
+        started.append(_stand_in())
+        return started[-1], "sc://127.0.0.1:1", 1
+
+    monkeypatch.setattr(local_spark, "start_connect_server", start)
+    try:
+        with pytest.raises(ConfigError, match=r"UPSERT_SPARK_IDLE_S must be a number"):
+            local_spark.ensure_server(home)
+        assert started == []
+    finally:
+        for proc in started:
+            proc.kill()
+            proc.wait()
