@@ -36,7 +36,8 @@ Invariants:
   stops it (TERM, then KILL, its own process group only) once no registered process is
   alive and ``last_used`` is older than ``UPSERT_SPARK_IDLE_S`` (default 1800 s), so a
   job that runs longer than that is never stopped under it; it exits when the server is
-  gone. Its checks are repeated under ``spark/lock``, the lock a command attaches under,
+  gone; a command attaching to a server whose watchdog is gone (killed) starts a new
+  one. Its checks are repeated under ``spark/lock``, the lock a command attaches under,
   right before the stop (:func:`stop_if_idle`): an attach and an idle stop are
   serialized, and a command that attached meanwhile keeps its server.
 - ``upsertctl spark status`` reports it without starting anything; ``upsertctl spark
@@ -287,6 +288,9 @@ def ensure_server(home: Path | None = None, *, timeout_s: float = 120.0
         # would take every failure for the server's end): replaced, never attached to.
         if record and _running(record) and STOPPING not in record:
             if record.get("code") == code and record.get("token"):
+                if not _watched(record):  # its watchdog was killed: it would never stop
+                    record = {**record, "watchdog": _start_watchdog(directory, idle_s)}
+                    _write_record(directory, record)
                 touch(directory)
                 _register_user(directory)
                 return LocalServer(directory, int(record["pid"]), attach_url(record))
@@ -308,16 +312,29 @@ def ensure_server(home: Path | None = None, *, timeout_s: float = 120.0
         _write_record(directory, record)
         touch(directory)
         _register_user(directory)
-        with (directory / "watchdog.log").open("ab") as log:
-            watchdog = subprocess.Popen(
-                [sys.executable, "-m", "resources.local_spark", "watch", str(directory),
-                 str(idle_s)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        record["watchdog"] = watchdog.pid  # stopped with the server (stop, a replacement)
+        # stopped with the server (stop, a replacement)
+        record["watchdog"] = _start_watchdog(directory, idle_s)
         _write_record(directory, record)
         return LocalServer(directory, proc.pid, attach_url(record))
+
+
+def _start_watchdog(directory: Path, idle_s: float) -> int:
+    """Start the watchdog of this home's server (:func:`watch`); its pid."""
+    with (directory / "watchdog.log").open("ab") as log:
+        watchdog = subprocess.Popen(
+            [sys.executable, "-m", "resources.local_spark", "watch", str(directory),
+             str(idle_s)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return watchdog.pid
+
+
+def _watched(record: Mapping[str, Any]) -> bool:
+    """Whether the watchdog ``record`` names still runs."""
+    watchdog = record.get("watchdog")
+    return isinstance(watchdog, int) and _alive(watchdog) and _is_ours(watchdog,
+                                                                        WATCHDOG_MARK)
 
 
 def status(home: Path | None = None) -> dict[str, Any]:

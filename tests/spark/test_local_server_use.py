@@ -329,3 +329,31 @@ def test_a_bad_idle_setting_starts_no_server(
         for proc in started:
             proc.kill()
             proc.wait()
+
+
+def test_a_server_whose_watchdog_is_gone_gets_a_new_one(tmp_path: Path) -> None:
+    """The watchdog killed (the OOM killer, a kill of stray pythons): commands went on
+    attaching to the server, which then never stopped when idle. The next command to
+    attach starts a watchdog for it."""
+    home = tmp_path / "home"
+    directory = local_spark.state_dir(home)
+    directory.mkdir(parents=True, mode=0o700)
+    server_proc = _stand_in()
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        record = {"pid": server_proc.pid, "port": listening.getsockname()[1], "token": "t",
+                  "code": local_spark.code_fingerprint(), "watchdog": 2 ** 22 + 1}
+        (directory / "server.json").write_text(json.dumps(record))
+        try:
+            server = local_spark.ensure_server(home)
+            assert server is not None and server.pid == server_proc.pid  # attached
+            watchdog = json.loads((directory / "server.json").read_text())["watchdog"]
+            deadline = time.monotonic() + 30  # its exec may still be under way
+            while not local_spark._is_ours(watchdog, local_spark.WATCHDOG_MARK):
+                assert watchdog != record["watchdog"] and time.monotonic() < deadline
+                time.sleep(0.01)
+        finally:
+            local_spark.stop(home)  # the stand-in and the new watchdog
+            server_proc.kill()
+            server_proc.wait()
