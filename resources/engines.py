@@ -32,21 +32,24 @@ Invariants:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from resources.spark_paths import group_size
 from upsert_core.errors import ConfigError, IngestError, UpsertPlatformError
 from upsert_core.ingest.engine import Engine, InProcessEngine
 from upsert_core.ingest.first_file import PREFLIGHT_BYTES
 from upsert_core.ingest.outcome import FileOutcome
 from upsert_core.ingest.shard_api import IngestShard
 from upsert_core.ingest.tasks import FileTask, read_file
-from upsert_core.landing import read_counter
+from upsert_core.landing import LandingFile, read_counter
 from upsert_core.redact import redact_url
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from resources.spark_ingest import SparkEngine
 
 ENGINES = ("spark", "local")
 ENV_ENGINE = "UPSERT_ENGINE"
@@ -113,7 +116,7 @@ class LazySparkEngine:
         self.factory = factory or _default_factory
         self.spark: SparkSession | None = None
         self.created = False
-        self._engine: Engine | None = None
+        self._engine: SparkEngine | None = None
         self.local_server = False
 
     @property
@@ -128,6 +131,32 @@ class LazySparkEngine:
             if found is not None:
                 return found  # no session for a file Spark would refuse anyway
             checked = read_counter.bytes_read(task.file.url) - before
+        outcome = self._started(task).run_file(task, shard)
+        outcome.read.landing_bytes += checked
+        return outcome
+
+    def group_size(self, files: Sequence[LandingFile], envelope: str) -> int:
+        """How many pending files run as one job (``resources.spark_paths``; no session)."""
+        return group_size(files, envelope)
+
+    def run_group(self, tasks: list[FileTask], shard: IngestShard) -> list[FileOutcome]:
+        """The Spark engine's group (``SparkEngine.run_group``), after the preflight of
+        its first file when no session runs yet."""
+        checked = 0
+        if self._engine is None:
+            before = read_counter.bytes_read(tasks[0].file.url)
+            found = preflight(tasks[0], shard)
+            if found is not None:
+                return [found]  # no session for a file Spark would refuse anyway
+            checked = read_counter.bytes_read(tasks[0].file.url) - before
+        outcomes = self._started(tasks[0]).run_group(tasks, shard)
+        if outcomes:
+            outcomes[0].read.landing_bytes += checked
+        return outcomes
+
+    def _started(self, task: FileTask) -> SparkEngine:
+        """The Spark engine, its session made now if this is the first file that runs."""
+        if self._engine is None:
             from resources.spark_ingest import SparkEngine, failure_line  # heavy: pyspark
 
             before = _active_session()
@@ -146,9 +175,7 @@ class LazySparkEngine:
             from resources import local_spark  # heavy: the pyspark package's paths
 
             local_spark.note_use()
-        outcome = self._engine.run_file(task, shard)
-        outcome.read.landing_bytes += checked
-        return outcome
+        return self._engine
 
     def stop(self) -> None:
         """Stop the session if this engine created it; forget it either way."""
