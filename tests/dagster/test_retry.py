@@ -135,6 +135,9 @@ def test_the_checks_cover_what_the_first_attempt_committed(
             out, updates=u.set_column(i, "diff", pa.compute.multiply(u.column("diff"), 2)))
 
     monkeypatch.setattr(tasks, "drain_to_upper", doubled_once)
+    # The shard's first file is drained from its values (ingest.first_drain), not by
+    # drain_to_upper: make it take the encoded path so the corruption reaches it.
+    monkeypatch.setattr(tasks.FileTask, "defers_rows", property(lambda self: False))
     from orchestration.definitions import build_definitions
 
     defs = build_definitions([spec], {**resources, "consensus": consensus})
