@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import random
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,11 +25,12 @@ from hypothesis import strategies as st
 from resources.spark_group import group_outcomes, run_group_slice
 from resources.spark_split import WorkerHooks
 from tests.ingest.helpers import contents, memory_shard, write_jsonl
-from upsert_core.errors import IngestError
+from upsert_core.errors import ConcurrentModification, IngestError
 from upsert_core.ingest import (
     BucketResult,
     FileOutcome,
     FileTask,
+    IngestReport,
     IngestRequest,
     InProcessEngine,
     ingest,
@@ -37,6 +39,7 @@ from upsert_core.ingest.shard_api import IngestShard
 from upsert_core.ingest.statecache import StateCache
 from upsert_core.landing import LandingFile
 from upsert_core.persist.codec_state import encode_state
+from upsert_core.persist.location.urls import open_blob, open_consensus
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.testing import unreferenced_blobs
 from upsert_core.shard_table import ShardTable
@@ -50,8 +53,9 @@ class GroupedInProcess:
     its ``slices`` slices run one after another, each on the "worker" (state cache) a
     seeded choice gives, at most ``bound`` files a group."""
 
-    def __init__(self, slices: int, bound: int, workers: int = 2, seed: int = 0) -> None:
-        self.slices, self.bound = slices, bound
+    def __init__(self, slices: int, bound: int, workers: int = 2, seed: int = 0,
+                 meet: threading.Barrier | None = None) -> None:
+        self.slices, self.bound, self.meet = slices, bound, meet
         self.caches = [StateCache() for _ in range(workers)]
         self.rng = random.Random(seed)
         self.single = InProcessEngine(cache=None, threads=1)
@@ -79,6 +83,9 @@ class GroupedInProcess:
                                 cache=lambda cache=cache: cache)  # type: ignore[misc]
             lines += run_group_slice(shipped, "", {}, index, self.slices, hooks)
         self.lines.append(lines)
+        if self.meet is not None:  # racing runs: each group's job done before any commits
+            with contextlib.suppress(threading.BrokenBarrierError):
+                self.meet.wait(timeout=2)
         outcomes, unused = group_outcomes(tasks, lines)
         for key in unused:
             shard.blob.delete(key)
@@ -272,3 +279,67 @@ def test_a_failed_bucket_commits_the_files_before_it_and_reruns_from_there(
     assert [f.name for f in report.files] == [f"{f:02d}.jsonl" for f in range(6)]
     _same_shards(grouped, local)
     assert unreferenced_blobs(grouped) == set()
+
+
+def test_racing_groups_apply_every_file_exactly_once(tmp_path: Path) -> None:
+    """Two runs grouping the same files on one shard (threads, each with its own handle
+    on SQLite + local files): a group that loses a commit stops there and the loop goes
+    on; every file, with its error rows, is applied once and nothing is left behind."""
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    for f in range(12):
+        rows: list[object] = [{"key": (f * 3 + j) % 7, "offset": f, "v": f"{f}-{j}"}
+                              for j in range(5)]
+        rows.append({"key": None, "offset": f})  # one error row per file
+        write_jsonl(landing, f"{f:02d}.jsonl", rows)
+
+    def open_shard() -> Shard:
+        return Shard.open(open_consensus(f"sqlite:///{tmp_path}/c.db"),
+                          open_blob(f"file://{tmp_path}/blob"), "race")
+
+    open_shard()  # created once
+    request = IngestRequest(buckets=3, max_attempts=50, maintain=False)
+    start, meet = threading.Barrier(2), threading.Barrier(2)
+    reports: list[IngestReport] = []
+    raised: list[BaseException] = []
+
+    refused: list[int] = []  # appends that lost to the other run
+
+    def run(seed: int) -> None:
+        shard = open_shard()
+        append = shard.compare_and_append
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            result = append(*args, **kwargs)
+            if not result.committed:
+                refused.append(result.actual_upper)
+            return result
+
+        shard.compare_and_append = counted  # type: ignore[method-assign]
+        start.wait()
+        try:
+            reports.append(ingest(shard, str(landing), request,
+                                  engine=GroupedInProcess(2, bound=4, seed=seed, meet=meet)))
+        except ConcurrentModification as exc:  # an allowed outcome for a loser
+            raised.append(exc)
+        except BaseException as exc:  # noqa: BLE001 - surfaced below
+            raised.append(exc)
+
+    threads = [threading.Thread(target=run, args=(seed,)) for seed in (1, 2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(isinstance(e, ConcurrentModification) for e in raised), raised
+    shard = open_shard()
+    ingest(shard, str(landing), request)  # completes whatever a loser left
+    committed = [f.name for r in reports for f in r.files]
+    assert len(committed) == len(set(committed))  # no file committed by both
+    assert refused, "the runs never raced"
+    assert sorted(shard.state().ingested_files.values()) == list(range(12))
+    assert sorted((e["file"], e["row"]) for e in shard.errors()) == [
+        (f"{f:02d}.jsonl", 6) for f in range(12)]
+    assert unreferenced_blobs(shard) == set()
+    single = memory_shard()
+    ingest(single, str(landing), request)
+    _same_shards(shard, single)
