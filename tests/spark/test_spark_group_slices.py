@@ -343,3 +343,33 @@ def test_racing_groups_apply_every_file_exactly_once(tmp_path: Path) -> None:
     single = memory_shard()
     ingest(single, str(landing), request)
     _same_shards(shard, single)
+
+
+def test_a_file_changed_under_a_group_waits_with_the_files_after_it(tmp_path: Path) -> None:
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    for f in range(6):
+        write_jsonl(landing, f"{f:02d}.jsonl", [{"key": f, "offset": 1, "v": "a"}])
+
+    class StillWriting(GroupedInProcess):
+        """A writer appends to 03.jsonl after the listing, before the group reads it."""
+
+        def run_group(self, tasks: list[FileTask], shard: IngestShard) -> list[FileOutcome]:
+            if not self.groups:
+                with (landing / "03.jsonl").open("ab") as fh:
+                    fh.write(b'{"key": 7, "offset": 1, "v": "late"}\n')
+            return super().run_group(tasks, shard)
+
+    shard, engine = memory_shard(), StillWriting(slices=2, bound=100)
+    report = ingest(shard, str(landing), IngestRequest(buckets=2), engine=engine)
+    assert [f.name for f in report.files] == ["00.jsonl", "01.jsonl", "02.jsonl"]
+    assert report.pending == ["03.jsonl", "04.jsonl", "05.jsonl"]
+    [warning] = report.warnings
+    assert warning.startswith("03.jsonl: changed while being ingested")
+    assert "left pending for the next run, with the 2 file(s) after it" in warning
+    assert unreferenced_blobs(shard) == set()
+    report = ingest(shard, str(landing), IngestRequest(buckets=2), engine=engine)
+    assert [f.name for f in report.files] == ["03.jsonl", "04.jsonl", "05.jsonl"]
+    local = memory_shard()
+    ingest(local, str(landing), IngestRequest(buckets=2))
+    _same_shards(shard, local)
