@@ -450,8 +450,7 @@ def _ingest_group(run: _Run, state: ShardState) -> ShardState:
                 result, digest_bytes = _commit(shard, plan, options, outcome)
             except WriterFenced as exc:
                 in_flight = None  # determinate: nothing was committed
-                run.report.warnings.append(
-                    f"{file.name}: {exc}; running it again as a new writer")
+                run.report.warnings.append(f"{file.name}: {exc}; redoing it as a new writer")
                 run.lease.renew()
                 state = shard.state()
                 break
