@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dagster import DagsterInstance, Definitions
+from dagster import DagsterInstance, Definitions, ExecuteInProcessResult, materialize
 
 from assets.factory import SourceAssets, build_source_assets
 from assets.spec import SourceSpec
@@ -105,6 +105,18 @@ class Platform:
 
     def add_partitions(self, spec: SourceSpec, names: Sequence[str]) -> None:
         self.instance.add_dynamic_partitions(spec.partitions_name, list(names))
+
+    def ingest_partition(
+        self, spec: SourceSpec, names: Sequence[str], partition: str
+    ) -> tuple[SourceAssets, ExecuteInProcessResult]:
+        """Add ``names`` as partitions and materialize the ingest assets (with their
+        checks) for ``partition`` in process, on the local engine."""
+        built, _ = self.build(spec)
+        self.add_partitions(spec, names)
+        result = materialize([*built.assets, built.checks], selection=list(built.ingest_keys),
+                             partition_key=partition, instance=self.instance,
+                             resources=self.resources())
+        return built, result
 
 
 @contextmanager

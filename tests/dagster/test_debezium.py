@@ -5,7 +5,7 @@ as ``inspect`` does; the checks that verify the state against the stored orders 
 
 from __future__ import annotations
 
-from dagster import AssetKey, materialize
+from dagster import AssetKey
 
 from tests.dagster.helpers import Platform, write_jsonl
 from tests.debezium_events import event
@@ -18,11 +18,7 @@ def test_a_debezium_partition_run_shows_the_columns_of_after(plat: Platform) -> 
         event("r", 11, after={"id": 2, "name": "bob"}),
         event("u", 12, after={"id": 1, "name": "ann"})])  # the same after, a new LSN
     spec = plat.spec(envelope="debezium", key=("id",), order_scope="global")
-    built, _ = plat.build(spec)
-    plat.add_partitions(spec, ["b-01.jsonl"])
-    result = materialize([*built.assets, built.checks], selection=list(built.ingest_keys),
-                         partition_key="b-01.jsonl", instance=plat.instance,
-                         resources=plat.resources())
+    _, result = plat.ingest_partition(spec, ["b-01.jsonl"], "b-01.jsonl")
     assert result.success
     output = AssetKey([spec.name, "output_shard"])
     [meta] = [e.materialization.metadata for e in result.get_asset_materialization_events()

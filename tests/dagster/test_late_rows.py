@@ -4,8 +4,6 @@ holds them (``open_shard().late()``)."""
 
 from __future__ import annotations
 
-from dagster import materialize
-
 from tests.dagster.helpers import Platform, write_jsonl
 from upsert_core.shard_table import ShardTable
 
@@ -19,11 +17,7 @@ def test_each_partition_reports_its_own_late_rows(plat: Platform) -> None:
     write_jsonl(plat.landing / "b-03.jsonl", [{"key": 1, "offset": 5, "__deleted": True}])
     names = ["b-01.jsonl", "b-02.jsonl", "b-03.jsonl"]
     spec = plat.spec(order_scope="global")
-    built, _ = plat.build(spec)
-    plat.add_partitions(spec, names)
-    result = materialize([*built.assets, built.checks], selection=list(built.ingest_keys),
-                         partition_key=names[-1], instance=plat.instance,
-                         resources=plat.resources())
+    built, result = plat.ingest_partition(spec, names, names[-1])
     assert result.success
     late = {}
     for event in result.get_asset_materialization_events():

@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from dagster import materialize
 
 from orchestration.sources import load_sources
 from tests.dagster.helpers import Platform, write_jsonl
@@ -42,11 +41,7 @@ def test_a_partition_run_ingests_with_an_order_of_several_columns(plat: Platform
     write_jsonl(plat.landing / "b-02.jsonl", [
         {"key": 1, "file": "bin.1", "pos": 100, "v": "late"}])
     spec = plat.spec(order="file,pos", order_scope="global")
-    built, _ = plat.build(spec)
-    plat.add_partitions(spec, ["b-01.jsonl", "b-02.jsonl"])
-    result = materialize([*built.assets, built.checks], selection=list(built.ingest_keys),
-                         partition_key="b-02.jsonl", instance=plat.instance,
-                         resources=plat.resources())
+    _, result = plat.ingest_partition(spec, ["b-01.jsonl", "b-02.jsonl"], "b-02.jsonl")
     assert result.success
     table = ShardTable(plat.shard(spec.shard))
     assert table.inspect()["order"] == ["file", "pos"]
