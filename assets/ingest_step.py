@@ -11,8 +11,9 @@ files are applied in name order and the shard ends exactly as after one sequenti
 ingest:
 
 - something pending <= target: every pending file with a name <= target is applied, in
-  name order, in ONE ingest (one engine: one Spark session for the whole range); files
-  that no run covers yet are applied now and their own runs become no-ops.
+  name order, in ONE ingest (one engine: one Spark session for the whole range, and one
+  Spark job for each group of small files, ``resources/spark_paths.py``); files that no
+  run covers yet are applied now and their own runs become no-ops.
 - every partition of the run already ingested: nothing is read or written and no engine
   is made (no Spark session starts); the result says at which ts each went in.
 - a partition not yet ingested and not in the landing (say a broken file removed):

@@ -443,7 +443,8 @@ def _timed(label: str, fn: Callable[[], Result]) -> Result:
 
 def read_once(n_rows: int, row_groups: int, repeats: int, buckets: int = 8) -> int:
     """The ``--read-once`` comparison (module docstring); returns the exit status."""
-    from resources.spark_ingest import SPLIT_BYTES_ENV, SPLIT_ENV, SparkEngine
+    from resources.spark_ingest import SparkEngine
+    from resources.spark_paths import SPLIT_BYTES_ENV, SPLIT_ENV
     from resources.spark_session import get_spark
     from upsert_core.ingest import IngestRequest, InProcessEngine, ingest
     from upsert_core.landing import listing

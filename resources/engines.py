@@ -38,23 +38,25 @@ Invariants:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from resources.spark_paths import group_size
 from upsert_core.errors import ConfigError, IngestError, UpsertPlatformError
 from upsert_core.ingest.engine import Engine, InProcessEngine
 from upsert_core.ingest.first_file import PREFLIGHT_BYTES
 from upsert_core.ingest.outcome import FileOutcome
 from upsert_core.ingest.shard_api import IngestShard
 from upsert_core.ingest.tasks import FileTask, read_file
-from upsert_core.landing import read_counter
+from upsert_core.landing import LandingFile, read_counter
 from upsert_core.redact import redact_url
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from resources.local_spark import LocalServer
+    from resources.spark_ingest import SparkEngine
 
 ENGINES = ("spark", "local")
 ENV_ENGINE = "UPSERT_ENGINE"
@@ -115,7 +117,7 @@ class LazySparkEngine:
         self.factory = factory or _default_factory
         self.spark: SparkSession | None = None
         self.created = False
-        self._engine: Engine | None = None
+        self._engine: SparkEngine | None = None
         self.local_server: LocalServer | None = None
         """The warm local server the session is attached to, if it is."""
 
@@ -131,6 +133,36 @@ class LazySparkEngine:
             if found is not None:
                 return found  # no session for a file Spark would refuse anyway
             checked = read_counter.bytes_read(task.file.url) - before
+        engine = self._started(task)
+        with self._server_watched(task):
+            outcome = engine.run_file(task, shard)
+        outcome.read.landing_bytes += checked
+        return outcome
+
+    def group_size(self, files: Sequence[LandingFile], envelope: str) -> int:
+        """How many pending files run as one job (``resources.spark_paths``; no session)."""
+        return group_size(files, envelope)
+
+    def run_group(self, tasks: list[FileTask], shard: IngestShard) -> list[FileOutcome]:
+        """The Spark engine's group (``SparkEngine.run_group``), after the preflight of
+        its first file when no session runs yet."""
+        checked = 0
+        if self._engine is None:
+            before = read_counter.bytes_read(tasks[0].file.url)
+            found = preflight(tasks[0], shard)
+            if found is not None:
+                return [found]  # no session for a file Spark would refuse anyway
+            checked = read_counter.bytes_read(tasks[0].file.url) - before
+        engine = self._started(tasks[0])
+        with self._server_watched(tasks[0]):
+            outcomes = engine.run_group(tasks, shard)
+        if outcomes:
+            outcomes[0].read.landing_bytes += checked
+        return outcomes
+
+    def _started(self, task: FileTask) -> SparkEngine:
+        """The Spark engine, its session made now if this is the first file that runs."""
+        if self._engine is None:
             from resources.local_session import server_of  # heavy: pyspark
             from resources.local_spark import LocalServerStopped  # heavy: pyspark's paths
             from resources.spark_ingest import SparkEngine, failure_line  # heavy: pyspark
@@ -149,19 +181,22 @@ class LazySparkEngine:
             self.spark, self.created = spark, spark is not before
             self._engine = SparkEngine(spark)
             self.local_server = server_of(spark)
+        if self.local_server is not None:
+            self.local_server.note_use()
+        return self._engine
+
+    @contextmanager
+    def _server_watched(self, task: FileTask) -> Iterator[None]:
+        """Run the block; whatever its failure looked like (a job error, an RPC given up
+        on), a warm local server that stopped under the file is what the user needs to
+        know."""
         server = self.local_server
-        if server is not None:
-            server.note_use()
         try:
-            outcome = self._engine.run_file(task, shard)
+            yield
         except Exception as exc:
-            # Whatever the failure looked like (a job error, an RPC given up on), a server
-            # that stopped under the file is what the user needs to know.
             if server is not None and server.gone():
                 raise server.stopped_error(task.file.name) from exc
             raise
-        outcome.read.landing_bytes += checked
-        return outcome
 
     def stop(self) -> None:
         """Stop the session if this engine created it; forget it either way."""

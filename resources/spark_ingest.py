@@ -1,11 +1,13 @@
 """The Spark engine: the per-file and per-bucket ingest steps as Spark tasks.
 
-A file takes one of two paths, chosen by :func:`split_plan` from its listed size
-(``UPSERT_SPARK_SPLIT`` auto|on|off, ``UPSERT_SPARK_SPLIT_BYTES``): a Parquet or JSON
-Lines file larger than a split is read once, by read tasks, and shuffled by bucket
-(``resources/spark_split.py``); any other file, and a split file whose splits cannot
-stand for it (``split_steps.Fallback``), takes the one-stage path described here. Both
-return the same result lines (``resources/spark_lines.py``) to :func:`outcome_of`.
+A file takes one of three paths, chosen in ``resources/spark_paths.py`` from the listing
+(``split_plan``: ``UPSERT_SPARK_SPLIT`` auto|on|off, ``UPSERT_SPARK_SPLIT_BYTES``;
+``group_size``): a Parquet or JSON Lines file larger than a split is read once, by read
+tasks, and shuffled by bucket (``resources/spark_split.py``); several pending files that
+are not split run as one job of this path's shape (``resources/spark_group.py``,
+:meth:`SparkEngine.run_group`); any other file, and a split file whose splits cannot
+stand for it (``split_steps.Fallback``), takes the one-stage path described here. All
+return the same result lines (``resources/spark_lines.py``) to ``outcome_of``.
 
 The one-stage path: for one file (see ``upsert_core.ingest.tasks``), ONE Spark stage of
 ``S`` tasks (the *slices*; ``S = min(buckets, default parallelism)`` unless given), and
@@ -91,24 +93,35 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from resources.spark_lines import BUCKET, CHANGED, ERROR, EXPECT, LANDING, READ, lines_of
+from resources.spark_group import group_outcomes, run_group_job
+from resources.spark_lines import (
+    BUCKET,
+    CHANGED,
+    ERROR,
+    EXPECT,
+    LANDING,
+    READ,
+    lines_of,
+    outcome_of,
+)
+from resources.spark_paths import group_size, split_plan
 from resources.spark_session import is_connect, master_of
 from resources.spark_split import SplitRun, WorkerHooks, run_split_job
 from resources.task_env import SHIPPED_ENV, apply_env, driver_env
 from upsert_core.errors import ConfigError, IngestError
 from upsert_core.ingest.engine import bucket_groups
-from upsert_core.ingest.outcome import BucketResult, FileOutcome, FileRead
+from upsert_core.ingest.outcome import BucketResult, FileOutcome
 from upsert_core.ingest.shard_api import IngestShard
 from upsert_core.ingest.statecache import StateCache
 from upsert_core.ingest.tasks import FileTask, cache_key, read_file, run_bucket
-from upsert_core.landing.splits import Split, plan_splits, splittable
+from upsert_core.landing import LandingFile
 from upsert_core.persist.codec_state import encode_state
 from upsert_core.persist.keys import WRITER_TOKEN_ENV
 from upsert_core.persist.location import Blob
@@ -116,12 +129,6 @@ from upsert_core.persist.location.urls import blob_url, open_blob
 
 PROFILE_ENV = "UPSERT_SPARK_PROFILE_DIR"
 RESULT_DDL = "result string"
-
-SPLIT_ENV = "UPSERT_SPARK_SPLIT"
-"""``auto`` (default), ``on`` or ``off``: whether a file is read by the split path."""
-SPLIT_BYTES_ENV = "UPSERT_SPARK_SPLIT_BYTES"
-"""Bytes per read task of the split path; ``auto`` splits files larger than this."""
-DEFAULT_SPLIT_BYTES = 32 << 20
 
 _blobs: dict[tuple[str, tuple[tuple[str, str], ...]], Blob] = {}
 _cache: StateCache | None = None
@@ -415,6 +422,36 @@ class SparkEngine:
         outcome.read.landing_bytes += sum(int(n) for n in _split(results, LANDING))
         return outcome
 
+    def group_size(self, files: Sequence[LandingFile], envelope: str) -> int:
+        """How many of the run's pending ``files`` run as one job
+        (``resources.spark_paths.group_size``)."""
+        return group_size(files, envelope)
+
+    def run_group(self, tasks: list[FileTask], shard: IngestShard) -> list[FileOutcome]:
+        """Several files as one job (``resources/spark_group.py``): the outcomes of the
+        files the driver may commit (``ingest.engine.GroupEngine``). A job that failed as
+        a whole gives none (the driver runs the first file on its own, which reports
+        why); what its tasks wrote is left to GC, as after a failed job of one file."""
+        first = tasks[0]
+        url = self.blob_url or blob_url_of(shard.blob)
+        env = driver_env()
+        env[WRITER_TOKEN_ENV] = os.environ.get(WRITER_TOKEN_ENV, "")
+        shipped = [dataclasses.replace(first, shard_state=None,
+                                       shard_state_bytes=encode_state(first.load_shard_state())),
+                   *tasks[1:]]
+        self.last_split = None
+        try:
+            slices = self._slices(first, master_of(self.spark))
+            results = run_group_job(self.spark, shipped, url, env, slices, _HOOKS)
+        except Exception:  # noqa: BLE001 - the driver's run of the first file reports it
+            return []
+        outcomes, unused = group_outcomes(tasks, results)
+        for key in unused:
+            shard.blob.delete(key)
+        for outcome in outcomes:
+            outcome.read.read_tasks = outcome.read.drain_tasks = slices
+        return outcomes
+
     def _job(self, task: FileTask, run: Callable[[], list[str]]) -> list[str]:
         try:
             return run()
@@ -445,38 +482,6 @@ class SparkEngine:
 
 
 _HOOKS = WorkerHooks(frozen=_frozen_after, blob=_task_blob, cache=_worker_cache)
-
-
-def split_mode() -> str:
-    """``UPSERT_SPARK_SPLIT``: ``auto`` (default), ``on`` or ``off``."""
-    text = os.environ.get(SPLIT_ENV, "").strip().lower() or "auto"
-    if text not in ("auto", "on", "off"):
-        raise ConfigError(f"{SPLIT_ENV} must be auto, on or off, got {text!r}")
-    return text
-
-
-def split_bytes() -> int:
-    """``UPSERT_SPARK_SPLIT_BYTES`` (default 32 MiB): bytes per read task."""
-    text = os.environ.get(SPLIT_BYTES_ENV, "").strip()
-    if not text:
-        return DEFAULT_SPLIT_BYTES
-    if not (text.isascii() and text.isdigit()) or int(text) < 1:
-        raise ConfigError(f"{SPLIT_BYTES_ENV} must be a whole number of bytes >= 1, got {text!r}")
-    return int(text)
-
-
-def split_plan(task: FileTask, slices: int) -> list[Split] | None:
-    """The splits ``task``'s file is read as, or None for the one-stage path: ``off``
-    never splits; ``on`` splits every file that can be split (Parquet, JSON Lines; plain
-    envelope); ``auto`` those larger than ``UPSERT_SPARK_SPLIT_BYTES`` when more than
-    one slice would read the file on the one-stage path (one slice reads it once too)."""
-    mode = split_mode()
-    size = split_bytes()
-    if mode == "off" or task.envelope != "plain" or not splittable(task.file):
-        return None
-    if mode == "auto" and (slices < 2 or task.file.size <= size):
-        return None
-    return plan_splits(task.file, size)
 
 
 TRACEBACK = "Traceback (most recent call last):"
@@ -542,41 +547,3 @@ def default_parallelism(spark: SparkSession, master: str) -> int:
 
 
 _split = lines_of
-
-
-def outcome_of(task: FileTask, results: list[str]) -> FileOutcome:
-    """The :class:`FileOutcome` of one file from its slices' result lines.
-
-    An ``error`` line (an unexpected failure inside a task) becomes the file's error, so
-    the driver deletes everything the slices wrote and reports one line. Otherwise every
-    bucket listed by slice 0 must have exactly one result."""
-    name = task.file.name
-    reads = [FileRead.from_json(r) for r in _split(results, READ)]
-    landing = _split(results, LANDING)
-    if landing and reads:  # every slice read the file: the read costs them all
-        reads[0].landing_bytes = sum(int(n) for n in landing)
-    buckets = sorted(
-        (BucketResult.from_json(r) for r in _split(results, BUCKET)), key=lambda b: b.bucket
-    )
-    changed = _split(results, CHANGED)
-    if changed:
-        read = reads[0] if reads else FileRead()
-        read.changed = read.changed or changed[0]
-        return FileOutcome(read=read, buckets=buckets)
-    errors = _split(results, ERROR)
-    if errors:
-        read = reads[0] if reads else FileRead()
-        read.file_error = read.file_error or errors[0]
-        return FileOutcome(read=read, buckets=buckets)
-    if len(reads) != 1:
-        raise IngestError(f"{name}: the Spark job returned {len(reads)} read results")
-    outcome = FileOutcome(read=reads[0], buckets=buckets)
-    if outcome.read.file_error is not None or outcome.failure is not None:
-        return outcome
-    expected = [int(b) for e in _split(results, EXPECT) for b in json.loads(e)]
-    ran = [b.bucket for b in buckets]
-    if ran != sorted(expected):
-        outcome.read.file_error = (
-            f"{name}: the Spark job ran buckets {ran}, expected {sorted(expected)}"
-        )
-    return outcome

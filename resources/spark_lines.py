@@ -1,8 +1,16 @@
 """The result lines Spark tasks of the ingest return to the driver, each
 ``<tag>:<payload>`` (metadata only, never data rows), shared by the one-stage path
-(``resources.spark_ingest``) and the split path (``resources.spark_split``)."""
+(``resources.spark_ingest``), the split path (``resources.spark_split``) and the group
+path (``resources.spark_group``, which prefixes each line with its file's index), and
+the one reading of a file's lines into its outcome (:func:`outcome_of`)."""
 
 from __future__ import annotations
+
+import json
+
+from upsert_core.errors import IngestError
+from upsert_core.ingest.outcome import BucketResult, FileOutcome, FileRead
+from upsert_core.ingest.tasks import FileTask
 
 READ = "read"  # a FileRead as JSON (once per file)
 EXPECT = "expect"  # the buckets that must run, as a JSON list (once per file)
@@ -18,3 +26,41 @@ def lines_of(results: list[str], tag: str) -> list[str]:
     """The payloads of the result lines tagged ``tag``, in order."""
     prefix = f"{tag}:"
     return [r[len(prefix):] for r in results if r.startswith(prefix)]
+
+
+def outcome_of(task: FileTask, results: list[str]) -> FileOutcome:
+    """The :class:`FileOutcome` of one file from its slices' result lines.
+
+    An ``error`` line (an unexpected failure inside a task) becomes the file's error, so
+    the driver deletes everything the slices wrote and reports one line. Otherwise every
+    bucket listed by slice 0 must have exactly one result."""
+    name = task.file.name
+    reads = [FileRead.from_json(r) for r in lines_of(results, READ)]
+    landing = lines_of(results, LANDING)
+    if landing and reads:  # every slice read the file: the read costs them all
+        reads[0].landing_bytes = sum(int(n) for n in landing)
+    buckets = sorted(
+        (BucketResult.from_json(r) for r in lines_of(results, BUCKET)), key=lambda b: b.bucket
+    )
+    changed = lines_of(results, CHANGED)
+    if changed:
+        read = reads[0] if reads else FileRead()
+        read.changed = read.changed or changed[0]
+        return FileOutcome(read=read, buckets=buckets)
+    errors = lines_of(results, ERROR)
+    if errors:
+        read = reads[0] if reads else FileRead()
+        read.file_error = read.file_error or errors[0]
+        return FileOutcome(read=read, buckets=buckets)
+    if len(reads) != 1:
+        raise IngestError(f"{name}: the Spark job returned {len(reads)} read results")
+    outcome = FileOutcome(read=reads[0], buckets=buckets)
+    if outcome.read.file_error is not None or outcome.failure is not None:
+        return outcome
+    expected = [int(b) for e in lines_of(results, EXPECT) for b in json.loads(e)]
+    ran = [b.bucket for b in buckets]
+    if ran != sorted(expected):
+        outcome.read.file_error = (
+            f"{name}: the Spark job ran buckets {ran}, expected {sorted(expected)}"
+        )
+    return outcome

@@ -85,7 +85,11 @@ def _watch_shard(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> Shard:
 def test_sigkill_mid_ingest_then_rerun_completes_and_gc_removes_leaked_blobs(
     cli: Cli, landing: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The first file goes in on its own: the Spark engine runs a run's small files as
+    # one job and commits them right after it, so within one run there is no moment
+    # between the first file's commit and the big file's blobs.
     write_jsonl(landing, "1-small.jsonl", [{"key": -1, "offset": 0, "v": "first"}])
+    cli.ingest(landing)
     big = [{"key": i, "offset": i, "v": f"value-{i:06d}"} for i in range(60_000)]
     write_jsonl(landing, "2-big.jsonl", big)
     write_jsonl(landing, "3-small.jsonl", [{"key": -1, "offset": 1, "v": "last"}])

@@ -68,9 +68,13 @@ def test_a_writer_stopped_past_its_lease_is_fenced_and_loses_nothing(
     missing part, and nothing is left unreferenced after GC."""
     lease_s = 2.0
     stoppable = cli.derive(env={"UPSERT_WRITER_LEASE_S": str(lease_s)})
+    # The first file goes in on its own: the Spark engine runs a run's small files as
+    # one job (here the big file and the last one) and commits them right after it.
     write_jsonl(landing, "1-small.jsonl", [{"key": -1, "offset": 0, "v": "first"}])
+    cli.ingest(landing)
     big = [{"key": i, "offset": i, "v": f"value-{i:06d}"} for i in range(60_000)]
     write_jsonl(landing, "2-big.jsonl", big)
+    write_jsonl(landing, "3-small.jsonl", [{"key": -1, "offset": 1, "v": "last"}])
     proc = stoppable.popen(*stoppable.ingest_args(landing))
     stopped = False
     try:
@@ -117,9 +121,11 @@ def test_a_writer_stopped_past_its_lease_is_fenced_and_loses_nothing(
     assert proc.returncode == 0, err
     assert "fenced" in err and "redoing it as a new writer" in err
     info = cli.inspect()
-    assert info["upper"] == 2 and info["ingested_files"] == {"1-small.jsonl": 0, "2-big.jsonl": 1}
+    assert info["upper"] == 3 and info["ingested_files"] == {
+        "1-small.jsonl": 0, "2-big.jsonl": 1, "3-small.jsonl": 2}
     snap = cli.snapshot()
     assert len(snap) == 60_001 and {"key": 59_999, "offset": 59_999, "v": "value-059999"} in snap
+    assert {"key": -1, "offset": 1, "v": "last"} in snap
     assert cli.check().json()["ok"] is True
     cli.run("gc", "--shard", "s")
     assert not _unreferenced(shard)

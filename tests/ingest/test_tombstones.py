@@ -135,7 +135,7 @@ def test_a_shard_from_before_tombstone_sets_still_warns(
     # Buckets last written before tombstones were recorded have no entry: the rebuild
     # cannot know their tombstones and says so, as it always did.
     with monkeypatch.context() as patched:
-        patched.setattr(pipeline, "_tombstones_after", lambda *args: {})
+        patched.setattr(pipeline, "tombstones_after", lambda *args: {})
         shard = _deleted_history(tmp_path)
     assert _refs(shard, TOMBSTONES_REF_PREFIX) == {}
     _lose_checkpoints(shard)

@@ -1,8 +1,10 @@
 """Engines: how the per-file and per-bucket steps of :mod:`~upsert_core.ingest.tasks` run.
 
-An :class:`Engine` turns one :class:`FileTask` into a :class:`FileOutcome`. The driver
-(:mod:`~upsert_core.ingest.pipeline`) owns everything else: planning, the one
-compare-and-append per file, retries and cleanup.
+An :class:`Engine` turns one :class:`FileTask` into a :class:`FileOutcome`; a
+:class:`GroupEngine` can also run several files' tasks as one job
+(:mod:`~upsert_core.ingest.group`). The driver (:mod:`~upsert_core.ingest.pipeline`)
+owns everything else: planning, the one compare-and-append per file, retries and
+cleanup.
 
 Invariants every engine keeps:
 
@@ -26,10 +28,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
@@ -48,6 +50,7 @@ from upsert_core.ingest.tasks import (
     read_file_streamed,
     run_bucket,
 )
+from upsert_core.landing import LandingFile
 from upsert_core.landing.chunks import chunk_rows, stream_threshold, streams
 from upsert_core.persist.location import Blob
 
@@ -56,6 +59,26 @@ class Engine(Protocol):
     """Runs the steps of one file; see the module docstring."""
 
     def run_file(self, task: FileTask, shard: IngestShard) -> FileOutcome: ...
+
+
+@runtime_checkable
+class GroupEngine(Engine, Protocol):
+    """An engine that can also run several files as one job (``ingest.group``).
+
+    :meth:`group_size` says how many of a run's pending files, from the first on, it
+    runs as one group (below 2: the first runs on its own with :meth:`run_file`); it is
+    where an engine chooses, and it decides from the listing alone (no job, no read).
+    :meth:`run_group` takes the tasks of ``ingest.group.group_tasks`` and returns the
+    outcomes of a prefix of them, in order: every file the group can stand for
+    (``group.Verdict.APPLY``, no failed bucket) up to and including the first it stops
+    at for an error, a change or a failed bucket, and none for a file it stops before
+    (``Verdict.AGAIN``) or never reached. It deleted what it wrote for the files it
+    returns no outcome for; it never raises for a bad file or a failed job (a job that
+    failed as a whole returns no outcome: the driver runs the first file on its own)."""
+
+    def group_size(self, files: Sequence[LandingFile], envelope: str) -> int: ...
+
+    def run_group(self, tasks: list[FileTask], shard: IngestShard) -> list[FileOutcome]: ...
 
 
 def _bucket_column(rows: pa.Table) -> IntArray:

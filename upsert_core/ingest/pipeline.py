@@ -19,6 +19,18 @@ Invariants:
   at the new upper (re-planned, so schema, options and checkpoints are the winner's),
   at most ``IngestRequest.max_attempts`` times, then raises
   :class:`ConcurrentModification` ("concurrently modified").
+- Groups (``ingest.group``): an engine that runs several files as one job
+  (``engine.GroupEngine``; the Spark engine) gets the pending files from the next one
+  on, as many as its ``group_size`` says (at least two), planned before any commits;
+  the driver then commits its outcomes file after file as above, each only after
+  checking that the shard is the one the group planned for it (same ts and commit
+  history, same entries for the buckets it ran). A file-level problem or a changed file
+  in a group ends the run as for a file on its own; anything else that stops a group (a
+  failed bucket, a lost race, a fenced writer, a file the group could not stand for)
+  commits the files before it and hands it back to the loop, which runs it again (a
+  group that applied nothing: the file on its own, with the retries above). The blobs
+  of a group's files that are not committed are deleted, except those of an append
+  whose outcome is not known.
 - Nothing pending: nothing is written and the upper does not move.
 - ``through=NAME`` (one Dagster partition) stops before the first pending file whose
   name sorts after NAME: such files are never planned or read, and the progress total
@@ -52,7 +64,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from upsert_core.errors import (
     ConcurrentModification,
@@ -62,7 +74,13 @@ from upsert_core.errors import (
     WriterFenced,
 )
 from upsert_core.ingest.base_cache import check_settings as check_base_cache_settings
-from upsert_core.ingest.engine import Engine, InProcessEngine, check_streaming_settings
+from upsert_core.ingest.engine import (
+    Engine,
+    GroupEngine,
+    InProcessEngine,
+    check_streaming_settings,
+)
+from upsert_core.ingest.group import BucketEntries, GroupChain, group_tasks, tombstones_after
 from upsert_core.ingest.late import late_entries
 from upsert_core.ingest.ledger import find_rewritten, rewritten_transition, with_ledger
 from upsert_core.ingest.maintenance import auto_maintenance_from_env, maintain_after_ingest
@@ -73,8 +91,7 @@ from upsert_core.ingest.shard_api import IngestShard
 from upsert_core.ingest.shard_config import ShardIngestConfig, ShardOptions, recent_history
 from upsert_core.ingest.tasks import FileTask
 from upsert_core.landing import LandingFile, SourceSchema, list_landing, pending, read_counter
-from upsert_core.order_scope import OrderScope
-from upsert_core.persist.append import AppendRequest
+from upsert_core.persist.append import AppendRequest, AppendResult
 from upsert_core.persist.location import Blob
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.state import HollowBatch, ShardState
@@ -146,19 +163,6 @@ def _delete_new_blobs(
             blob.delete(key)
 
 
-def _tombstones_after(
-    task: FileTask, options: ShardOptions, outcome: FileOutcome
-) -> dict[int, str]:
-    """The tombstone references this commit records: the buckets that wrote a set, and
-    on a global-scope shard's first commit, none for every other bucket (so a later
-    rebuild of a bucket that never ran knows it has nothing to forget)."""
-    refs: dict[int, str] = {}
-    if task.ts == 0 and options.order_scope is OrderScope.GLOBAL:
-        refs = {b: "" for b in range(options.buckets)}
-    refs.update({r.bucket: r.tombstones for r in outcome.buckets if r.tombstones is not None})
-    return refs
-
-
 def _commit_request(task: FileTask, options: ShardOptions, outcome: FileOutcome) -> AppendRequest:
     parts = tuple(p for b in sorted(outcome.buckets, key=lambda r: r.bucket) for p in b.parts)
     batch = HollowBatch(lower=task.ts, upper=task.ts + 1, since=0, parts=parts)
@@ -171,7 +175,7 @@ def _commit_request(task: FileTask, options: ShardOptions, outcome: FileOutcome)
         checkpoint_upper=task.ts + 1,
         checkpoint_refs={r.bucket: r.checkpoint or "" for r in outcome.buckets},
         checkpoint_bases={r.bucket: r.base for r in outcome.buckets if r.base is not None},
-        tombstone_refs=_tombstones_after(task, options, outcome),
+        tombstone_refs=tombstones_after(task, outcome.buckets),
         live_rows=_live_rows_after(task, outcome),
         live_rows_unknown=True,  # written only when the count is not known
         # SUBTLE: the nonce was minted when the task was planned, so the engine could
@@ -292,25 +296,8 @@ def _ingest_one(
             _delete_new_blobs(shard.blob, outcome)
             message = outcome.read.file_error or f"{file.name}: {outcome.failure}"
             raise IngestError(message)
-        before = read_counter.bytes_read(file.url)
-        try:  # the file's ledger record commits with its name (ingest.ledger)
-            commit = with_ledger(_commit_request(task, options, outcome), file)
-        except IngestError:  # changed since it was read (LandingFileChanged) or unreadable
-            _delete_new_blobs(shard.blob, outcome)
-            raise
-        finally:  # the digest reads the file again unless it was just read whole here
-            digest_bytes += read_counter.bytes_read(file.url) - before
-        # SUBTLE: two writers can build byte-identical batches (inline parts, same file
-        # at the same ts); ``append`` then reports the loser's request as "already
-        # applied". A per-attempt nonce in the config (``task.commit_nonce``, fresh per
-        # plan) tells our commit from theirs, so the loser deletes its checkpoints and
-        # does not report the file as its own.
-        nonce = task.commit_nonce
-        # SUBTLE: if the append fails indeterminately (an exception, e.g. a timeout), it
-        # may have committed: the blobs are left alone (GC's leak sweep removes them if
-        # not); they are deleted only on a definite "not committed".
         try:
-            result = shard.compare_and_append(commit, writer_id=task.writer_id)
+            result, read_again = _commit(shard, task, options, outcome)
         except WriterFenced as exc:
             # Determinate: nothing of this attempt was committed (and GC may have
             # deleted some of its blobs). Redo the file under a fresh registration.
@@ -323,20 +310,13 @@ def _ingest_one(
             if file.name in state.ingested_files:
                 return state, None
             continue
-        if (
-            result.committed
-            and ShardIngestConfig.read(result.state.config).commit_nonce == nonce
-        ):
+        digest_bytes += read_again
+        if _ours(result, task):
             file_report = _file_report(
                 task, outcome, time.monotonic() - started, attempt,
                 (landing_bytes, digest_bytes),
             )
-            for b in outcome.buckets:
-                if b.rehydrated:
-                    report.rehydrations.append(
-                        f"{file.name}: bucket {b.bucket} rehydrated from the shard ({b.rehydrated})"
-                    )
-                report.warnings.extend(b.warnings)
+            _note_buckets(report, file.name, outcome)
             return result.state, file_report
         _delete_new_blobs(shard.blob, outcome, result.state)
         state = result.state
@@ -345,6 +325,169 @@ def _ingest_one(
     raise ConcurrentModification(
         f"shard {shard.shard_id}: concurrently modified: {file.name} lost the race to "
         f"another writer {attempts} times; re-run the ingest"
+    )
+
+
+def _commit(
+    shard: IngestShard, task: FileTask, options: ShardOptions, outcome: FileOutcome
+) -> tuple[AppendResult, int]:
+    """One compare-and-append of ``task``'s outcome, with the file's ledger record; the
+    result and the landing bytes the ledger's digest read. Raises ``IngestError`` (the
+    file changed since it was read, or cannot be read: its blobs deleted) and
+    ``WriterFenced`` (nothing committed; its blobs are the caller's)."""
+    file = task.file
+    before = read_counter.bytes_read(file.url)
+    try:  # the file's ledger record commits with its name (ingest.ledger)
+        commit = with_ledger(_commit_request(task, options, outcome), file)
+    except IngestError:  # changed since it was read (LandingFileChanged) or unreadable
+        _delete_new_blobs(shard.blob, outcome)
+        raise
+    finally:  # the digest reads the file again unless it was just read whole here
+        read_again = read_counter.bytes_read(file.url) - before
+    # SUBTLE: if the append fails indeterminately (an exception, e.g. a timeout), it
+    # may have committed: the blobs are left alone (GC's leak sweep removes them if
+    # not); they are deleted only on a definite "not committed".
+    return shard.compare_and_append(commit, writer_id=task.writer_id), read_again
+
+
+def _ours(result: AppendResult, task: FileTask) -> bool:
+    """Whether ``result`` committed ``task``'s attempt.
+
+    SUBTLE: two writers can build byte-identical batches (inline parts, same file at the
+    same ts); ``append`` then reports the loser's request as "already applied". A
+    per-attempt nonce in the config (``task.commit_nonce``, fresh per plan) tells our
+    commit from theirs, so the loser deletes its checkpoints and does not report the
+    file as its own."""
+    return (result.committed
+            and ShardIngestConfig.read(result.state.config).commit_nonce == task.commit_nonce)
+
+
+def _note_buckets(report: IngestReport, name: str, outcome: FileOutcome) -> None:
+    """Report the committed file's rebuilt buckets and its buckets' warnings."""
+    for b in outcome.buckets:
+        if b.rehydrated:
+            report.rehydrations.append(
+                f"{name}: bucket {b.bucket} rehydrated from the shard ({b.rehydrated})"
+            )
+        report.warnings.extend(b.warnings)
+
+
+@dataclass
+class _Run:
+    """One run's driver loop: what it works with and which pending file is next."""
+
+    shard: IngestShard
+    request: IngestRequest
+    engine: Engine
+    report: IngestReport
+    lease: WriterLease
+    notify: Progress
+    todo: list[LandingFile]
+    next: int = 0  # the index in ``todo`` of the next file to settle
+
+    def notify_started(self, file: LandingFile) -> None:
+        self.notify(ProgressEvent("file_started", self.next + 1, len(self.todo), file.name))
+
+    def settled(self, done: FileReport | None) -> None:
+        """The next file is in the shard: committed by this run (``done``) or not."""
+        file, index, total = self.todo[self.next], self.next + 1, len(self.todo)
+        if done is None:
+            self.report.ingested_elsewhere.append(file.name)
+            self.notify(ProgressEvent("file_skipped", index, total, file.name))
+        else:
+            self.report.files.append(done)
+            self.notify(ProgressEvent("file_done", index, total, file.name, done))
+        self.next += 1
+
+
+def _ingest_group(run: _Run, state: ShardState) -> ShardState:
+    """Run the pending files from ``run.next`` on as one group when the engine groups
+    them (``ingest.group``), and commit them file after file; returns the shard's state.
+
+    Settles the files it commits (``run.next`` moves past them) and stops at the first
+    it cannot commit: a file-level problem raises ``IngestError`` and a changed file
+    ``LandingFileChanged`` (as for a file on its own); a failed bucket, a lost race, a
+    fenced writer, or a file the group could not stand for leave it (and the files
+    after it) to the driver's loop, which runs it again."""
+    engine, request, shard = run.engine, run.request, run.shard
+    if not isinstance(engine, GroupEngine) or run.lease.lost:
+        return state  # (a lost registration: the loop's file on its own renews it)
+    files: list[LandingFile] = []
+    for file in run.todo[run.next:]:
+        if file.name in state.ingested_files:
+            break  # (the loop skips it)
+        files.append(file)
+    options = resolve_options(state.config, _sized(request, state, files[0]))
+    size = engine.group_size(files, options.envelope.value)
+    if size < 2:
+        return state
+    tasks = group_tasks(plan_file(state, options, files[0], request, run.lease.writer_id),
+                        files[:size])
+    run.notify_started(files[0])
+    started = time.monotonic()
+    outcomes = engine.run_group(tasks, shard)
+    share = (time.monotonic() - started) / max(1, len(outcomes))
+    chain = GroupChain(tasks)
+    done = 0
+    in_flight: int | None = None  # an append whose outcome is not known
+    try:
+        for k, outcome in enumerate(outcomes):
+            if outcome.read.changed is not None:
+                raise LandingFileChanged(outcome.read.changed)
+            if outcome.read.file_error is not None:
+                raise IngestError(outcome.read.file_error)
+            if outcome.failure is not None:
+                break  # the loop runs it on its own (and retries a concurrent GC's race)
+            committing = time.monotonic()
+            file = tasks[k].file
+            options = resolve_options(state.config, _sized(request, state, file))
+            plan = replace(plan_file(state, options, file, request, run.lease.writer_id),
+                           commit_nonce=tasks[k].commit_nonce)
+            if not _as_planned(chain.task(k), plan, outcome):
+                break
+            in_flight = k
+            try:
+                result, digest_bytes = _commit(shard, plan, options, outcome)
+            except WriterFenced as exc:
+                in_flight = None  # determinate: nothing was committed
+                run.report.warnings.append(f"{file.name}: {exc}; redoing it as a new writer")
+                run.lease.renew()
+                state = shard.state()
+                break
+            in_flight = None
+            state = result.state
+            if not _ours(result, plan):
+                break
+            _note_buckets(run.report, file.name, outcome)
+            run.settled(_file_report(plan, outcome, share + time.monotonic() - committing, 1,
+                                     (outcome.read.landing_bytes, digest_bytes)))
+            chain.advance(outcome.buckets)
+            done += 1
+            if k + 1 < len(outcomes):
+                run.notify_started(tasks[k + 1].file)
+    finally:
+        # Nothing after the last commit is committed, and never will be: its blobs go
+        # (sparing any the shard references, say a racing writer's identical inline
+        # commit), except those of an append that may have committed (an indeterminate
+        # failure: left to GC's leak sweep, as for a file on its own).
+        for k in range(done, len(outcomes)):
+            if k != in_flight:
+                _delete_new_blobs(shard.blob, outcomes[k], state)
+    return state
+
+
+def _as_planned(predicted: FileTask, plan: FileTask, outcome: FileOutcome) -> bool:
+    """Whether the shard about to take ``outcome`` is the one its group predicted for it
+    (``group.GroupChain``): same ts and commit history, and for every bucket it ran, the
+    same checkpoint, base and tombstone entries. Always so unless someone else changed
+    the shard between the group's commits, which the append then refuses anyway; checked
+    so that a difference can never commit a bucket step made for another state."""
+    return (
+        predicted.ts == plan.ts
+        and predicted.history == plan.history
+        and plan.checkpoints_current == predicted.checkpoints_current
+        and all(BucketEntries.of(predicted, b.bucket) == BucketEntries.of(plan, b.bucket)
+                for b in outcome.buckets)
     )
 
 
@@ -400,29 +543,29 @@ def ingest(
         return report
     with shard.writer_lease(options.writer_lease_ms) as lease:
         state = shard.state()
-        for index, file in enumerate(todo, 1):
-            if file.name in state.ingested_files:
-                report.ingested_elsewhere.append(file.name)
-                notify(ProgressEvent("file_skipped", index, total, file.name))
-                continue
-            notify(ProgressEvent("file_started", index, total, file.name))
+        run = _Run(shard, options, engine, report, lease, notify, todo)
+        while run.next < len(todo):
+            file = todo[run.next]
             try:
-                state, done = _ingest_one(shard, state, file, options, engine, report, lease)
+                if file.name in state.ingested_files:
+                    run.settled(None)
+                    continue
+                state = _ingest_group(run, state)
+                if run.next < len(todo) and todo[run.next] is file:
+                    # No group, or one that applied nothing: this file on its own.
+                    run.notify_started(file)
+                    state, done = _ingest_one(shard, state, file, options, engine, report,
+                                              lease)
+                    run.settled(done)
             except LandingFileChanged as exc:
                 # Files are applied in name order: the ones after it wait with it.
-                report.pending = [f.name for f in todo[index - 1 :]]
+                report.pending = [f.name for f in todo[run.next:]]
                 later = len(report.pending) - 1
                 report.warnings.append(
                     f"{exc}; left pending for the next run"
                     + (f", with the {later} file(s) after it" if later else "")
                 )
                 break
-            if done is None:
-                report.ingested_elsewhere.append(file.name)
-                notify(ProgressEvent("file_skipped", index, total, file.name))
-            else:
-                report.files.append(done)
-                notify(ProgressEvent("file_done", index, total, file.name, done))
     if report.files and isinstance(shard, Shard) and maintain:
         done_maintenance, warning = maintain_after_ingest(shard)
         report.maintenance = None if done_maintenance is None else done_maintenance.to_dict()

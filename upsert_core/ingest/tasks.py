@@ -41,6 +41,11 @@ Invariants:
   values and encodes only the rows a batch touches (``columnar.derived_rows``). A new
   base written later is a typed base (``ingest.typed_base``): the state as its values,
   in the same layout, so a batch-scope state is never stored as encoded rows.
+- In a group (``ingest.group``), the steps of one bucket through the group's files run
+  one after the other with a :class:`Carry`: the first loads the state as of the
+  group's first file, each next one takes the state the one before it left (the state
+  as of its ``ts``: no file between them had rows of the bucket) and the base its task
+  records, so it does exactly what it would do as the step of a file on its own.
 - With a :class:`StateCache`, a step takes the bucket's state from the cache instead of
   decoding the checkpoint when the cache holds it as of a committed upper (checked by
   commit nonce, see :mod:`~upsert_core.ingest.statecache`) and the referenced
@@ -482,20 +487,27 @@ def _intact(blob: Blob, ref: str, base: Base) -> bool:
     return not ref or checkpoint_intact(blob, ref, base.size)
 
 
+def _current_base(task: FileTask, bucket: int) -> Base:
+    """The base bucket ``bucket``'s recorded checkpoint stands on at ``task.ts`` (global
+    scope: always current, as it is never replayed; see the module docstring)."""
+    base = task.base(bucket)
+    if task.scope is not OrderScope.BATCH and base.as_of != task.ts:
+        base = Base(task.ts, 0, base.rows, base.size)
+    return base
+
+
 def _load_state(
     task: FileTask, bucket: int, blob: Blob, result: BucketResult, cache: StateCache | None
 ) -> tuple[ColumnarState, Base]:
     """The bucket's state at ``task.ts`` and the base its checkpoint stands on."""
     ref = task.checkpoints.get(bucket) or ""
-    base = task.base(bucket)
     why: str
     if task.ts == 0:
         result.loaded = "new"
         return new_state(task.scope), Base(0)
     if task.checkpoints_current:
         replayable = task.scope is OrderScope.BATCH
-        if not replayable and base.as_of != task.ts:
-            base = Base(task.ts, 0, base.rows, base.size)  # never replayed (see module doc)
+        base = _current_base(task, bucket)
         entry = None
         if cache is not None:
             entry = cache.take(cache_key(task, bucket), task.ts, task.history,
@@ -538,6 +550,20 @@ def _load_state(
     return state, Base(task.ts)
 
 
+@dataclass
+class Carry:
+    """How the bucket steps of one bucket through the files of a group
+    (``ingest.group``), run one after the other in one task, get their state: the first
+    step loads it as of ``first`` (the group's first file: its ``ts`` is the shard's
+    committed upper, so checkpoint, cache, replay and rehydration work as for any
+    file); every step leaves its new state in ``state`` for the next one, which is
+    its state as of its own ``ts`` (no file between them had rows of the bucket).
+    A step that fails leaves ``state`` as it was."""
+
+    first: FileTask
+    state: ColumnarState | None = None
+
+
 def run_bucket(
     task: FileTask,
     bucket: int,
@@ -545,21 +571,40 @@ def run_bucket(
     blob: Blob,
     cache: StateCache | None = None,
     row_schema_json: str | None = None,
+    carry: Carry | None = None,
 ) -> BucketResult:
     """Drain one bucket's rows at ``task.ts``; see the module docstring. Never raises a
     platform error: it comes back in ``BucketResult.failure``.
 
     ``row_schema_json`` is the schema the file's rows were encoded with
     (``FileRead.schema_json``: the shard's, plus any columns the file added; default
-    the task's): the written parts carry the rows decoded with it as value columns."""
+    the task's): the written parts carry the rows decoded with it as value columns.
+    ``carry``: the step is one of a group's (see :class:`Carry`)."""
     result = BucketResult(bucket=bucket)
     try:
         with writing_as(task.writer_id):
             row_schema = SourceSchema.from_json(row_schema_json or task.schema_json)
-            _run_bucket(task, bucket, rows, blob, result, cache, row_schema)
+            _run_bucket(task, bucket, rows, blob, result, cache, row_schema, carry)
     except UpsertPlatformError as exc:
         result.failure = f"{type(exc).__name__}: bucket {bucket}: {exc}"
     return result
+
+
+def _carried_state(
+    task: FileTask, bucket: int, blob: Blob, result: BucketResult, cache: StateCache | None,
+    carry: Carry,
+) -> tuple[ColumnarState, Base]:
+    """The bucket's state at ``task.ts`` in a group (:class:`Carry`), and its base: the
+    one ``task`` records (the group's chain of results, ``ingest.group``), or for a
+    state rebuilt from the shard a base current at ``task.ts``, as :func:`_load_state`
+    gives for a file of its own."""
+    if carry.state is not None:
+        result.loaded = "carried"
+        return carry.state, _current_base(task, bucket)
+    state, base = _load_state(carry.first, bucket, blob, result, cache)
+    if carry.first.ts == task.ts:
+        return state, base
+    return state, Base(task.ts) if result.rehydrated is not None else _current_base(task, bucket)
 
 
 def _live_rows_of(state: ColumnarState) -> int:
@@ -607,9 +652,13 @@ def _run_bucket(
     result: BucketResult,
     cache: StateCache | None,
     row_schema: SourceSchema,
+    carry: Carry | None = None,
 ) -> None:
     ts = task.ts
-    state, base = _load_state(task, bucket, blob, result, cache)
+    if carry is None:
+        state, base = _load_state(task, bucket, blob, result, cache)
+    else:
+        state, base = _carried_state(task, bucket, blob, result, cache, carry)
     # Batch scope, from an empty state: the output is every row the state will hold,
     # all insertions, so a format-3 part of it can be the bucket's checkpoint base.
     whole_state = (
@@ -728,6 +777,8 @@ def _run_bucket(
             blob.delete(key)
         result.parts, result.new_blobs = [], []
         raise
+    if carry is not None:
+        carry.state = state
     if cache is not None and task.commit_nonce:
         cache.put(
             cache_key(task, bucket),
