@@ -224,3 +224,14 @@ class BaseCache:
                     continue
                 path.unlink(missing_ok=True)
                 total -= stat.st_size
+
+
+def keep_base_copy(blob: Blob, shard: str, bucket: int, key: str, written: pa.Table) -> None:
+    """Keep this machine's copy of the base ``key`` of ``bucket`` a writer just stored
+    from ``written`` (its ``key``, ``ts``, ``diff`` and value columns, with the schema
+    metadata it was stored with): the columns a reader of the base reads (all but
+    ``ts``), which is what a Parquet read of it gives (tested). Best effort, like every
+    entry; a copy of a base whose commit failed names a blob never referenced."""
+    cache = BaseCache.for_blob(blob, shard)
+    if cache is not None:
+        cache.put(bucket, key, written.drop_columns(["ts"]))

@@ -70,6 +70,7 @@ from upsert_core.errors import (
     NotReadable,
     UpsertPlatformError,
 )
+from upsert_core.ingest.base_cache import keep_base_copy
 from upsert_core.ingest.buckets import bucket_of_keys
 from upsert_core.ingest.checkpoint import (
     CheckpointUnusable,
@@ -122,8 +123,9 @@ from upsert_core.persist.parts import (
     DEFAULT_PART_ROWS,
     VALUE_PREFIX,
     delete_parts,
+    insertions_table,
+    store_insertions,
     write_error_batch,
-    write_insertions_part,
     write_parts,
 )
 from upsert_core.persist.state import BlobPart, Part, ShardState
@@ -666,6 +668,7 @@ def _run_bucket(
         and task.values_only and task.part_bases and result.rehydrated is None
     )
     first: FirstDrain | None = None
+    first_table: pa.Table | None = None
     if rows_deferred(rows) and whole_state and not task.keeps and has_values(rows, row_schema):
         # Validation left the rows unencoded and nothing here compares one: the
         # insertions and the state come from the values (ingest.first_drain).
@@ -695,9 +698,11 @@ def _run_bucket(
         if len(drained.late):
             _record_late(task, bucket, rows, drained, blob, result, row_schema)
         if first is not None and updates:
-            result.parts = [write_insertions_part(
-                blob, task.shard_id, first.keys, ts, first.values,
-                bucket=(bucket, task.buckets), inline_threshold=task.inline_threshold,
+            first_table = insertions_table(
+                first.keys, ts, first.values, bucket=(bucket, task.buckets)
+            )
+            result.parts = [store_insertions(
+                blob, task.shard_id, first_table, inline_threshold=task.inline_threshold,
             )]
         elif table.num_rows:
             # Typed, bucket-labelled parts: a snapshot reads their value columns bucket
@@ -748,6 +753,8 @@ def _run_bucket(
         elif whole_state and (part_base := _part_base(result.parts, len(state))):
             # The state is stored once: its part is its base (checkpoint.is_part_base).
             result.checkpoint = part_base.key
+            if first_table is not None:  # the next process maps this machine's copy
+                keep_base_copy(blob, task.shard_id, bucket, part_base.key, first_table)
             new_base = Base(ts + 1, 0, len(state), part_base.encoded_size_bytes)
         elif task.scope is OrderScope.BATCH and task.typed_parts and task.values_only \
                 and task.part_bases:

@@ -34,6 +34,7 @@ from upsert_core.columnar.derived_rows import DerivedRows, as_row_array, take_ro
 from upsert_core.columnar.merge import merge_sources
 from upsert_core.columnar.state import U64
 from upsert_core.errors import InvalidUpsertState
+from upsert_core.ingest.base_cache import keep_base_copy
 from upsert_core.landing import SourceSchema
 from upsert_core.landing.rows import decode_rows_to_table
 from upsert_core.landing.schema import ARROW_TYPES
@@ -155,4 +156,7 @@ def write_typed_base(
     data = encode_parquet(table)
     key = typed_base_key(shard, bucket)
     blob.set(key, data)
+    # The next process maps this copy instead of fetching and decoding the blob (a
+    # batch after a new base paid that decode and the copy's write: ~0.9 s at 1M keys).
+    keep_base_copy(blob, shard, bucket, key, table)
     return key, len(data)

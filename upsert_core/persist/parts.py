@@ -316,6 +316,29 @@ def write_insertions_part(
     without the encoded rows it would drop. ``keys`` must be 16-byte digests in
     strictly increasing order (one insertion per key is consolidated whatever the
     rows), which is checked."""
+    table = insertions_table(keys, ts, values, bucket=bucket)
+    return store_insertions(blob, shard, table, inline_threshold=inline_threshold,
+                            row_group_rows=row_group_rows)
+
+
+def store_insertions(
+    blob: Blob,
+    shard: str,
+    table: pa.Table,
+    *,
+    inline_threshold: int = DEFAULT_INLINE_THRESHOLD,
+    row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
+) -> Part:
+    """The part of :func:`insertions_table`'s ``table``, stored (see
+    :func:`write_insertions_part`)."""
+    encoded = encode_parquet(table, row_group_rows)
+    return _store(blob, part_key(shard), encoded, table.num_rows, inline_threshold)
+
+
+def insertions_table(
+    keys: pa.Array, ts: int, values: pa.Table, *, bucket: tuple[int, int],
+) -> pa.Table:
+    """The table :func:`write_insertions_part` stores (checked as it says)."""
     _check_values_only(values, True)
     n = len(keys)
     keys = keys.cast(pa.binary())
@@ -337,8 +360,7 @@ def write_insertions_part(
         CONSOLIDATED_META: b"1",
         FORMAT_META: str(VALUES_ONLY_FORMAT).encode(),
     })
-    encoded = encode_parquet(table, row_group_rows)
-    return _store(blob, part_key(shard), encoded, n, inline_threshold)
+    return table
 
 
 def _check_values_only(values: pa.Table | None, values_only: bool) -> None:
