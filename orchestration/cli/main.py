@@ -334,8 +334,12 @@ def main(argv: Sequence[str] | None = None, *, defer_pandas: bool = False) -> in
             from upsert_core.arrow_startup import (  # heavy: pyarrow, after --help parsed
                 defer_pandas as withhold_pandas,
             )
-            from upsert_core.arrow_startup import prefer_jemalloc  # heavy: pyarrow, as above
+            from upsert_core.arrow_startup import (  # heavy: pyarrow, as above
+                keep_freed_memory,
+                prefer_jemalloc,
+            )
 
+            keep_freed_memory()
             prefer_jemalloc()
             withhold_pandas()
         _utf8_stdout()

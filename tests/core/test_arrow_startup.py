@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -101,3 +103,40 @@ def test_upsertctl_allocates_with_jemalloc_unless_the_user_chose_a_pool(tmp_path
         code.format(home=str(tmp_path / "home2"))
     )
     assert "pool=system" in run_python(chosen, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("setting", ["MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
+                                     "GLIBC_TUNABLES"])
+def test_keep_freed_memory_leaves_the_users_malloc_settings_alone(
+    monkeypatch: pytest.MonkeyPatch, setting: str
+) -> None:
+    import ctypes
+
+    from upsert_core.arrow_startup import keep_freed_memory
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("libc was loaded despite the user's setting")
+
+    monkeypatch.setenv(setting, "1048576")
+    monkeypatch.setattr(ctypes, "CDLL", refuse)
+    keep_freed_memory()
+
+
+def test_keep_freed_memory_sets_glibcs_thresholds(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ctypes
+
+    from upsert_core import arrow_startup
+
+    for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"):
+        monkeypatch.delenv(name, raising=False)
+    calls: list[tuple[int, int]] = []
+
+    class FakeLibc:
+        def mallopt(self, parameter: int, value: int) -> int:
+            calls.append((parameter, value))
+            return 1
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: FakeLibc())
+    arrow_startup.keep_freed_memory()
+    assert sorted(calls) == sorted([(-3, arrow_startup.MMAP_THRESHOLD_BYTES),
+                                    (-1, arrow_startup.TRIM_THRESHOLD_BYTES)])

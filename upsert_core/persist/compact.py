@@ -22,10 +22,12 @@ Invariants:
   that bucket's label, so a compacted shard keeps (or gains) the layout ``typed_read``
   reads without a merge. A plain part whose rows do not decode leaves the run plain.
   Each bucket of the run is held in memory while it is merged (as the ingest holds a
-  bucket's state); unlabelled parts (older shards) are read once and held split by
-  bucket, up to :data:`UNLABELLED_TYPED_MAX_ROWS` updates (beyond that the run is
-  merged plain). Any other run streams (``read.merge_sorted``) into plain parts, memory
-  bounded by about (number of input parts x batch size) plus one output part.
+  bucket's state), up to :data:`MAX_MERGE_THREADS` buckets at once, one per core;
+  the parts come out in bucket order whatever thread wrote them; unlabelled parts
+  (older shards) are read once and held split by bucket, up to
+  :data:`UNLABELLED_TYPED_MAX_ROWS` updates (beyond that the run is merged plain).
+  Any other run streams (``read.merge_sorted``) into plain parts, memory bounded by
+  about (number of input parts x batch size) plus one output part.
 - The new batch replaces exactly the merged batches in ONE transition, and only if
   they are all still present unchanged; otherwise the transition changes nothing.
 - The new parts are deleted after a failed commit only when re-read states PROVE that
@@ -47,7 +49,9 @@ Invariants:
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -102,6 +106,8 @@ class PartTyper(Protocol):
         ...
 
 DEFAULT_MAX_BATCHES_PER_MERGE = 8
+MAX_MERGE_THREADS = 4
+"""At most this many buckets of a run are merged at once (see :func:`merge_threads`)."""
 MAX_FAILED_COMMITS = 3
 
 
@@ -351,6 +357,42 @@ def _split_unlabelled(
     return pieces
 
 
+def merge_threads(buckets: int) -> int:
+    """Buckets merged at once: each is read, sorted and written on its own thread (the
+    Parquet decode and encode and the sort release the GIL), at most
+    :data:`MAX_MERGE_THREADS` and one per core, since each holds its bucket's run."""
+    return max(1, min(buckets, os.cpu_count() or 1, MAX_MERGE_THREADS))
+
+
+def _each_bucket(
+    merge: Callable[[int, list[pa.Table]], list[Part]],
+    jobs: Sequence[tuple[int, list[pa.Table]]],
+    written: list[Part],
+) -> None:
+    """Run ``merge`` on every job, :func:`merge_threads` at a time, and extend
+    ``written`` with their parts in the jobs' order. Every job has finished when this
+    returns or raises, and ``written`` then holds the parts of every job that
+    succeeded (so the caller can delete them after a failure); the first failure, in
+    job order, is raised."""
+    threads = merge_threads(len(jobs))
+    if threads <= 1:
+        for bucket, extra in jobs:
+            written.extend(merge(bucket, extra))
+        return
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="compact") as pool:
+        futures = [pool.submit(merge, bucket, extra) for bucket, extra in jobs]
+        wait(futures)
+    failure: BaseException | None = None
+    for future in futures:
+        error = future.exception()
+        if error is None:
+            written.extend(future.result())
+        elif failure is None:
+            failure = error
+    if failure is not None:
+        raise failure
+
+
 def _merge_by_bucket(
     blob: Blob, shard: str, batches: Sequence[HollowBatch], since: int, *,
     inline_threshold: int, part_rows: int, typer: PartTyper | None = None,
@@ -379,19 +421,23 @@ def _merge_by_bucket(
             if reader.layout.bucket is not None:
                 labelled.setdefault(reader.layout.bucket[0], []).append(reader)
         width = len(UPDATE_SCHEMA)
-        for bucket in sorted(labelled.keys() | unlabelled.keys()):
+
+        def merge_bucket(bucket: int, extra: list[pa.Table]) -> list[Part]:
             pieces = [_typed_rows(p, fields, typer) for p in labelled.get(bucket, [])]
-            pieces.extend(unlabelled.pop(bucket, []))
-            merged = consolidate(advance_ts(pa.concat_tables(pieces), since))
+            merged = consolidate(advance_ts(pa.concat_tables([*pieces, *extra]), since))
             if not merged.num_rows:
-                continue
+                return []
             values = merged.select(list(range(width, merged.num_columns)))
             values = values.rename_columns([f.name for f in fields])
-            written.extend(write_parts(
+            return list(write_parts(
                 blob, shard, merged.select(UPDATE_SCHEMA.names), values=values,
                 bucket=(bucket, buckets), values_only=values_only,
                 presorted=True, inline_threshold=inline_threshold, part_rows=part_rows,
             ))
+
+        order = sorted(labelled.keys() | unlabelled.keys())
+        jobs = [(bucket, unlabelled.pop(bucket, [])) for bucket in order]
+        _each_bucket(merge_bucket, jobs, written)
         return tuple(written)
     except _Untypeable as exc:
         delete_parts(blob, written)
