@@ -93,7 +93,7 @@ def join_keys(hi: U64, lo: U64) -> pa.FixedSizeBinaryArray:
     both = np.empty((n, 2), dtype=">u8")
     both[:, 0] = hi
     both[:, 1] = lo
-    buffer = pa.py_buffer(both.tobytes())
+    buffer = pa.py_buffer(both.view(np.uint8))  # no copy: the array keeps its memory
     return pa.FixedSizeBinaryArray.from_buffers(pa.binary(UPSERT_KEY_LEN), n, [None, buffer])
 
 
