@@ -483,6 +483,25 @@ def test_blob_binary_and_large_values(blob: Blob) -> None:
     assert BlobMetadata("large/value", len(large)) in list(blob.list_keys("large/"))
 
 
+def test_blob_takes_any_bytes_like_value_and_refuses_the_rest(blob: Blob) -> None:
+    """Writers hand over views of Arrow buffers (``parts.encode_parquet``), not only
+    bytes; what is stored is the bytes, whatever the view."""
+    import numpy as np
+    import pyarrow as pa
+
+    data = bytes(range(256)) * 40
+    for i, value in enumerate([memoryview(data), bytearray(data),
+                               memoryview(pa.py_buffer(data)),
+                               memoryview(np.frombuffer(data, dtype="<u8"))]):
+        blob.set(f"view/{i}", value)  # type: ignore[arg-type]
+        assert blob.get(f"view/{i}") == data
+    strided = memoryview(data)[::2]
+    for bad in ["text", [1, 2, 3], 7, strided]:
+        with pytest.raises(InvalidUsage):
+            blob.set("view/bad", bad)  # type: ignore[arg-type]
+    assert blob.get("view/bad") is None
+
+
 def test_blob_set_is_atomic_under_concurrent_readers(blob: Blob) -> None:
     values = [bytes([i]) * (128 * 1024) for i in range(1, 5)]
     blob.set("hot", values[0])

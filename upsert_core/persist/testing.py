@@ -46,7 +46,7 @@ class DelegatingBlob:
     def get(self, key: str) -> bytes | None:
         return self.inner.get(key)
 
-    def set(self, key: str, value: bytes) -> None:
+    def set(self, key: str, value: bytes | memoryview) -> None:
         self.inner.set(key, value)
 
     def delete(self, key: str) -> int | None:

@@ -129,8 +129,9 @@ class Blob(Protocol):
         """The bytes stored at ``key``, or ``None`` when missing."""
         ...
 
-    def set(self, key: str, value: bytes) -> None:
-        """Store ``value`` at ``key`` atomically (replacing any previous value)."""
+    def set(self, key: str, value: bytes | memoryview) -> None:
+        """Store ``value`` (any bytes-like: bytes, or a view the caller leaves unchanged
+        until this returns) at ``key`` atomically (replacing any previous value)."""
         ...
 
     def delete(self, key: str) -> int | None:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from upsert_core.errors import ConfigError, DeterminateError, IndeterminateError
 from upsert_core.persist.location import BlobMetadata, BlobReader
-from upsert_core.persist.location.blob_memory import check_blob_key, check_blob_value
+from upsert_core.persist.location.blob_memory import blob_view, check_blob_key
 
 TMP_PREFIX = ".tmp-blob-"
 """Name prefix of in-flight temporary files; no key segment may start with it."""
@@ -110,9 +110,9 @@ class LocalBlob:
                 return None
             raise DeterminateError(f"cannot open blob {key!r} at {path}: {e}") from e
 
-    def set(self, key: str, value: bytes) -> None:
+    def set(self, key: str, value: bytes | memoryview) -> None:
         path = self._path(key)
-        value = check_blob_value(value)
+        view = blob_view(value)  # written from where it is: no copy
         try:
             self._ensure_dir(path.parent)
         except OSError as e:
@@ -121,7 +121,6 @@ class LocalBlob:
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                view = memoryview(value)
                 while view:
                     written = os.write(fd, view)
                     view = view[written:]

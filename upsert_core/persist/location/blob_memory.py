@@ -23,13 +23,26 @@ def check_blob_key(key: str) -> None:
         raise InvalidUsage(f"blob key must be a non-empty string, got {key!r}")
 
 
-def check_blob_value(value: bytes) -> bytes:
-    """Return ``value`` as ``bytes``; raise :class:`InvalidUsage` for non-bytes-like."""
+def blob_view(value: bytes | memoryview) -> memoryview:
+    """``value`` as a flat byte view, without copying; raise :class:`InvalidUsage` for
+    anything that is not bytes-like (a str, a list, a strided or typed array)."""
+    if isinstance(value, str):
+        raise InvalidUsage("blob value must be bytes, got str")
+    try:
+        view = memoryview(value)
+    except TypeError:
+        raise InvalidUsage(f"blob value must be bytes, got {type(value).__name__}") from None
+    if not view.c_contiguous:
+        raise InvalidUsage("blob value must be contiguous bytes")
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+def check_blob_value(value: bytes | memoryview) -> bytes:
+    """Return ``value`` as ``bytes`` (copied unless it is bytes already); raise
+    :class:`InvalidUsage` for non-bytes-like."""
     if isinstance(value, bytes):
         return value
-    if isinstance(value, bytearray | memoryview):
-        return bytes(value)
-    raise InvalidUsage(f"blob value must be bytes, got {type(value).__name__}")
+    return bytes(blob_view(value))
 
 
 class MemoryBlob:
@@ -50,7 +63,7 @@ class MemoryBlob:
             data = self._data.get(key)
         return None if data is None else io.BytesIO(data)
 
-    def set(self, key: str, value: bytes) -> None:
+    def set(self, key: str, value: bytes | memoryview) -> None:
         check_blob_key(key)
         value = check_blob_value(value)
         with self._lock:

@@ -284,7 +284,7 @@ class S3Blob:
             self._client, self._bucket, name, where, size, str(resp["ETag"]), tail
         )
 
-    def set(self, key: str, value: bytes) -> None:
+    def set(self, key: str, value: bytes | memoryview) -> None:
         name = self._name(key)
         value = check_blob_value(value)
         try:

@@ -233,7 +233,7 @@ class UnreliableBlob(_Switchable):
             f"open_reader({key!r})", lambda: open_blob_reader(self.inner, key), writes=False
         )
 
-    def set(self, key: str, value: bytes) -> None:
+    def set(self, key: str, value: bytes | memoryview) -> None:
         self._faults.call(f"set({key!r})", lambda: self.inner.set(key, value), writes=True)
 
     def delete(self, key: str) -> int | None:
