@@ -17,6 +17,7 @@ from upsert_core.persist.compact import (
     commit_merge,
     compact,
     merge_batches,
+    plan_backlog,
     plan_merge,
 )
 from upsert_core.persist.consolidate import is_sorted
@@ -314,3 +315,61 @@ def test_cleanup_after_a_misjudged_commit_deletes_nothing_a_state_references() -
     assert merged in current.batches  # ... yet the merge landed
     assert all(blob.get(p.key) is not None for p in merged.parts if isinstance(p, BlobPart))
     assert contents(blob, current) == before
+
+
+def _run_planner(weights: list[int], planner: str, fan_in: int = 64) -> tuple[list[int], int]:
+    """The weights after merging by ``planner`` until it has nothing to do (a merged
+    batch weighs its batches' sum), and the number of merges."""
+    sizes = list(weights)
+    merges = 0
+    while True:
+        fake = [_FakeBatch(n) for n in sizes]
+        if planner == "pairwise":
+            plan = plan_merge(fake)  # type: ignore[arg-type]
+        else:
+            plan = plan_backlog(fake, max_fan_in=fan_in)  # type: ignore[arg-type]
+        if plan is None:
+            return sizes, merges
+        start, end = plan
+        sizes[start:end] = [sum(sizes[start:end])]
+        merges += 1
+
+
+class _FakeBatch:
+    def __init__(self, num_updates: int) -> None:
+        self.num_updates = num_updates
+
+
+@given(st.lists(st.integers(0, 50), max_size=60), st.sampled_from([2, 3, 64]))
+def test_a_backlog_reaches_the_pairwise_tiers_in_fewer_merges(
+    weights: list[int], fan_in: int
+) -> None:
+    pairwise, pairwise_merges = _run_planner(weights, "pairwise")
+    backlog, backlog_merges = _run_planner(weights, "backlog", fan_in)
+    assert plan_merge([_FakeBatch(n) for n in backlog]) is None  # type: ignore[misc]
+    if fan_in == 64:  # never capped here: the very same tiers
+        assert backlog == pairwise
+        assert backlog_merges <= pairwise_merges
+
+
+def test_a_backlog_of_one_file_batches_is_a_handful_of_merges() -> None:
+    sizes, merges = _run_planner([1] * 100, "backlog")
+    _, pairwise = _run_planner([1] * 100, "pairwise")
+    assert plan_merge([_FakeBatch(n) for n in sizes]) is None  # type: ignore[misc]
+    assert merges <= 8 < pairwise
+    with pytest.raises(InvalidUsage):
+        plan_backlog([_FakeBatch(1)], max_fan_in=1)  # type: ignore[list-item]
+
+
+def test_compacting_a_backlog_keeps_every_time_readable() -> None:
+    blob = MemoryBlob()
+    machine = new_machine(blob)
+    rng = random.Random(3)
+    for _ in range(40):
+        append(machine, blob, [(key(rng.randrange(6)), rng.choice([b"x", b"y"]), 0, 1)])
+    before = machine.state()
+    expected = contents(blob, before)
+    result = compact(machine, blob)
+    after = machine.state()
+    assert result.merges <= 8 and plan_merge(after.batches) is None
+    assert contents(blob, after) == expected

@@ -5,7 +5,10 @@ of the batch after it. Where it does not, that batch and its successor (and furt
 successors while the merged size still would not be twice the next one) are merged
 into one batch. Once no such pair remains, sizes at least halve from batch to batch,
 so a shard with N updates has at most about log2(N) + 1 batches, and each update is
-rewritten O(log N) times over the shard's life (the binary-counter argument).
+rewritten O(log N) times over the shard's life (the binary-counter argument). A
+backlog (many batches since the last pass: a run of many small files) is brought to
+the tiers those pairwise merges would end with in one merge per tier
+(:func:`plan_backlog`), not one merge per step.
 
 Invariants:
 
@@ -108,19 +111,23 @@ class PartTyper(Protocol):
 DEFAULT_MAX_BATCHES_PER_MERGE = 8
 MAX_MERGE_THREADS = 4
 """At most this many buckets of a run are merged at once (see :func:`merge_threads`)."""
+MAX_BACKLOG_FAN_IN = 64
+"""At most this many batches are merged at once by :func:`plan_backlog`."""
 MAX_FAILED_COMMITS = 3
 
 
 # --- policy -----------------------------------------------------------------------------
 
 
-def batch_weight(batch: HollowBatch) -> int:
+def batch_weight(batch: HollowBatch | _Weighted) -> int:
     """A batch's size for the policy; empty batches weigh 1 so they merge too."""
     return max(batch.num_updates, 1)
 
 
 def plan_merge(
-    batches: Sequence[HollowBatch], *, max_batches_per_merge: int = DEFAULT_MAX_BATCHES_PER_MERGE
+    batches: Sequence[HollowBatch | _Weighted],
+    *,
+    max_batches_per_merge: int = DEFAULT_MAX_BATCHES_PER_MERGE,
 ) -> tuple[int, int] | None:
     """The first run ``batches[start:end]`` to merge, or ``None`` when tiers hold."""
     if max_batches_per_merge < 2:
@@ -139,6 +146,50 @@ def plan_merge(
             end += 1
         return i, end
     return None
+
+
+def plan_backlog(
+    batches: Sequence[HollowBatch],
+    *,
+    max_batches_per_merge: int = DEFAULT_MAX_BATCHES_PER_MERGE,
+    max_fan_in: int = MAX_BACKLOG_FAN_IN,
+) -> tuple[int, int] | None:
+    """The first run ``batches[start:end]`` to merge, merged in one pass where
+    :func:`plan_merge` would reach it in several, or ``None`` when tiers hold.
+
+    :func:`plan_merge`'s merges are simulated on the batches' weights until the tiers
+    hold; each group of batches the simulation ends with is one merge here (a backlog
+    of 100 one-file batches took 95 merges pairwise, each a read, a write and a commit:
+    now a handful). Merging a group at once writes what the pairwise merges would have
+    written last, so the result holds the same updates; its weight may be smaller
+    (consolidation), and the caller plans again after each merge until this returns
+    None, which is exactly when :func:`plan_merge` does. A group of more than
+    ``max_fan_in`` batches is merged ``max_fan_in`` at a time (from its oldest)."""
+    if max_fan_in < 2:
+        raise InvalidUsage(f"max_fan_in must be >= 2, got {max_fan_in}")
+    groups = [(i, i + 1, batch_weight(b)) for i, b in enumerate(batches)]
+    while True:
+        step = plan_merge(
+            [_Weighted(weight) for _, _, weight in groups],
+            max_batches_per_merge=max_batches_per_merge,
+        )
+        if step is None:
+            break
+        start, end = step
+        merged = (groups[start][0], groups[end - 1][1],
+                  sum(weight for _, _, weight in groups[start:end]))
+        groups[start:end] = [merged]
+    for start, end, _ in groups:
+        if end - start > 1:
+            return start, min(end, start + max_fan_in)
+    return None
+
+
+@dataclass(frozen=True)
+class _Weighted:
+    """A stand-in batch of a given weight, for simulating :func:`plan_merge`."""
+
+    num_updates: int
 
 
 def compaction_frontier(state: ShardState) -> int:
@@ -569,7 +620,7 @@ def compact(
             rewrite = len(batches) > 1 or (len(batches) == 1 and batches[0].since < target)
             plan = (0, len(batches)) if rewrite else None
         else:
-            plan = plan_merge(state.batches, max_batches_per_merge=max_batches_per_merge)
+            plan = plan_backlog(state.batches, max_batches_per_merge=max_batches_per_merge)
         if plan is None:
             break
         run = state.batches[plan[0] : plan[1]]
