@@ -29,10 +29,13 @@ Invariants:
   bucket's base (``ingest.replay``), deriving each update's encoded row from its
   values; the decoded updates of a part are kept under the same rules (named by the
   part's never-rewritten blob key), in the ``parts`` directory beside the buckets'.
-- Bounded: a bucket keeps its :data:`KEEP_PER_BUCKET` newest entries, and the whole
-  cache at most ``UPSERT_BASE_CACHE_MB`` (default 16384: a 30M-key shard's bases take
-  3.5 GB, and a cache smaller than the bases one ingest maps evicts each entry before
-  its next use): the oldest entries go first.
+- Bounded: a bucket keeps its :data:`KEEP_PER_BUCKET` newest entries, a shard its
+  :data:`KEEP_PARTS` newest part copies, and the whole cache at most
+  ``UPSERT_BASE_CACHE_MB`` (default 16384: a 30M-key shard's bases take 3.5 GB, and a
+  cache smaller than the bases one ingest maps evicts each entry before its next use):
+  the oldest entries go first. The whole cache is scanned every :data:`SCAN_EVERY_S`
+  and whenever a tally of the puts since the last scan would pass the bound, so racing
+  processes may overshoot it by what they wrote in between.
 - Where: ``UPSERT_CACHE_DIR`` (default ``$XDG_CACHE_HOME/upsert-platform``, else
   ``~/.cache/upsert-platform``), under ``bases/``. Off with ``UPSERT_BASE_CACHE=0``.
   Only local-directory and S3 blob stores are cached (others have no location that
@@ -66,6 +69,15 @@ KEEP_PER_BUCKET = 2
 """Entries a bucket keeps: its current base and the one before (a racing writer's)."""
 PARTS = "parts"
 """The directory (in place of a bucket number) of replayed parts' decoded updates."""
+KEEP_PARTS = 256
+"""Replayed parts' copies a shard keeps, the newest (a replay reads only the parts
+written since each bucket's base, a few per bucket)."""
+SCAN_EVERY_S = 60.0
+"""The whole cache's size is scanned at least this often, and whenever the tally of
+puts since the last scan would pass the bound; between scans a put costs a small read
+and write instead of a stat of every entry (which grew with the part copies kept)."""
+TALLY = ".size"
+"""The file (beside the shards' directories) holding the cache's size as last tallied."""
 STALE_TEMPORARY_S = 3600
 """A temporary file older than this is a killed writer's, and is removed."""
 
@@ -199,18 +211,21 @@ class BaseCache:
             self._evict(path)
 
     def evict(self) -> None:
-        """Drop what the size bound excludes (after puts made with ``evict=False``)."""
+        """Drop what the bounds exclude (after puts made with ``evict=False``)."""
         self._evict(None)
 
     def _evict(self, kept: Path | None) -> None:
         if kept is not None and kept.parent.name.isdigit():  # a bucket's bases
-            with contextlib.suppress(OSError):
-                siblings = sorted(
-                    (p for p in kept.parent.glob(f"*{_SUFFIX}") if p != kept),
-                    key=lambda p: p.stat().st_mtime, reverse=True,
-                )
-                for old in siblings[KEEP_PER_BUCKET - 1:]:
-                    old.unlink(missing_ok=True)
+            _keep_newest(kept.parent, KEEP_PER_BUCKET, kept)
+        parts = self.root / PARTS
+        _keep_newest(parts, KEEP_PARTS, kept if kept is not None and kept.parent == parts
+                     else None)
+        added = 0
+        with contextlib.suppress(OSError):
+            if kept is not None:
+                added = kept.stat().st_size
+        if self._tally_allows(added):
+            return
         with contextlib.suppress(OSError):  # a writer killed mid-put leaves its temporary
             stale = time.time() - STALE_TEMPORARY_S
             for leftover in self.root.parent.glob("*/*/.*.tmp"):
@@ -224,6 +239,40 @@ class BaseCache:
                     continue
                 path.unlink(missing_ok=True)
                 total -= stat.st_size
+            self._write_tally(total)
+
+    @property
+    def _tally_path(self) -> Path:
+        return self.root.parent / TALLY
+
+    def _tally_allows(self, added: int) -> bool:
+        """Whether the whole cache's scan may be skipped: the tally of its size, written
+        by the last scan (any process's) less than :data:`SCAN_EVERY_S` ago and grown
+        by every put since, stays within the bound with ``added`` bytes more (the tally
+        then records them). Puts of other processes racing this one may go uncounted
+        until the next scan: the bound holds to within what they wrote meanwhile."""
+        try:
+            tally = self._tally_path
+            scanned = tally.stat().st_mtime
+            total = int(tally.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return False
+        if time.time() - scanned > SCAN_EVERY_S or total + added > self.limit_bytes:
+            return False
+        if added:
+            self._write_tally(total + added, scanned)
+        return True
+
+    def _write_tally(self, total: int, scanned: float | None = None) -> None:
+        tally = self._tally_path
+        temporary = tally.with_name(f"{tally.name}.{uuid.uuid4().hex}.tmp")
+        with contextlib.suppress(OSError):
+            temporary.write_text(f"{total}\n")
+            if scanned is not None:  # the tally keeps the time of the scan it grew from
+                os.utime(temporary, (scanned, scanned))
+            temporary.replace(tally)
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
 
 
 def keep_base_copy(blob: Blob, shard: str, bucket: int, key: str, written: pa.Table) -> None:
@@ -235,3 +284,19 @@ def keep_base_copy(blob: Blob, shard: str, bucket: int, key: str, written: pa.Ta
     cache = BaseCache.for_blob(blob, shard)
     if cache is not None:
         cache.put(bucket, key, written.drop_columns(["ts"]))
+
+
+def _keep_newest(directory: Path, keep: int, kept: Path | None) -> None:
+    """Delete all but the ``keep`` newest entries of ``directory`` (``kept`` counts as
+    the newest); best effort."""
+    with contextlib.suppress(OSError):
+        with os.scandir(directory) as scan:
+            entries = [(e.stat().st_mtime, e.path) for e in scan
+                       if e.name.endswith(_SUFFIX) and not e.name.startswith(".")]
+        if len(entries) <= keep:
+            return
+        entries.sort(reverse=True)
+        others = [path for _, path in entries if kept is None or path != str(kept)]
+        for path in others[keep - (1 if kept is not None else 0):]:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
