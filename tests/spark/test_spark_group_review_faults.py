@@ -10,7 +10,9 @@
 - a re-run after a partial group whose first file is one that arrived late, sorting
   between the committed files and the rest, while the workers cache the dead group's
   states for those timestamps; and a batch-scope shard whose buckets keep their bases
-  through the group (the re-run replays the group's committed parts).
+  through the group (the re-run replays the group's committed parts);
+- a file that makes the group's job fail as a whole: one failed job, then its group's
+  files one by one (before the fix, one failed job per file before the culprit).
 
 Each ends equal to the in-process engine's ingest of the same arrivals
 (``tests.faults.helpers.assert_recovered``: check, state comparison, history ts by ts,
@@ -274,3 +276,52 @@ def test_two_grouped_runs_at_once_apply_every_file_once(
     ingest(shard, str(landing), REQUEST, engine=SparkEngine(spark))
     assert_recovered(shard, _reference(landing, REQUEST))
 
+
+def test_a_file_that_crashes_the_groups_job_costs_one_failed_group_not_one_per_file(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file whose read kills the job's Python workers (say a line too big for their
+    memory; simulated: the job runs, then fails as a whole whenever its group holds the
+    file) fails every group that holds it. The driver then runs the group's first file
+    on its own; if the next group started again from the file after it, each file
+    before the poisoned one would cost a failed job of the whole rest of the group,
+    reading every file again (quadratic work, and blobs left to GC) before the run
+    reaches the file and reports it."""
+    import resources.spark_ingest as spark_ingest
+    from upsert_core.errors import IngestError
+    from upsert_core.persist.testing import unreferenced_blobs
+
+    landing = make_landing(tmp_path / "landing", files=12, rows=10, keys=8, seed=4)
+    poison = "008.jsonl"
+    real_job, real_file = spark_ingest.run_group_job, SparkEngine.run_file
+    groups: list[list[str]] = []
+
+    def crashing_job(spark: SparkSession, tasks: list[Any], *args: Any) -> list[str]:
+        names = [t.file.name for t in tasks]
+        groups.append(names)
+        results = real_job(spark, tasks, *args)
+        if poison in names:
+            raise RuntimeError("Python worker exited unexpectedly (crashed)")
+        return results
+
+    def crashing_file(self: SparkEngine, task: Any, shard: Any) -> Any:
+        if task.file.name == poison:
+            raise IngestError(f"{poison}: the Spark job failed: Python worker exited"
+                              " unexpectedly (crashed)")
+        return real_file(self, task, shard)
+
+    monkeypatch.setattr(spark_ingest, "run_group_job", crashing_job)
+    monkeypatch.setattr(SparkEngine, "run_file", crashing_file)
+    shard = _shard(tmp_path / "shard")
+    with pytest.raises(IngestError, match=f"^{poison}: the Spark job failed"):
+        ingest(shard, str(landing), REQUEST, engine=SparkEngine(spark))
+    names = sorted(p.name for p in landing.iterdir())
+    assert sorted(shard.state().ingested_files) == names[:8]
+    assert len(groups) == 1, f"{len(groups)} group jobs read {sum(map(len, groups))} files"
+    # One job's blobs left to GC (~5 a file: 58 here), not every failed group's (358).
+    assert len(unreferenced_blobs(shard)) <= 12 * 2 * 4
+
+    monkeypatch.undo()
+    (landing / poison).unlink()
+    ingest(shard, str(landing), REQUEST, engine=SparkEngine(spark))
+    assert_recovered(shard, _reference(landing, REQUEST))
