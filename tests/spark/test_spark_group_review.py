@@ -13,7 +13,10 @@ wrapper and Parquet, tombstone lines, ``t``/``m`` events); an order of several c
 with late rows; ``--missing keep``. And the run's edges: the group bounds
 (``UPSERT_SPARK_GROUP_FILES`` / ``UPSERT_SPARK_GROUP_BYTES``) at exactly their limits
 and malformed; a file that fails validation in the middle of a group; a file removed
-after the listing, before the group's job reads it.
+after the listing, before the group's job reads it; a shard whose checkpoints are not
+current (the group's first file rebuilds every bucket from the shipped shard state, the
+next ones carry them); value checks on a column the group adds; a new shard whose first
+file is empty (0-byte JSON Lines, Parquet of no rows, a CSV header).
 """
 
 from __future__ import annotations
@@ -398,3 +401,105 @@ def test_a_file_removed_after_the_listing_stops_the_group_there(
     assert dict(grouped.state().ingested_files) == dict(single.state().ingested_files)
     assert sorted(grouped.state().ingested_files) == ["00.jsonl", "01.jsonl", "02.jsonl"]
     assert unreferenced_blobs(grouped) == set()
+
+
+@pytest.mark.parametrize("scope", ["batch", "global"])
+def test_a_group_on_a_shard_whose_checkpoints_are_not_current_rebuilds_and_carries(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scope: str
+) -> None:
+    """A commit made outside the ingest leaves no checkpoint current: the group's first
+    file runs every bucket, rebuilt from the shard state the group ships once, and the
+    next files carry those states (global scope: with their tombstones)."""
+    from tests.ingest.test_tombstones import _lose_checkpoints
+
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    write_jsonl(landing, "00.jsonl", [{"key": k, "offset": 5, "v": f"v{k}"} for k in range(12)]
+                + [{"key": 20, "offset": 9, "__deleted": True}])
+    request = IngestRequest(buckets=3, order_scope=scope, inline_threshold=0, maintain=False)
+    shards = {"grouped": _shard(tmp_path / "grouped"), "single": _shard(tmp_path / "single"),
+              "local": memory_shard()}
+    for shard in shards.values():
+        ingest(shard, str(landing), request)
+        _lose_checkpoints(shard)
+    for f in range(1, 6):
+        write_jsonl(landing, f"{f:02d}.jsonl",
+                    [{"key": (f * 7) % 21, "offset": f + 3, "v": f"{f}"},
+                     {"key": 20, "offset": 8, "v": "late in the global scope"}])
+    with counted_jobs(spark) as jobs:
+        report = ingest(shards["grouped"], str(landing), request, engine=SparkEngine(spark))
+    assert jobs == [1]
+    assert len(report.rehydrations) == 3  # every bucket, once, in the first file
+    with monkeypatch.context() as m:
+        m.setenv("UPSERT_SPARK_GROUP_FILES", "1")
+        ingest(shards["single"], str(landing), request, engine=SparkEngine(spark))
+    ingest(shards["local"], str(landing), request)
+    _same(shards["grouped"], shards["local"])
+    _same(shards["single"], shards["local"])
+    assert unreferenced_blobs(shards["grouped"]) == set()
+
+
+def test_value_checks_on_a_column_a_group_adds(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Value checks (Dagster sources' ``checks``) turn off the group's leniency; a check
+    on a column the group's first schema lacks fails (file-level) in a file read with
+    it, which the group must not take for the file's own problem."""
+    from upsert_core.landing import parse_value_checks
+
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    write_jsonl(landing, "00.jsonl", [{"key": k, "offset": 1, "w": k} for k in range(4)])
+    write_jsonl(landing, "01.jsonl", [{"key": 1, "offset": 2, "w": -1, "u": "a"},
+                                      {"key": 2, "offset": 2, "w": 50, "u": "zz"}])
+    write_jsonl(landing, "02.jsonl", [{"key": 3, "offset": 3, "w": 7}])  # no u
+    write_jsonl(landing, "03.jsonl", [{"key": 3, "offset": 4, "w": 8, "u": "b"}])
+    # The shard has 00 (no u) first; the checks are the run's own, not stored.
+    request = IngestRequest(buckets=2, maintain=False)
+    for root in ("grouped", "single"):
+        ingest(_shard(tmp_path / root), str(landing), request, through="00.jsonl")
+    checks = parse_value_checks({"w": {"min": 0, "max": 10},
+                                 "u": {"isin": ["a", "b"], "not_null": True}})
+    checked = IngestRequest(buckets=2, value_checks=checks, maintain=False)
+    _, g_error = _run(_shard(tmp_path / "grouped"), landing, checked, SparkEngine(spark))
+    with monkeypatch.context() as m:
+        m.setenv("UPSERT_SPARK_GROUP_FILES", "1")
+        _, s_error = _run(_shard(tmp_path / "single"), landing, checked,
+                               SparkEngine(spark))
+    local = memory_shard()
+    ingest(local, str(landing), request, through="00.jsonl")
+    _, l_error = _run(local, landing, checked, InProcessEngine())
+    assert g_error == s_error == l_error is None
+    _same(_shard(tmp_path / "grouped"), local)
+    _same(_shard(tmp_path / "single"), local)
+    reasons = [(e["file"], e["row"], e["reason"]) for e in local.errors()]
+    assert [r[:2] for r in reasons] == [("01.jsonl", 1), ("01.jsonl", 2), ("02.jsonl", 1)]
+
+
+@pytest.mark.parametrize(("scope", "first"), [("batch", "jsonl"), ("global", "parquet"),
+                                              ("batch", "csv")])
+def test_a_new_shards_first_group_opening_with_an_empty_file(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scope: str,
+    first: str,
+) -> None:
+    """The shard's first file (ts 0, whose options the commit stores) is empty: a 0-byte
+    JSON Lines file, a Parquet file of no rows whose columns are typed, a CSV header."""
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    if first == "jsonl":
+        (landing / "00.jsonl").touch()
+    elif first == "parquet":
+        _parquet(landing, "00.parquet", pa.table({"key": pa.array([], pa.int64()),
+                                                  "offset": pa.array([], pa.int64()),
+                                                  "w": pa.array([], pa.float64())}))
+    else:
+        (landing / "00.csv").write_text("key,offset,v\n")
+    write_jsonl(landing, "01.jsonl", [{"key": k, "offset": 2, "v": f"{k}", "w": 1}
+                                      for k in range(5)])
+    (landing / "02.jsonl").touch()
+    write_jsonl(landing, "03.jsonl", [{"key": 1, "offset": 1, "__deleted": True},
+                                      {"key": 2, "offset": 3, "v": "x", "w": 2.5}])
+    request = IngestRequest(buckets=2, order_scope=scope, inline_threshold=64, maintain=False)
+    grouped, error = _three_ways(spark, tmp_path, landing, request, monkeypatch, jobs=None)
+    assert error is None
+    assert grouped.state().upper == 4

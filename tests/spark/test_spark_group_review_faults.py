@@ -13,6 +13,9 @@
   through the group (the re-run replays the group's committed parts);
 - a file that makes the group's job fail as a whole: one failed job, then its group's
   files one by one (before the fix, one failed job per file before the culprit).
+- ``gc --retain 1`` between a group's planning and its job, deleting the parts its
+  first file's replay of a kept base reads: the bucket fails, nothing of it commits,
+  and the run completes as the per-file path would.
 
 Each ends equal to the in-process engine's ingest of the same arrivals
 (``tests.faults.helpers.assert_recovered``: check, state comparison, history ts by ts,
@@ -325,3 +328,54 @@ def test_a_file_that_crashes_the_groups_job_costs_one_failed_group_not_one_per_f
     (landing / poison).unlink()
     ingest(shard, str(landing), REQUEST, engine=SparkEngine(spark))
     assert_recovered(shard, _reference(landing, REQUEST))
+
+
+def test_gc_with_retention_between_a_groups_planning_and_its_job(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The buckets keep their base through the first run (their checkpoints stand on the
+    first file, the updates since replayed from the shard's parts). The next run plans
+    a group, then ``gc --retain 1`` (another process) compacts and truncates the history
+    those replays read before the group's job starts: the group must not commit a state
+    built on a replay that went missing, and the run completes as one without the GC."""
+    from upsert_core.ingest import FileTask
+    from upsert_core.ingest.outcome import FileOutcome
+    from upsert_core.ingest.shard_api import IngestShard
+
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    write_jsonl(landing, "00.jsonl", [{"key": k, "offset": 0, "v": f"base-{k}"}
+                                      for k in range(400)])
+    for f in range(1, 12):
+        rows: list[object] = [{"key": (f * 37 + j * 11) % 400, "offset": f, "v": f"{f}-{j}"}
+                              for j in range(6)]
+        rows.append({"key": (f * 13) % 400, "offset": f, "__deleted": True})
+        write_jsonl(landing, f"{f:02d}.jsonl", rows)
+    request = IngestRequest(buckets=2, inline_threshold=0, maintain=False)
+    shard = _shard(tmp_path / "shard")
+    # In process: no Spark worker caches these states, so the group loads the bases
+    # and replays.
+    ingest(shard, str(landing), request, through="06.jsonl")
+    bases = {k: v for k, v in shard.state().config.items() if "base" in k}
+    assert bases and all(v.startswith("1:") for v in bases.values()), bases
+
+    failures: list[str] = []
+
+    class GcFirst(SparkEngine):
+        ran = 0
+
+        def run_group(self, tasks: list[FileTask], s: IngestShard) -> list[FileOutcome]:
+            if not self.ran:
+                self.ran = 1
+                _shard(tmp_path / "shard").gc(retain=1, leak_grace_ms=0)
+            out = super().run_group(tasks, s)
+            failures.extend(o.failure for o in out if o.failure is not None)
+            return out
+
+    ingest(shard, str(landing), request, engine=GcFirst(spark))
+    assert failures and "missing" in failures[0]  # the replay's part was gone
+    reference = Shard.open(MemoryConsensus(), MemoryBlob(), "s")
+    ingest(reference, str(landing), request, through="06.jsonl")
+    reference.gc(retain=1, leak_grace_ms=0)
+    ingest(reference, str(landing), request)
+    assert_recovered(shard, reference)
