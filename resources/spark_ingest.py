@@ -430,8 +430,9 @@ class SparkEngine:
     def run_group(self, tasks: list[FileTask], shard: IngestShard) -> list[FileOutcome]:
         """Several files as one job (``resources/spark_group.py``): the outcomes of the
         files the driver may commit (``ingest.engine.GroupEngine``). A job that failed as
-        a whole gives none (the driver runs the first file on its own, which reports
-        why); what its tasks wrote is left to GC, as after a failed job of one file."""
+        a whole gives none (the driver runs the group's files on their own, one by one,
+        and a file's own job reports why); what its tasks wrote is left to GC, as after
+        a failed job of one file."""
         first = tasks[0]
         url = self.blob_url or blob_url_of(shard.blob)
         env = driver_env()

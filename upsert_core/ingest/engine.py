@@ -74,7 +74,8 @@ class GroupEngine(Engine, Protocol):
     at for an error, a change or a failed bucket, and none for a file it stops before
     (``Verdict.AGAIN``) or never reached. It deleted what it wrote for the files it
     returns no outcome for; it never raises for a bad file or a failed job (a job that
-    failed as a whole returns no outcome: the driver runs the first file on its own)."""
+    failed as a whole returns no outcome: the driver runs the group's files on their
+    own, one by one)."""
 
     def group_size(self, files: Sequence[LandingFile], envelope: str) -> int: ...
 

@@ -28,9 +28,11 @@ Invariants:
   in a group ends the run as for a file on its own; anything else that stops a group (a
   failed bucket, a lost race, a fenced writer, a file the group could not stand for)
   commits the files before it and hands it back to the loop, which runs it again (a
-  group that applied nothing: the file on its own, with the retries above). The blobs
-  of a group's files that are not committed are deleted, except those of an append
-  whose outcome is not known.
+  group that applied nothing: the file on its own, with the retries above). A group
+  whose job failed as a whole (no outcome) is not tried again: its files go one by one,
+  so a file that kills the job (its workers) costs one failed job, not one per file
+  before it. The blobs of a group's files that are not committed are deleted, except
+  those of an append whose outcome is not known.
 - Nothing pending: nothing is written and the upper does not move.
 - ``through=NAME`` (one Dagster partition) stops before the first pending file whose
   name sorts after NAME: such files are never planned or read, and the progress total
@@ -384,6 +386,7 @@ class _Run:
     notify: Progress
     todo: list[LandingFile]
     next: int = 0  # the index in ``todo`` of the next file to settle
+    alone_until: int = 0  # files before this index in ``todo`` run one by one
 
     def notify_started(self, file: LandingFile) -> None:
         self.notify(ProgressEvent("file_started", self.next + 1, len(self.todo), file.name))
@@ -410,7 +413,7 @@ def _ingest_group(run: _Run, state: ShardState) -> ShardState:
     fenced writer, or a file the group could not stand for leave it (and the files
     after it) to the driver's loop, which runs it again."""
     engine, request, shard = run.engine, run.request, run.shard
-    if not isinstance(engine, GroupEngine) or run.lease.lost:
+    if not isinstance(engine, GroupEngine) or run.lease.lost or run.next < run.alone_until:
         return state  # (a lost registration: the loop's file on its own renews it)
     files: list[LandingFile] = []
     for file in run.todo[run.next:]:
@@ -426,6 +429,13 @@ def _ingest_group(run: _Run, state: ShardState) -> ShardState:
     run.notify_started(files[0])
     started = time.monotonic()
     outcomes = engine.run_group(tasks, shard)
+    if not outcomes:
+        # SUBTLE: the job failed as a whole. A group from the next file on would hold
+        # the same files, and whatever failed it (say a file that kills the workers)
+        # would fail it again, once per file before that one, each reading the rest of
+        # the group again and leaving its blobs to GC: the group's files go one by one,
+        # and the file-level failure, if any, is reported by the file's own job.
+        run.alone_until = run.next + len(tasks)
     share = (time.monotonic() - started) / max(1, len(outcomes))
     chain = GroupChain(tasks)
     done = 0
