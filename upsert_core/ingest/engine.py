@@ -27,6 +27,7 @@ landings, and the fallback when Spark is unavailable); the Spark engine lives in
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -199,7 +200,10 @@ class InProcessEngine:
             order = sorted({*spill.buckets(), *task.forced_buckets()})
             largest = max(spill.bytes.values(), default=0)
             workers = max(1, min(self.threads, memory_budget() // max(1, DRAIN_FACTOR * largest)))
-            self._guarded(task, read, order, spill.table, workers, blob, outcome)
+            # Deferred rows (a first file) stay in their chunks: the bucket step takes
+            # them into key order or combines them itself (tasks.run_bucket).
+            load = functools.partial(spill.table, combine=not task.defers_rows)
+            self._guarded(task, read, order, load, workers, blob, outcome)
             return outcome
 
     def _guarded(

@@ -129,8 +129,11 @@ class BucketSpill:
         """The buckets that have rows, in order."""
         return sorted(self.rows)
 
-    def table(self, bucket: int) -> pa.Table:
-        """Bucket ``bucket``'s rows, in file order (empty if it has none)."""
+    def table(self, bucket: int, *, combine: bool = True) -> pa.Table:
+        """Bucket ``bucket``'s rows, in file order (empty if it has none): one chunk per
+        column, or with ``combine`` False as the chunks they were added in (a first
+        drain takes them into key order at once: combining them first copied every
+        value once more)."""
         if bucket not in self.rows:
             return self.schema.empty_table()
         pieces = list(self._held.get(bucket, ()))
@@ -139,7 +142,8 @@ class BucketSpill:
                 pieces.append(pa.ipc.open_stream(source).read_all())
         if self._mixed:
             pieces = [piece.select(self.schema.names) for piece in pieces]
-        return pa.concat_tables(pieces).combine_chunks()
+        whole = pa.concat_tables(pieces)
+        return whole.combine_chunks() if combine else whole
 
     def close(self) -> None:
         """Remove every file."""

@@ -674,7 +674,9 @@ def _run_bucket(
         # insertions and the state come from the values (ingest.first_drain).
         first = drain_into_empty(rows, row_schema)
     else:
-        rows = with_encoded_rows(rows, row_schema)
+        # Deferred rows may come in their chunks (engine._run_spilled): the drain and
+        # the steps below take one chunk per column.
+        rows = with_encoded_rows(rows, row_schema).combine_chunks()
     if task.keeps:
         # --missing keep: each row made whole from the key's earlier one (this batch's
         # or the state's) before the drain, which then sees complete rows only.
