@@ -37,6 +37,7 @@ Invariants:
 
 from __future__ import annotations
 
+import ctypes
 import importlib.abc
 import os
 import sys
@@ -107,8 +108,6 @@ def keep_freed_memory() -> None:
         return
     if not sys.platform.startswith("linux"):
         return
-    import ctypes
-
     try:
         libc = ctypes.CDLL("libc.so.6")
         mallopt = libc.mallopt
