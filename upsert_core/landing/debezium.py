@@ -3,7 +3,12 @@ the plain rows validation already knows (a :class:`RawBatch`). Parquet files of 
 :mod:`~upsert_core.landing.debezium_parquet`, which follows this module's rules.
 
 Each line is an event object, or Kafka Connect's wrapper ``{"schema": ..., "payload":
-EVENT}``. The translation runs BEFORE validation, so row numbers, error rows, typing and
+EVENT}`` (both keys, ``schema`` possibly null, as JsonConverter with
+``schemas.enable=true`` writes and requires it). A line ``{"payload": ...}`` without
+``schema`` is neither: JsonConverter refuses it with ``schemas.enable=true`` and takes
+the whole object as the value without it, so it is an error row saying so, never
+unwrapped (a converter or tool that dropped the schema may have changed more). The
+translation runs BEFORE validation, so row numbers, error rows, typing and
 the upsert semantics are the plain path's, unchanged.
 
 Invariants:
@@ -84,6 +89,11 @@ DEFAULT_ORDER = "source.lsn"
 DELETE_MARKER = "(debezium delete)"
 """The delete-marker column of a Debezium shard's schema; only the envelope sets it."""
 
+_PAYLOAD_WITHOUT_SCHEMA = (
+    "a line with 'payload' but no 'schema' is neither a Debezium event nor Kafka Connect's"
+    " wrapper (JsonConverter with schemas.enable=true writes both 'schema' and 'payload';"
+    " with schemas.enable=false the line is the event itself)"
+)
 _ROW_OPS = frozenset({"c", "r", "u"})
 _SKIPPED_OPS = frozenset({"t", "m"})
 
@@ -230,7 +240,9 @@ def _translate(
         return None
     field_schemas: Mapping[str, object] = {}
     event = line
-    if isinstance(line, dict) and "payload" in line and set(line) <= {"schema", "payload"}:
+    if isinstance(line, dict) and set(line) == {"payload"}:
+        raise Unreadable(_PAYLOAD_WITHOUT_SCHEMA)
+    if isinstance(line, dict) and set(line) == {"schema", "payload"}:
         event = line["payload"]
         if event is None:
             return None  # the wrapper of a Kafka tombstone
