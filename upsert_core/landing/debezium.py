@@ -46,6 +46,12 @@ Invariants:
   one), is an error row.
 - ``Decimal`` has no column type here: it is read as float64 when the float reads back
   as the same decimal at its scale (as Parquet decimals are), else it is an error row.
+- With a placeholder (``--missing keep``), a field the wrapper's ``schema`` types
+  ``bytes`` (no logical type) whose value is the base64 of the placeholder's UTF-8 bytes
+  holds the placeholder: Debezium puts its sentinel into a binary column as bytes, and
+  JsonConverter writes bytes as base64. It is then the placeholder string, so it is
+  marked (a value column) or refused (a key) exactly as the string is. Any other value
+  of such a field stays its base64 text, as before.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ import base64
 import binascii
 import datetime as dt
 import decimal
+import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -277,6 +284,10 @@ def _translate(
                 + ("order" if col in order else "delete marker")
             )
         type_name, parameters = fields.get(col, (None, {}))
+        if type_name == CONNECT_BYTES:
+            type_name = None  # read as JSON Lines reads it: the base64 text
+            if placeholder is not None and value == _base64(placeholder):
+                value = placeholder  # Debezium's sentinel for a binary column
         unavailable = placeholder is not None and value == placeholder and col not in key
         if type_name is not None and value is not None and not unavailable:
             row[col] = logical_value(col, value, type_name, parameters)
@@ -305,10 +316,23 @@ def _reach(event: Mapping[str, object], path: str) -> object:
 
 FieldSchemas = dict[str, dict[str, tuple[str, Mapping[str, object]]]]
 
+CONNECT_BYTES = "bytes"
+"""In :data:`FieldSchemas`, a field of Kafka Connect's ``bytes`` type with no logical
+type read here (a ``bytea``/``BLOB`` column with Debezium's default
+``binary.handling.mode=bytes``): JsonConverter writes its values as base64 text."""
+
+
+@functools.lru_cache(maxsize=8)
+def _base64(placeholder: str) -> str:
+    """How JsonConverter writes the placeholder Debezium puts into a binary column (its
+    UTF-8 bytes, ``unavailable.value.placeholder``): standard base64 with padding."""
+    return base64.b64encode(placeholder.encode("utf-8")).decode("ascii")
+
 
 def _field_schemas(schema: object) -> FieldSchemas:
     """``{"after"|"before": {field: (logical type name, parameters)}}`` for the fields
-    the Kafka Connect ``schema`` gives a logical type this module reads."""
+    the Kafka Connect ``schema`` gives a logical type this module reads, and
+    ``(CONNECT_BYTES, {})`` for its other ``bytes`` fields."""
     out: FieldSchemas = {}
     if not isinstance(schema, dict) or not isinstance(schema.get("fields"), list):
         return out
@@ -323,6 +347,8 @@ def _field_schemas(schema: object) -> FieldSchemas:
             if isinstance(col, str) and type_name in LOGICAL_TYPES:
                 parameters = entry.get("parameters")
                 fields[col] = (str(type_name), parameters if isinstance(parameters, dict) else {})
+            elif isinstance(col, str) and entry.get("type") == CONNECT_BYTES:
+                fields[col] = (CONNECT_BYTES, {})
         out[str(side["field"])] = fields
     return out
 
