@@ -64,7 +64,11 @@ def test_snapshots_show_the_columns_of_after(cli: Cli, landing: Path) -> None:
 
 
 def test_changes_hide_the_order_and_an_lsn_alone_is_no_change(cli: Cli, landing: Path) -> None:
-    _land(cli, landing)
+    result = _land(cli, landing)
+    # the run's counts are those of the changes below: an LSN alone is no insert and no
+    # retraction (ts 1: bob -> bobby; ts 2: nothing)
+    assert "0002.jsonl: ts 1, 3 row(s) read, 1 insert(s), 1 retraction(s)" in result.err
+    assert "0003.jsonl: ts 2, 1 row(s) read, 0 insert(s), 0 retraction(s)" in result.err
     assert _sorted(cli.changes()) == [
         {"row": {"id": 1, "name": "ann"}, "ts": 0, "diff": 1},
         {"row": {"id": 2, "name": "bob"}, "ts": 0, "diff": 1},

@@ -22,6 +22,7 @@ from tests.model import UpsertModel
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.landing.debezium import DELETE_MARKER
 from upsert_core.landing.schema import ENVELOPE_ORDER_PREFIX
+from upsert_core.shard_table import ShardTable
 
 from .helpers import (
     change_rows,
@@ -68,6 +69,9 @@ def run(batches: list[list[Any]], scope: str, buckets: int = 2) -> tuple[Any, Up
             key=("id",), envelope="debezium", order_scope=scope, buckets=buckets))
         skipped = report.skipped
         assert report.to_dict()["skipped"] == skipped
+    for file in report.files:  # the counts are those of the changes reads show
+        diffs = ShardTable(shard).changes(file.ts, file.ts + 1).column("__diff").to_pylist()
+        assert (file.inserts, file.retractions) == (diffs.count(1), diffs.count(-1)), file.name
     return shard, model, skipped
 
 
