@@ -6,7 +6,10 @@ A shard stores each row as the values of its source schema's columns. Most shard
 exactly those. A Debezium shard (``--envelope debezium``) also stores its order field(s)
 (``source.lsn``; ``source.file``, ``source.pos``, ``source.row``; ``ts_ms``) in every
 row: the global order scope reads a key's order back from its row when it rebuilds a
-bucket's state, and ``check`` compares checkpointed orders with it. But the shard's
+bucket's state, and ``check`` compares checkpointed orders with it. They are stored under
+reserved names (``(debezium order) ts_ms``: ``SourceSchema.order_columns``; shards
+created before reserved names use the fields' own names), so a column of ``after`` named
+like an order field is one of the shard's columns, shown as any other. But the shard's
 columns are the columns of ``after`` (CONTRACT.md, "Change data capture"), so those
 stored columns are *hidden*: :meth:`ShardOptions.hidden_columns
 <upsert_core.ingest.shard_config.ShardOptions.hidden_columns>` names them, from the

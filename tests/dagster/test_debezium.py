@@ -30,3 +30,25 @@ def test_a_debezium_partition_run_shows_the_columns_of_after(plat: Platform) -> 
     assert table.snapshot().column_names == ["id", "name"]
     checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
     assert checks["state_matches_shard"] and checks["shard_consolidated"]
+
+
+def test_partition_metadata_counts_the_changes_a_read_shows(plat: Platform) -> None:
+    """An event that repeats a key's ``after`` with a new LSN changes only the hidden
+    order: the partition's inserts and retractions leave it out, as ``changes`` does."""
+    write_jsonl(plat.landing / "b-01.jsonl", [
+        event("r", 10, after={"id": 1, "name": "ann"}),
+        event("r", 11, after={"id": 2, "name": "bob"})])
+    write_jsonl(plat.landing / "b-02.jsonl", [
+        event("u", 12, after={"id": 1, "name": "ann"}),  # the same after, a new LSN
+        event("u", 13, after={"id": 2, "name": "bobby"})])
+    spec = plat.spec(envelope="debezium", key=("id",), order_scope="global")
+    built, result = plat.ingest_partition(spec, ["b-01.jsonl", "b-02.jsonl"], "b-02.jsonl")
+    assert result.success
+    state = built.key("upsert_state")
+    [meta] = [{k: v.value for k, v in e.materialization.metadata.items()}
+              for e in result.get_asset_materialization_events()
+              if e.asset_key == state and e.partition == "b-02.jsonl"]
+    assert (meta["inserts"], meta["retractions"]) == (1, 1)
+    changes = ShardTable(plat.shard(spec.shard)).changes(1, 2)
+    assert changes.column("__diff").to_pylist().count(1) == 1
+    assert changes.num_rows == 2

@@ -130,6 +130,35 @@ def test_debezium_parquet_with_the_placeholder(cli: Cli, landing: Path) -> None:
     assert cli.snapshot() == [{"id": 1, "body": "kept", "n": 2}]
 
 
+def test_debezium_binary_columns_keep_their_bytes(cli: Cli, landing: Path) -> None:
+    """A ``bytea`` column Debezium could not read carries the placeholder's bytes: raw in
+    Parquet, base64 in JSON Lines under a schema typing the field ``bytes``. Both keep the
+    stored value; a new value still replaces it."""
+    image = pa.struct([("id", pa.int64()), ("blob", pa.binary()), ("n", pa.int64())])
+    write_events_parquet(landing, "0001.parquet", [
+        event("c", 1, after={"id": 1, "blob": b"\x00kept", "n": 1}),
+        event("c", 2, after={"id": 2, "blob": b"\x01kept", "n": 1})], image=image)
+    cli.ingest(landing, "--envelope", "debezium", "--key", "id", "--missing", "keep")
+    write_events_parquet(landing, "0002.parquet", [
+        event("u", 3, after={"id": 1, "blob": PH.encode(), "n": 2}),
+        event("u", 4, after={"id": 2, "blob": b"new", "n": 2})], image=image)
+    cli.ingest(landing)
+    rows = {r["id"]: r for r in cli.snapshot()}
+    assert rows == {1: {"id": 1, "blob": "AGtlcHQ=", "n": 2},  # base64 of b"\x00kept"
+                    2: {"id": 2, "blob": "bmV3", "n": 2}}
+
+    connect = {"type": "struct", "fields": [{"field": "after", "type": "struct", "fields": [
+        {"field": "id", "type": "int64"}, {"field": "data", "type": "bytes", "optional": True}]}]}
+    write_jsonl(landing, "0003.jsonl", [
+        {"schema": connect, "payload": event("r", 5, after={"id": 7, "data": "AQI="})}])
+    write_jsonl(landing, "0004.jsonl", [
+        {"schema": connect, "payload": event("u", 6, after={
+            "id": 7, "data": "X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ=="})}])
+    cli.ingest(landing)
+    assert {r["id"]: r["data"] for r in cli.snapshot()}[7] == "AQI="
+    assert cli.errors() == []
+
+
 def test_another_placeholder_and_the_setting_is_fixed(cli: Cli, landing: Path) -> None:
     write_jsonl(landing, "0001.jsonl", [{"key": 1, "offset": 1, "v": "a", "w": "b"}])
     refused = cli.ingest(landing, "--unavailable", "?", rc=None)

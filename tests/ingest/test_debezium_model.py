@@ -2,7 +2,8 @@
 ``tests.model.UpsertModel``: the test converts the events into plain rows itself (after
 + order, or the key from ``before`` with the delete marker; ``t``/``m`` and ``null`` lines
 dropped) and feeds them to the model; the shard's stored snapshot and changes at every ts
-must equal the model's (the order column included: the rows store it), and what the Python
+must equal the model's (the order column included: the rows store it, under its reserved
+name), and what the Python
 read API shows must equal the model's rows without it (the shard's columns are
 ``after``'s, so an update that changes only the LSN is no change), in both order scopes.
 A fixed scenario, then generated event streams."""
@@ -20,6 +21,8 @@ from hypothesis import strategies as st
 from tests.model import UpsertModel
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.landing.debezium import DELETE_MARKER
+from upsert_core.landing.schema import ENVELOPE_ORDER_PREFIX
+from upsert_core.shard_table import ShardTable
 
 from .helpers import (
     change_rows,
@@ -30,7 +33,8 @@ from .helpers import (
     write_jsonl,
 )
 
-ORDER = "source.lsn"
+ORDER = ENVELOPE_ORDER_PREFIX + "source.lsn"
+"""The order's stored column (a new Debezium shard's reserved name for ``source.lsn``)."""
 
 
 def plain_rows(events: list[Any]) -> list[dict[str, Any]]:
@@ -65,6 +69,9 @@ def run(batches: list[list[Any]], scope: str, buckets: int = 2) -> tuple[Any, Up
             key=("id",), envelope="debezium", order_scope=scope, buckets=buckets))
         skipped = report.skipped
         assert report.to_dict()["skipped"] == skipped
+    for file in report.files:  # the counts are those of the changes reads show
+        diffs = ShardTable(shard).changes(file.ts, file.ts + 1).column("__diff").to_pylist()
+        assert (file.inserts, file.retractions) == (diffs.count(1), diffs.count(-1)), file.name
     return shard, model, skipped
 
 

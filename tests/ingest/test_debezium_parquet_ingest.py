@@ -23,9 +23,8 @@ from upsert_core.landing.chunks import CHUNK_ROWS_ENV, STREAM_BYTES_ENV
 from upsert_core.landing.debezium import DELETE_MARKER
 
 from .helpers import contents, memory_shard
-from .test_debezium_model import SCENARIO, assert_matches, events, plain_rows
+from .test_debezium_model import ORDER, SCENARIO, assert_matches, events, plain_rows
 
-ORDER = "source.lsn"
 IMAGE = pa.struct([("id", pa.int64()), ("v", pa.string()), ("__deleted", pa.bool_())])
 SOURCE = pa.struct([("lsn", pa.int64())])
 

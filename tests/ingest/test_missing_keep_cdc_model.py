@@ -21,6 +21,7 @@ from tests.debezium_events import event, write_events_jsonl, write_events_parque
 from tests.model import UpsertModel
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.shard_config import CHECKPOINT_REF_PREFIX
+from upsert_core.landing.schema import ENVELOPE_ORDER_PREFIX
 from upsert_core.persist.shard import Shard
 
 from .helpers import (
@@ -33,6 +34,8 @@ from .helpers import (
 )
 
 PH = "__debezium_unavailable_value"
+LSN = ENVELOPE_ORDER_PREFIX + "source.lsn"
+"""A Debezium shard's stored order column (the reserved name of ``source.lsn``)."""
 ABSENT = object()
 IMAGE = pa.struct([("key", pa.int64()), ("v", pa.string()), ("n", pa.int64())])
 
@@ -100,8 +103,7 @@ def change_event(draw: st.DrawFn, parquet: bool) -> tuple[dict[str, Any], dict[s
     key, lsn = draw(st.integers(0, 3)), draw(st.integers(0, 4))
     if draw(st.integers(0, 4)) == 0:
         before = {"key": key, "v": None, "n": None} if parquet else {"key": key}
-        return event("d", lsn, before=before), {"key": key, "source.lsn": lsn,
-                                                 "__deleted": True}
+        return event("d", lsn, before=before), {"key": key, LSN: lsn, "__deleted": True}
     after: dict[str, Any] = {"key": key}
     # Parquet has no per-row absent field and no string in an integer column.
     for col, values in (("v", ["a", "b", PH, None]), ("n", [1, -5, None, *([] if parquet
@@ -110,7 +112,7 @@ def change_event(draw: st.DrawFn, parquet: bool) -> tuple[dict[str, Any], dict[s
         if value is not ABSENT:
             after[col] = value
     op = draw(st.sampled_from(["c", "u", "r"]))
-    return event(op, lsn, after=after), {**after, "source.lsn": lsn}
+    return event(op, lsn, after=after), {**after, LSN: lsn}
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -120,7 +122,7 @@ def test_keep_with_debezium_events(
     data: st.DataObject, files: int, scope: str, buckets: int, lose: bool
 ) -> None:
     shard = memory_shard()
-    model = UpsertModel(scope, missing="keep", order="source.lsn")
+    model = UpsertModel(scope, missing="keep", order=LSN)
     request = IngestRequest(order_scope=scope, buckets=buckets, missing="keep",
                             envelope="debezium")
     with tempfile.TemporaryDirectory() as tmp:
@@ -136,7 +138,7 @@ def test_keep_with_debezium_events(
             ingest(shard, tmp, request)
             if lose:
                 _lose_checkpoints(shard)
-    _check(shard, model, hidden=("source.lsn",))
+    _check(shard, model, hidden=(LSN,))
 
 
 def test_a_row_at_the_stored_order_is_late_and_gives_no_value(tmp_path: Path) -> None:

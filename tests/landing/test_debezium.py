@@ -85,10 +85,27 @@ def test_only_tombstones_is_an_empty_batch() -> None:
     assert batch.raw.num_rows == 0 and batch.raw.columns == {} and batch.raw.errors == []
 
 
-def test_wrapper_without_schema_is_the_event() -> None:
-    rows, _ = _rows([{"payload": _event("c", 4, after={"id": 1, "v": "x"})},
-                     {"schema": None, "payload": _event("c", 5, after={"id": 2})}])
-    assert [(r["id"], r[ORDER]) for r in rows] == [(1, 4), (2, 5)]
+def test_a_wrapper_with_a_null_schema_is_the_event() -> None:
+    rows, _ = _rows([{"schema": None, "payload": _event("c", 5, after={"id": 2})}])
+    assert [(r["id"], r[ORDER]) for r in rows] == [(2, 5)]
+
+
+@pytest.mark.parametrize("payload", [
+    pytest.param({"op": "c", "after": {"id": 2}, "source": {"lsn": 5}}, id="event"),
+    pytest.param(None, id="null"),
+    pytest.param(3, id="number"),
+])
+def test_payload_without_schema_is_an_error_row_naming_the_line(payload: Any) -> None:
+    """Kafka Connect's JsonConverter writes ``schema`` and ``payload`` together (and with
+    ``schemas.enable=true`` refuses a message without both); without the setting the
+    message is the event itself. ``{"payload": ...}`` alone is neither: an error row with
+    its line, never silently unwrapped (nor, for a null payload, taken as a tombstone)."""
+    rows, batch = _rows([_event("c", 1, after={"id": 1}), {"payload": payload}])
+    assert [r["id"] for r in rows] == [1]
+    [error] = batch.raw.errors
+    assert (error.file, error.row) == ("f.jsonl", 2)
+    assert "'payload' but no 'schema'" in error.reason
+    assert "schemas.enable" in error.reason
 
 
 def test_a_field_named_like_the_default_marker_is_an_ordinary_column() -> None:
@@ -107,7 +124,7 @@ def test_order_reaches_inside_the_event() -> None:
 @pytest.mark.parametrize(("line", "reason"), [
     ([1, 2], "Debezium event is not an object (got list)"),
     ('"text"', "Debezium event is not an object (got str)"),
-    ({"payload": 3}, "Debezium event is not an object (got int)"),
+    ({"schema": None, "payload": 3}, "Debezium event is not an object (got int)"),
     ({"after": {"id": 1}, "source": {"lsn": 1}}, "Debezium event has no 'op'"),
     ({"op": None, "after": {"id": 1}}, "Debezium event has no 'op'"),
     ({"op": "x", "after": {"id": 1}}, "Debezium event has an unknown op 'x'"),

@@ -133,3 +133,85 @@ def test_another_placeholder(tmp_path: Path, placeholder: str) -> None:
     marks = _marks(batch)
     assert (marks["v"], marks["w"]) == (([False, False], [True, False]) if placeholder == PH
                                         else ([True, False], [False, False]))
+
+
+def _bytes_schema(*fields: dict[str, object]) -> dict[str, object]:
+    """A Connect schema whose ``after`` has ``id`` (int32) and ``fields``."""
+    return {"type": "struct", "fields": [{"field": "after", "type": "struct", "fields": [
+        {"field": "id", "type": "int32"}, *fields]}]}
+
+
+B64 = "X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ=="  # base64 of the placeholder's bytes
+
+
+def test_debezium_jsonl_binary_placeholder_is_its_base64(tmp_path: Path) -> None:
+    """Debezium puts the placeholder into a binary column as its bytes, and JsonConverter
+    writes Connect ``bytes`` as base64: in a field the wrapper's schema types ``bytes``,
+    that base64 is the placeholder (marked, made null); in a ``string`` field the same
+    text is a value; in a key it is an error row, as the string placeholder is."""
+    schema_json = _bytes_schema({"field": "blob", "type": "bytes", "optional": True},
+                                {"field": "text", "type": "string", "optional": True})
+    keyed = {"type": "struct", "fields": [{"field": "after", "type": "struct", "fields": [
+        {"field": "id", "type": "bytes"}]}]}
+    write_jsonl(tmp_path, "a.jsonl", [
+        {"schema": schema_json, "payload": event("u", 1, after={"id": 1, "blob": B64,
+                                                                 "text": B64})},
+        {"schema": schema_json, "payload": event("u", 2, after={"id": 2, "blob": "AAE=",
+                                                                 "text": PH})},
+        {"schema": schema_json, "payload": event("u", 3, after={"id": 3, "blob": PH})},
+        {"schema": keyed, "payload": event("u", 4, after={"id": B64})},
+    ])
+    schema = SourceSchema(key=("id",), order="source.lsn", deleted="(debezium delete)")
+    batch = validate_file(_file(tmp_path, "a.jsonl"), schema, envelope="debezium",
+                          missing=KEEP)
+    marks = _marks(batch)
+    assert marks["blob"] == [True, False, True]
+    assert marks["text"] == [False, True, True]  # row 3 leaves it out
+    assert batch.values is not None
+    assert batch.values.column("blob").to_pylist() == [None, "AAE=", None]
+    assert batch.values.column("text").to_pylist() == [B64, None, None]
+    [error] = batch.errors
+    assert error.row == 4 and "placeholder" in error.reason and "'id'" in error.reason
+
+    plain = validate_file(_file(tmp_path, "a.jsonl"), schema, envelope="debezium")
+    assert plain.missing is None and plain.values is not None
+    assert plain.values.column("blob").to_pylist()[:2] == [B64, "AAE="]  # --missing null
+
+
+def test_debezium_jsonl_binary_placeholder_follows_unavailable(tmp_path: Path) -> None:
+    schema_json = _bytes_schema({"field": "blob", "type": "bytes", "optional": True})
+    write_jsonl(tmp_path, "a.jsonl", [
+        {"schema": schema_json, "payload": event("u", 1, after={"id": 1, "blob": B64})},
+        {"schema": schema_json, "payload": event("u", 2, after={"id": 2, "blob": "Pz8/"})},
+    ])
+    schema = SourceSchema(key=("id",), order="source.lsn", deleted="(debezium delete)")
+    batch = validate_file(_file(tmp_path, "a.jsonl"), schema, envelope="debezium",
+                          missing=MissingPolicy("???"))  # "Pz8/" is base64 of b"???"
+    assert _marks(batch)["blob"] == [False, True]
+
+
+def test_binary_columns_hold_the_placeholder_as_its_bytes(tmp_path: Path) -> None:
+    """Parquet of Debezium events (Kafka Connect's S3 sink writes a binary column's
+    placeholder as raw bytes), and any binary value column of a plain Parquet file."""
+    raw = PH.encode()
+    write_events_parquet(tmp_path, "a.parquet", [
+        event("c", 1, after={"id": 1, "blob": raw}), event("c", 2, after={"id": 2, "blob": b"x"}),
+        event("c", 3, after={"id": 3, "blob": None})])
+    schema = SourceSchema(key=("id",), order="source.lsn", deleted="(debezium delete)")
+    batch = validate_file(_file(tmp_path, "a.parquet"), schema, envelope="debezium",
+                          missing=KEEP)
+    assert dict(batch.schema.columns)["blob"] is T.BINARY
+    assert _marks(batch)["blob"] == [True, False, False]  # an explicit null is not missing
+    assert batch.values is not None
+    assert batch.values.column("blob").to_pylist() == [None, b"x", None]
+
+    write_parquet(tmp_path, "b.parquet", pa.table({
+        "key": [1, 2], "offset": [1, 1],
+        "v": pa.array([raw, b"y"], pa.large_binary()), "w": pa.array([raw[:3], raw])}))
+    batch = validate_file(_file(tmp_path, "b.parquet"), SourceSchema(), missing=KEEP)
+    assert (_marks(batch)["v"], _marks(batch)["w"]) == ([True, False], [False, True])
+    write_parquet(tmp_path, "c.parquet", pa.table({
+        "key": pa.array([raw, b"k"]), "offset": [1, 1], "v": ["a", "b"]}))
+    batch = validate_file(_file(tmp_path, "c.parquet"), SourceSchema(), missing=KEEP)
+    [error] = batch.errors
+    assert error.row == 1 and "placeholder" in error.reason and "'key'" in error.reason

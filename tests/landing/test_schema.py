@@ -140,3 +140,73 @@ def test_several_order_columns_conflicts_and_invalid_options() -> None:
         SourceSchema(order=("key", "pos"))
     with pytest.raises(ConfigError, match="duplicate order columns"):
         SourceSchema(order=("pos", "pos"))
+
+
+# --- envelope orders under reserved names ------------------------------------------------
+
+DBZ = "(debezium delete)"
+
+
+def test_an_envelope_order_is_stored_under_reserved_names_as_version_3() -> None:
+    """A Debezium shard's order fields name envelope fields; its rows store them under
+    ``ENVELOPE_ORDER_PREFIX + field``, so ``after`` may have a column of the field's name.
+    The schema says so by its version (3), which earlier releases refuse."""
+    from upsert_core.landing.schema import ENVELOPE_ORDER_PREFIX as P
+
+    one = SourceSchema(key=("id",), order="ts_ms", deleted=DBZ, envelope_order=True)
+    assert one.order == "ts_ms" and one.order_fields == ("ts_ms",)
+    assert one.order_columns == (P + "ts_ms",) and not one.several_orders
+    evolved = one.evolve([("id", T.INT64), (P + "ts_ms", T.INT64), ("ts_ms", T.STRING)], "f")
+    assert evolved.role(P + "ts_ms") == "order" and evolved.role("ts_ms") == "value"
+    text = evolved.to_json()
+    assert text == ('{"columns":[["id","int64"],["(debezium order) ts_ms","int64"],'
+                    '["ts_ms","string"]],"deleted":"(debezium delete)","key":["id"],'
+                    '"order":["ts_ms"],"version":3}')
+    assert SourceSchema.from_json(text) == evolved
+    # the user's names everywhere the user sees the order
+    evolved.check_options(order="ts_ms")
+    with pytest.raises(ConfigError, match=r"--order source.lsn \(shard has ts_ms\)"):
+        evolved.check_options(order="source.lsn")
+    assert evolved.label(P + "ts_ms") == "ts_ms" and evolved.label("ts_ms") == "ts_ms"
+    with pytest.raises(IngestError, match="f: order column 'ts_ms' has type string"):
+        one.evolve([(P + "ts_ms", T.STRING)], "f")
+    with pytest.raises(IngestError, match="f: column 'ts_ms' changed type from int64"):
+        evolved.evolve([(P + "ts_ms", T.TIMESTAMP)], "f")
+
+    several = SourceSchema(key=("id",), order=("source.file", "source.pos"), deleted=DBZ,
+                           envelope_order=True)
+    assert several.several_orders and several.order_text == "source.file,source.pos"
+    assert several.order_columns == (P + "source.file", P + "source.pos")
+    assert SourceSchema.from_json(several.to_json()) == several
+    assert '"version":3' in several.to_json()
+    # a key may be named like an order field: they are different stored columns
+    SourceSchema(key=("ts_ms",), order="ts_ms", deleted=DBZ, envelope_order=True)
+    with pytest.raises(ConfigError, match="must be distinct"):
+        SourceSchema(key=("ts_ms",), order="ts_ms", deleted=DBZ)
+
+
+def test_without_reserved_names_a_schema_is_stored_exactly_as_before() -> None:
+    """Plain shards and Debezium shards created before reserved names: versions 1 and 2,
+    byte for byte, their order columns named by the order itself."""
+    old = SourceSchema(key=("id",), order="ts_ms", deleted=DBZ,
+                       columns=(("id", T.INT64), ("ts_ms", T.INT64)))
+    assert old.to_json() == ('{"columns":[["id","int64"],["ts_ms","int64"]],'
+                             '"deleted":"(debezium delete)","key":["id"],"order":"ts_ms",'
+                             '"version":1}')
+    assert SourceSchema.from_json(old.to_json()) == old and not old.envelope_order
+    assert old.order_columns == ("ts_ms",) and old.label("ts_ms") == "ts_ms"
+
+
+@pytest.mark.parametrize("text", [
+    '{"version":3,"key":["id"],"order":[],"deleted":"d","columns":[]}',
+    '{"version":3,"key":["id"],"order":"ts_ms","deleted":"d","columns":[]}',
+])
+def test_a_malformed_version_3_schema_is_refused(text: str) -> None:
+    with pytest.raises(ConfigError, match="version 3 needs a list of order fields"):
+        SourceSchema.from_json(text)
+
+
+def test_a_newer_schema_version_says_a_newer_release_wrote_it() -> None:
+    with pytest.raises(ConfigError, match="version 4 .*newer release"):
+        SourceSchema.from_json('{"version":4,"key":["id"],"order":["x"],"deleted":"d",'
+                               '"columns":[]}')

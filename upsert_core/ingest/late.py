@@ -325,13 +325,26 @@ def user_schema(schema: SourceSchema | None) -> pa.Schema:
 
 def user_table(table: pa.Table, schema: SourceSchema | None) -> pa.Table:
     """The late collection as users read it: ``order`` and ``stored_order`` are the
-    order column's values for one order column, a struct of them for several."""
-    if not _typed(schema) or schema is None or schema.several_orders:
+    order column's values for one order column, a struct of them for several, its
+    fields named as ``--order`` names them (``source.file``, never a stored column's
+    reserved name, ``SourceSchema.order_columns``)."""
+    if not _typed(schema) or schema is None:
         return table
     out = table
     for name in ("order", "stored_order"):
         column = table.column(name).combine_chunks()
-        out = out.set_column(out.schema.get_field_index(name), name, column.field(0))
+        if not schema.several_orders:
+            shown: pa.Array = column.field(0)
+        elif schema.order_fields == schema.order_columns:
+            continue
+        else:
+            # (a cast would match fields by name, and nulls where none matches)
+            shown = pa.StructArray.from_arrays(
+                [column.field(i) for i in range(column.type.num_fields)],
+                fields=[f.with_name(label) for f, label
+                        in zip(column.type, schema.order_fields, strict=True)],
+                mask=column.is_null())
+        out = out.set_column(out.schema.get_field_index(name), name, shown)
     return out
 
 

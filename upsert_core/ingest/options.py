@@ -16,6 +16,8 @@ Invariants:
 - ``--envelope debezium`` (``landing.debezium``): the order defaults to ``source.lsn``
   and the delete marker is the envelope's own column, so a request naming
   ``deleted_col`` for such a shard (new or stored) is refused with :class:`ConfigError`.
+  A new Debezium shard stores its order under reserved names
+  (``SourceSchema.envelope_order``); a stored shard keeps the naming it was created with.
 - ``--missing keep`` (``landing.missing``) is fixed like the envelope, with its
   placeholder (``--unavailable``, default Debezium's); ``--unavailable`` for a shard
   whose values left out mean null is refused with :class:`ConfigError`.
@@ -263,6 +265,9 @@ def resolve_options(
             order=_order(request.order) if request.order else (
                 DEBEZIUM_ORDER if debezium else DEFAULT_ORDER),
             deleted=DELETE_MARKER if debezium else request.deleted_col or DEFAULT_DELETED,
+            # A new Debezium shard stores its order under reserved names (schema
+            # version 3), so a column of ``after`` may be named like an order field.
+            envelope_order=debezium,
         )
         return ShardOptions(
             schema, scope or OrderScope.BATCH, buckets or DEFAULT_BUCKETS,

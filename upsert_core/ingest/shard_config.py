@@ -185,14 +185,20 @@ class ShardOptions:
     @property
     def hidden_columns(self) -> tuple[str, ...]:
         """The stored columns that are not columns of the shard: a Debezium shard's order
-        field(s) (``source.lsn``, ...). Its rows hold them, as a plain shard's rows hold
+        field(s) (``source.lsn``, ...), under their stored names
+        (``SourceSchema.order_columns``). Its rows hold them, as a plain shard's rows hold
         its order column, so the global scope can read a key's order back from its row;
         but they are the envelope's fields, not ``after``'s, and reads never show them
         (CONTRACT.md, "Change data capture"; ``upsert_core.row_view``). Derived from the
         stored options alone, so shards written before reads hid them read the same."""
-        if self.envelope is Envelope.DEBEZIUM:
-            return self.schema.order_columns
-        return ()
+        return hidden_columns(self.schema, self.envelope)
+
+
+def hidden_columns(schema: SourceSchema, envelope: Envelope | str) -> tuple[str, ...]:
+    """:attr:`ShardOptions.hidden_columns` of a shard with ``schema`` and ``envelope``."""
+    if parse_envelope(envelope) is Envelope.DEBEZIUM:
+        return schema.order_columns
+    return ()
 
 
 def _frozen(mapping: Mapping[int, str]) -> Mapping[int, str]:

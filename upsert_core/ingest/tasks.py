@@ -92,9 +92,11 @@ from upsert_core.ingest.missing_values import fill_missing
 from upsert_core.ingest.outcome import BucketResult, FileRead
 from upsert_core.ingest.rehydrate import GLOBAL_REHYDRATION_WARNING, rehydrate_bucket
 from upsert_core.ingest.replay import keep_part_copies, replay_bucket
+from upsert_core.ingest.shard_config import hidden_columns
 from upsert_core.ingest.statecache import CachedState, CacheKey, StateCache
 from upsert_core.ingest.tombstones import load_tombstones, with_tombstones, write_tombstones
 from upsert_core.ingest.typed_base import write_typed_base
+from upsert_core.ingest.visible_counts import hidden_only_pairs
 from upsert_core.landing import (
     LandingFile,
     RowError,
@@ -713,6 +715,13 @@ def _run_bucket(
                 part_values(row_schema, rows, table, drained.sources)
                 if task.typed_parts else None
             )
+            if drained.retractions:
+                # The counts are of the changes reads show (ingest.visible_counts): a
+                # Debezium update that changes only the hidden order is none.
+                same = hidden_only_pairs(
+                    table, row_schema, hidden_columns(row_schema, task.envelope), values)
+                result.inserts -= same
+                result.retractions -= same
             result.parts = list(write_parts(
                 blob, task.shard_id, table, inline_threshold=task.inline_threshold,
                 presorted=True,  # drain_to_upper emits (key, row) order

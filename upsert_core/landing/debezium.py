@@ -3,7 +3,12 @@ the plain rows validation already knows (a :class:`RawBatch`). Parquet files of 
 :mod:`~upsert_core.landing.debezium_parquet`, which follows this module's rules.
 
 Each line is an event object, or Kafka Connect's wrapper ``{"schema": ..., "payload":
-EVENT}``. The translation runs BEFORE validation, so row numbers, error rows, typing and
+EVENT}`` (both keys, ``schema`` possibly null, as JsonConverter with
+``schemas.enable=true`` writes and requires it). A line ``{"payload": ...}`` without
+``schema`` is neither: JsonConverter refuses it with ``schemas.enable=true`` and takes
+the whole object as the value without it, so it is an error row saying so, never
+unwrapped (a converter or tool that dropped the schema may have changed more). The
+translation runs BEFORE validation, so row numbers, error rows, typing and
 the upsert semantics are the plain path's, unchanged.
 
 Invariants:
@@ -18,12 +23,17 @@ Invariants:
   delete marker false. ``op`` ``d``: only the key columns, read from ``before``, with the
   order value and the delete marker true.
 - The delete marker column is :data:`DELETE_MARKER`, a name the translation alone
-  writes: a field of ``after``/``before`` of that name, or named like the order, is an
-  error row, never confused with the envelope's own columns.
+  writes: a field of ``after``/``before`` of that name, or named like an order column,
+  is an error row, never confused with the envelope's own columns.
 - The order value is the event field the order names, a dot reaching inside
-  (``source.lsn``, ``ts_ms``); it is a column of the batch named by the order, like a
-  plain file's order column, and so is stored in the shard's rows (the global scope's
-  rebuild reads a key's order back from its row). An order of several fields
+  (``source.lsn``, ``ts_ms``); it is a column of the batch, like a plain file's order
+  column, and so is stored in the shard's rows (the global scope's rebuild reads a
+  key's order back from its row). The column is the shard's stored order column
+  (``SourceSchema.order_columns``): for a shard created since the order got reserved
+  names, ``(debezium order) ts_ms`` (``landing.schema.ENVELOPE_ORDER_PREFIX``), which
+  no table has, so a field ``ts_ms`` of ``after`` is an ordinary column beside it; for
+  a shard created before, the field's own name, exactly as then (so there a field of
+  ``after`` named like the order is still an error row). An order of several fields
   (``source.file,source.pos,source.row``) gives one such column per field, each read
   the same way. Stored, but not a column of the shard: the shard's columns are
   ``after``'s (CONTRACT.md), so every read hides the order columns of a Debezium shard
@@ -41,6 +51,12 @@ Invariants:
   one), is an error row.
 - ``Decimal`` has no column type here: it is read as float64 when the float reads back
   as the same decimal at its scale (as Parquet decimals are), else it is an error row.
+- With a placeholder (``--missing keep``), a field the wrapper's ``schema`` types
+  ``bytes`` (no logical type) whose value is the base64 of the placeholder's UTF-8 bytes
+  holds the placeholder: Debezium puts its sentinel into a binary column as bytes, and
+  JsonConverter writes bytes as base64. It is then the placeholder string, so it is
+  marked (a value column) or refused (a key) exactly as the string is. Any other value
+  of such a field stays its base64 text, as before.
 """
 
 from __future__ import annotations
@@ -49,6 +65,7 @@ import base64
 import binascii
 import datetime as dt
 import decimal
+import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -84,6 +101,11 @@ DEFAULT_ORDER = "source.lsn"
 DELETE_MARKER = "(debezium delete)"
 """The delete-marker column of a Debezium shard's schema; only the envelope sets it."""
 
+_PAYLOAD_WITHOUT_SCHEMA = (
+    "a line with 'payload' but no 'schema' is neither a Debezium event nor Kafka Connect's"
+    " wrapper (JsonConverter with schemas.enable=true writes both 'schema' and 'payload';"
+    " with schemas.enable=false the line is the event itself)"
+)
 _ROW_OPS = frozenset({"c", "r", "u"})
 _SKIPPED_OPS = frozenset({"t", "m"})
 
@@ -125,15 +147,29 @@ def order_fields(order: str | Sequence[str]) -> tuple[str, ...]:
     return (order,) if isinstance(order, str) else tuple(order)
 
 
+def order_names(order: tuple[str, ...], stored: Sequence[str] | None) -> tuple[str, ...]:
+    """The columns the order's fields are written to: ``stored`` (the shard's
+    ``SourceSchema.order_columns``, one per field), or the fields' own names."""
+    if stored is None:
+        return order
+    names = tuple(stored)
+    if len(names) != len(order):
+        raise ValueError(f"order fields {order} and stored columns {names} do not pair up")
+    return names
+
+
 def translate_jsonl(
     name: str, data: bytes, key: tuple[str, ...], order: str | Sequence[str],
-    placeholder: str | None = None,
+    placeholder: str | None = None, stored: Sequence[str] | None = None,
 ) -> DebeziumBatch:
     """The events of a JSON Lines file as plain rows (module docstring); ``order`` is
-    the order's field, or its fields for an order of several. With a ``placeholder``
-    (``--missing keep``), the rows' left-out fields and placeholder values of ``after``
-    (key columns apart) are recorded in ``RawBatch.missing``, the values made null."""
+    the order's field, or its fields for an order of several, and ``stored`` the
+    columns their values go to (default: the fields' names; see :func:`order_names`).
+    With a ``placeholder`` (``--missing keep``), the rows' left-out fields and
+    placeholder values of ``after`` (key columns apart) are recorded in
+    ``RawBatch.missing``, the values made null."""
     order = order_fields(order)
+    stored = order_names(order, stored)
     errors: list[RowError] = []
     skipped = 0
     rows: list[tuple[int, dict[str, object], dict[str, str]]] = []
@@ -141,7 +177,7 @@ def translate_jsonl(
     schemas = _LastFieldSchemas()
     for number, line in json_lines(name, data, errors, reuse_wrapper_schema=True):
         try:
-            event = _translate(line, key, order, placeholder, schemas)
+            event = _translate(line, key, order, placeholder, schemas, stored)
         except Unreadable as exc:
             errors.append(RowError(name, number, str(exc)))
             continue
@@ -154,7 +190,7 @@ def translate_jsonl(
         if placeholder is not None:
             gone = {c for c, v in row.items()
                     if v == placeholder and isinstance(v, str) and c not in key
-                    and c not in order and c != DELETE_MARKER}
+                    and c not in stored and c != DELETE_MARKER}
             if gone:
                 unavailable[number] = gone
                 for col in gone:
@@ -180,7 +216,7 @@ def translate_jsonl(
         for col in row:
             names.setdefault(col, None)
     if kept:
-        for col in (*key, *order, DELETE_MARKER):
+        for col in (*key, *stored, DELETE_MARKER):
             names.setdefault(col, None)
     columns: dict[str, Column] = {}
     kinds: dict[str, SourceKind] = {}
@@ -221,16 +257,21 @@ def _mismatch(row: dict[str, object], types: dict[str, str], logical: dict[str, 
 def _translate(
     line: object, key: tuple[str, ...], order: tuple[str, ...], placeholder: str | None = None,
     field_schemas_of: Callable[[object], FieldSchemas] | None = None,
+    stored: tuple[str, ...] | None = None,
 ) -> tuple[dict[str, object], dict[str, str]] | str | None:
     """One line -> (row, {column: logical type name}), ``"skipped"``, or None (a
     tombstone); raises :class:`Unreadable` for an error row. A ``placeholder`` value of
     a value column is not read as its logical type (the caller marks it missing).
-    ``field_schemas_of``: :func:`_field_schemas`, or a cache of it."""
+    ``field_schemas_of``: :func:`_field_schemas`, or a cache of it. ``stored``: the
+    columns the order's fields go to (:func:`order_names`)."""
+    stored = order if stored is None else stored
     if line is None:
         return None
     field_schemas: Mapping[str, object] = {}
     event = line
-    if isinstance(line, dict) and "payload" in line and set(line) <= {"schema", "payload"}:
+    if isinstance(line, dict) and set(line) == {"payload"}:
+        raise Unreadable(_PAYLOAD_WITHOUT_SCHEMA)
+    if isinstance(line, dict) and set(line) == {"schema", "payload"}:
         event = line["payload"]
         if event is None:
             return None  # the wrapper of a Kafka tombstone
@@ -259,24 +300,28 @@ def _translate(
     for col, value in image.items():
         if not is_utf8(col):
             raise Unreadable(f"malformed JSON line: a field of {side!r} is not UTF-8")
-        if col in order or col == DELETE_MARKER:
+        if col in stored or col == DELETE_MARKER:
             raise Unreadable(
                 f"field {col!r} of {side!r} is named like the envelope's "
-                + ("order" if col in order else "delete marker")
+                + ("order" if col in stored else "delete marker")
             )
         type_name, parameters = fields.get(col, (None, {}))
+        if type_name == CONNECT_BYTES:
+            type_name = None  # read as JSON Lines reads it: the base64 text
+            if placeholder is not None and value == _base64(placeholder):
+                value = placeholder  # Debezium's sentinel for a binary column
         unavailable = placeholder is not None and value == placeholder and col not in key
         if type_name is not None and value is not None and not unavailable:
             row[col] = logical_value(col, value, type_name, parameters)
             types[col] = type_name
         else:
             row[col] = value
-    for path in order:
+    for path, column in zip(order, stored, strict=True):
         order_value = _reach(event, path)
         if isinstance(order_value, dict | list):
             raise Unreadable(
                 f"order {path!r} is not a number or a timestamp: {short(order_value)}")
-        row[path] = order_value
+        row[column] = order_value
     row[DELETE_MARKER] = op == "d"
     return row, types
 
@@ -293,10 +338,23 @@ def _reach(event: Mapping[str, object], path: str) -> object:
 
 FieldSchemas = dict[str, dict[str, tuple[str, Mapping[str, object]]]]
 
+CONNECT_BYTES = "bytes"
+"""In :data:`FieldSchemas`, a field of Kafka Connect's ``bytes`` type with no logical
+type read here (a ``bytea``/``BLOB`` column with Debezium's default
+``binary.handling.mode=bytes``): JsonConverter writes its values as base64 text."""
+
+
+@functools.lru_cache(maxsize=8)
+def _base64(placeholder: str) -> str:
+    """How JsonConverter writes the placeholder Debezium puts into a binary column (its
+    UTF-8 bytes, ``unavailable.value.placeholder``): standard base64 with padding."""
+    return base64.b64encode(placeholder.encode("utf-8")).decode("ascii")
+
 
 def _field_schemas(schema: object) -> FieldSchemas:
     """``{"after"|"before": {field: (logical type name, parameters)}}`` for the fields
-    the Kafka Connect ``schema`` gives a logical type this module reads."""
+    the Kafka Connect ``schema`` gives a logical type this module reads, and
+    ``(CONNECT_BYTES, {})`` for its other ``bytes`` fields."""
     out: FieldSchemas = {}
     if not isinstance(schema, dict) or not isinstance(schema.get("fields"), list):
         return out
@@ -311,6 +369,8 @@ def _field_schemas(schema: object) -> FieldSchemas:
             if isinstance(col, str) and type_name in LOGICAL_TYPES:
                 parameters = entry.get("parameters")
                 fields[col] = (str(type_name), parameters if isinstance(parameters, dict) else {})
+            elif isinstance(col, str) and entry.get("type") == CONNECT_BYTES:
+                fields[col] = (CONNECT_BYTES, {})
         out[str(side["field"])] = fields
     return out
 

@@ -63,6 +63,7 @@ from upsert_core.landing.debezium import (
     Unreadable,
     logical_value,
     order_fields,
+    order_names,
     short,
     translate_jsonl,
 )
@@ -102,11 +103,12 @@ def read_debezium(
     """One landing file of Debezium events, read whole: JSON Lines or Parquet (with a
     ``placeholder``: ``--missing keep``, see the translations)."""
     if file.suffix == ".jsonl":
-        return translate_jsonl(file.name, file.read_bytes(), schema.key, schema.order_columns,
-                               placeholder)
+        return translate_jsonl(file.name, file.read_bytes(), schema.key, schema.order_fields,
+                               placeholder, schema.order_columns)
     if file.suffix == ".parquet":
         raw = read_parquet(file.name, file.read_bytes())
-        return translate_parquet(raw, schema.key, schema.order_columns, placeholder)
+        return translate_parquet(raw, schema.key, schema.order_fields, placeholder,
+                                 schema.order_columns)
     raise IngestError(
         f"{file.name}: --envelope debezium reads JSON Lines (.jsonl) and Parquet (.parquet)"
         " files only"
@@ -122,18 +124,21 @@ def debezium_chunks(
     where the whole file's first kept event would order them otherwise, which no
     schema sees: validation appends each chunk's new columns in order)."""
     for raw in parquet_chunks(file):
-        yield translate_parquet(raw, schema.key, schema.order_columns, placeholder)
+        yield translate_parquet(raw, schema.key, schema.order_fields, placeholder,
+                                schema.order_columns)
 
 
 def translate_parquet(
     raw: RawBatch, key: tuple[str, ...], order: str | Sequence[str],
-    placeholder: str | None = None,
+    placeholder: str | None = None, stored: Sequence[str] | None = None,
 ) -> DebeziumBatch:
     """The events of a Parquet file (or chunk) read as ``raw`` as plain rows; ``order``
-    is the order's field, or its fields for an order of several. With a ``placeholder``
+    is the order's field, or its fields for an order of several, and ``stored`` the
+    columns their values go to (as ``debezium.translate_jsonl``). With a ``placeholder``
     (``--missing keep``), placeholder values of ``after``'s value fields are made null
     before they are read as their logical type, and recorded in ``RawBatch.missing``."""
     order = order_fields(order)
+    stored = order_names(order, stored)
     name, n = raw.file, raw.num_rows
     columns = {col: _plain(arr) for col, arr in raw.columns.items()
                if isinstance(arr, pa.Array)}
@@ -165,8 +170,8 @@ def translate_parquet(
     after, before = images["after"], images["before"]
     after_fields = [] if after is None else [f.name for f in after.type]
     for col in after_fields:
-        if col in order or col == DELETE_MARKER:
-            what = "order" if col in order else "delete marker"
+        if col in stored or col == DELETE_MARKER:
+            what = "order" if col in stored else "delete marker"
             flag(is_row, f"field {col!r} of 'after' is named like the envelope's {what}")
 
     # Values: every field of ``after`` for c/r/u, the key columns of ``before`` for d,
@@ -192,7 +197,8 @@ def translate_parquet(
             flag(is_del & bad, why=why)
             key_values[col] = arr
 
-    order_values = {path: _order_values(columns, path, n, events, flag) for path in order}
+    order_values = {column: _order_values(columns, path, n, events, flag)
+                    for path, column in zip(order, stored, strict=True)}
 
     kept = np.flatnonzero((is_row & _valid(after, n)) | (is_del & _valid(before, n)))
     if reasons:
@@ -207,7 +213,8 @@ def translate_parquet(
     take = pa.array(kept, pa.int64())
     deletes = is_del[kept]
     out: dict[str, Column] = {}
-    for col in _column_order(after_fields, key, order, bool(deletes[0]), bool((~deletes).any())):
+    for col in _column_order(after_fields, key, stored, bool(deletes[0]),
+                             bool((~deletes).any())):
         if col in order_values:
             out[col] = order_values[col].take(take)
         elif col == DELETE_MARKER:

@@ -3,7 +3,9 @@ data capture").
 
 With ``keep``, a value column is *missing* from a row when the row leaves it out (a JSON
 object without the field, a file without the column) or holds the placeholder string
-(:data:`DEFAULT_PLACEHOLDER`, Debezium's TOAST marker, or ``--unavailable TEXT``); the
+(:data:`DEFAULT_PLACEHOLDER`, Debezium's TOAST marker, or ``--unavailable TEXT``), in a
+binary column as its UTF-8 bytes, in a Debezium JSON field the wrapper's schema types
+``bytes`` as their base64 (as Debezium and Kafka Connect send it there); the
 ingest then keeps the key's previous value there (``ingest.missing_values``). An
 explicit null is not missing. This module names the setting and carries the per-row
 "missing" marks from the readers through validation to the bucket step.
@@ -76,16 +78,31 @@ class MissingPolicy:
 
 
 def placeholder_mask(col: Column, placeholder: str) -> Mask | None:
-    """Entries of ``col`` that are the placeholder string (None: none can be)."""
+    """Entries of ``col`` that are the placeholder (None: none can be): the string in a
+    text column, its UTF-8 bytes in a binary one. Debezium puts its sentinel into a
+    column of the column's own type, so a ``bytea``/``BLOB`` column that it could not read
+    carries the placeholder's bytes (as Kafka Connect's S3 sink writes them to Parquet);
+    a binary value is that placeholder exactly when its bytes are the text's."""
     if isinstance(col, list):
         if not any(v == placeholder for v in col if isinstance(v, str)):
             return None
         return np.fromiter((isinstance(v, str) and v == placeholder for v in col),
                            dtype=np.bool_, count=len(col))
-    # Text (CSV) and typed columns alike: only string arrays can hold it.
-    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+    # Text (CSV) and typed columns alike: only string and binary arrays can hold it.
+    t = col.type
+    if pa.types.is_string_view(t) or pa.types.is_binary_view(t):
+        col = col.cast(pa.string() if pa.types.is_string_view(t) else pa.binary())
+        t = col.type
+    raw = placeholder.encode("utf-8")
+    binary = pa.types.is_binary(t) or pa.types.is_large_binary(t) or (
+        pa.types.is_fixed_size_binary(t) and t.byte_width == len(raw))
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        sought: pa.Scalar = pa.scalar(placeholder, t)
+    elif binary:
+        sought = pa.scalar(raw, t)
+    else:
         return None
-    found = pc.fill_null(pc.equal(col, pa.scalar(placeholder, col.type)), False)
+    found = pc.fill_null(pc.equal(col, sought), False)
     mask = np.asarray(found.to_numpy(zero_copy_only=False), dtype=np.bool_)
     return mask if mask.any() else None
 

@@ -23,6 +23,16 @@ Invariants:
   schema with one order column is written as version 1, byte for byte as before; one
   with several as version 2 (``order`` a list), which releases before several-column
   orders refuse by its version instead of misreading it.
+- ``envelope_order`` (a Debezium shard created since the order got reserved names):
+  ``order`` names fields of a change event's envelope (``source.lsn``, ``ts_ms``), not
+  columns, and each row stores them under reserved names, :data:`ENVELOPE_ORDER_PREFIX`
+  + the field (:attr:`SourceSchema.order_columns`), so a column of ``after`` named like
+  the field (``ts_ms``) is an ordinary value column beside it. Such a schema is written
+  as version 3 (``order`` always a list), which earlier releases refuse by its version
+  ("unsupported source schema version 3") instead of reading the reserved columns as
+  the user's; a schema without it (every plain shard, and Debezium shards created
+  before) is written and read exactly as before, its order columns named by ``order``.
+  Messages name an order column as the user does (:meth:`SourceSchema.label`).
 """
 
 from __future__ import annotations
@@ -39,6 +49,15 @@ from upsert_core.errors import ConfigError, IngestError
 SCHEMA_VERSION = 1
 SEVERAL_ORDERS_SCHEMA_VERSION = 2
 """The stored schema's version when the order has several columns."""
+ENVELOPE_ORDER_SCHEMA_VERSION = 3
+"""The stored schema's version when the order is stored under reserved names
+(``SourceSchema.envelope_order``), with one order field or several."""
+
+ENVELOPE_ORDER_PREFIX = "(debezium order) "
+"""The reserved name of an envelope order field's stored column is this + the field:
+``(debezium order) source.lsn``. Only the Debezium translation writes such columns (a
+field of ``after`` with such a name is an error row there), so they never collide with
+the table's columns; reads hide them (``upsert_core.row_view``)."""
 
 
 class LogicalType(StrEnum):
@@ -139,6 +158,8 @@ class SourceSchema:
     """One order column, or a tuple of several (see the module docstring)."""
     deleted: str = "__deleted"
     columns: tuple[tuple[str, LogicalType], ...] = field(default=())
+    envelope_order: bool = False
+    """``order`` names envelope fields, stored under reserved names (module docstring)."""
 
     def __post_init__(self) -> None:
         if not self.key or any(not k for k in self.key):
@@ -149,7 +170,7 @@ class SourceSchema:
             if not self.order or any(not isinstance(o, str) for o in self.order):
                 raise ConfigError(f"order columns must be names: {self.order!r}")
             object.__setattr__(self, "order", normal_order(self.order))
-        if not self.order or any(not o for o in self.order_columns) or not self.deleted:
+        if not self.order or any(not o for o in self.order_fields) or not self.deleted:
             raise ConfigError("the order and delete-marker column names must not be empty")
         if len(set(self.order_columns)) != len(self.order_columns):
             raise ConfigError(f"duplicate order columns: {order_text(self.order)}")
@@ -164,9 +185,28 @@ class SourceSchema:
     # --- lookups ------------------------------------------------------------------
 
     @property
-    def order_columns(self) -> tuple[str, ...]:
-        """The order's columns, in comparison order (one for a single order column)."""
+    def order_fields(self) -> tuple[str, ...]:
+        """The order as ``--order`` names it, in comparison order: the order columns of a
+        plain file, the envelope fields of a Debezium event."""
         return (self.order,) if isinstance(self.order, str) else self.order
+
+    @property
+    def order_columns(self) -> tuple[str, ...]:
+        """The order's stored columns, in comparison order (one for a single order
+        column): :attr:`order_fields` themselves, or their reserved names with
+        ``envelope_order``."""
+        if self.envelope_order:
+            return tuple(ENVELOPE_ORDER_PREFIX + f for f in self.order_fields)
+        return self.order_fields
+
+    def label(self, name: str) -> str:
+        """Column ``name`` as messages name it: an order column's field as ``--order``
+        gives it, any other column itself."""
+        if self.envelope_order and name.startswith(ENVELOPE_ORDER_PREFIX):
+            field_name = name[len(ENVELOPE_ORDER_PREFIX):]
+            if field_name in self.order_fields:
+                return field_name
+        return name
 
     @property
     def several_orders(self) -> bool:
@@ -254,13 +294,13 @@ class SourceSchema:
             have = known.get(name)
             if have is None:
                 if role == "order" and typ not in self.order_types:
-                    raise IngestError(f"{file}: order column {name!r} has type {typ}; "
-                                      + self.order_types_text)
+                    raise IngestError(f"{file}: order column {self.label(name)!r} has type"
+                                      f" {typ}; " + self.order_types_text)
                 known[name] = typ
                 added.append((name, typ))
             elif not compatible(typ, have, role):
                 raise IngestError(
-                    f"{file}: column {name!r} changed type from {have} to {typ}"
+                    f"{file}: column {self.label(name)!r} changed type from {have} to {typ}"
                     + (" (key and order column types never change)" if role != "value" else "")
                 )
         if not added:
@@ -271,11 +311,18 @@ class SourceSchema:
 
     def to_json(self) -> str:
         several = self.several_orders
+        order: str | list[str]
+        if self.envelope_order:
+            version, order = ENVELOPE_ORDER_SCHEMA_VERSION, list(self.order_fields)
+        elif several:
+            version, order = SEVERAL_ORDERS_SCHEMA_VERSION, list(self.order_fields)
+        else:
+            version, order = SCHEMA_VERSION, self.order_fields[0]
         return json.dumps(
             {
-                "version": SEVERAL_ORDERS_SCHEMA_VERSION if several else SCHEMA_VERSION,
+                "version": version,
                 "key": list(self.key),
-                "order": list(self.order) if several else self.order,
+                "order": order,
                 "deleted": self.deleted,
                 "columns": [[name, str(typ)] for name, typ in self.columns],
             },
@@ -296,13 +343,22 @@ class SourceSchema:
                     raise ConfigError("malformed stored source schema: version 2 needs an"
                                       " order of several columns")
                 order = tuple(str(o) for o in listed)
+            elif version == ENVELOPE_ORDER_SCHEMA_VERSION:
+                listed = obj["order"]
+                if not isinstance(listed, list) or not listed:
+                    raise ConfigError("malformed stored source schema: version 3 needs a"
+                                      " list of order fields")
+                order = normal_order([str(o) for o in listed])
             else:
-                raise ConfigError(f"unsupported source schema version {version!r}")
+                raise ConfigError(
+                    f"unsupported source schema version {version!r} (the shard was written"
+                    " by a newer release of upsert-platform; upgrade to read it)")
             return cls(
                 key=tuple(str(k) for k in obj["key"]),
                 order=order,
                 deleted=str(obj["deleted"]),
                 columns=tuple((str(n), LogicalType(t)) for n, t in obj["columns"]),
+                envelope_order=version == ENVELOPE_ORDER_SCHEMA_VERSION,
             )
         except ConfigError:
             raise

@@ -258,7 +258,7 @@ def validate_batch(
         for needed in (*schema.key, *schema.order_columns):
             if needed not in raw.columns:
                 what = "order" if needed in schema.order_columns else "key"
-                raise IngestError(f"{file}: missing {what} column {needed!r}")
+                raise IngestError(f"{file}: missing {what} column {schema.label(needed)!r}")
 
     problems: dict[int, list[str]] = {}
     columns = dict(raw.columns)
@@ -268,7 +268,7 @@ def validate_batch(
             columns[name] = cleaned
             for i in np.flatnonzero(not_utf8).tolist():
                 problems.setdefault(i, []).append(
-                    f"column {name!r}: not valid UTF-8: {describe_bytes(col, i)}"
+                    f"column {schema.label(name)!r}: not valid UTF-8: {describe_bytes(col, i)}"
                 )
 
     marks: dict[str, npt.NDArray[np.bool_]] = {}
@@ -282,7 +282,7 @@ def validate_batch(
             continue
         current = schema.type_of(name)
         typ, conversion = file_type(
-            col, raw.kind_of(name), name, file, current, schema.role(name)
+            col, raw.kind_of(name), schema.label(name), file, current, schema.role(name)
         )
         batch_types.append((name, typ))
         if typ is not None and conversion is not None:
@@ -305,7 +305,7 @@ def validate_batch(
         )
         for i in np.flatnonzero(bad).tolist():
             problems.setdefault(i, []).append(
-                f"column {name!r}: cannot convert {describe(col, i)} to {typ}"
+                f"column {schema.label(name)!r}: cannot convert {describe(col, i)} to {typ}"
             )
         arrays[name] = arr
 
@@ -313,12 +313,13 @@ def validate_batch(
         role = "order" if name in schema.order_columns else "key"
         arr = arrays.get(name)
         if arr is None:  # in the file but null in every row, so never typed
-            flag(np.ones(n, dtype=np.bool_), f"null {role} column {name!r}")
+            flag(np.ones(n, dtype=np.bool_), f"null {role} column {schema.label(name)!r}")
         else:
             # Unconvertible (and not UTF-8) values are null now too but were reported
             # above: the file's own column tells which values were really null.
             was_valid = _valid_mask(raw.columns.get(name, []))
-            flag(_null_mask(arr) & ~was_valid, f"null {role} column {name!r}")
+            flag(_null_mask(arr) & ~was_valid,
+                 f"null {role} column {schema.label(name)!r}")
 
     deletes = np.zeros(n, dtype=np.bool_)
     marker = columns.get(schema.deleted)
@@ -377,7 +378,8 @@ def _placeholders(
         if found is not None and role != "value":
             for i in np.flatnonzero(found).tolist():
                 problems.setdefault(i, []).append(
-                    f"{role} column {name!r} holds the unavailable-value placeholder "
+                    f"{role} column {schema.label(name)!r} holds the unavailable-value"
+                    " placeholder "
                     f"{placeholder!r}"
                 )
             continue
