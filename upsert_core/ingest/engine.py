@@ -53,6 +53,8 @@ from upsert_core.ingest.tasks import (
 )
 from upsert_core.landing import LandingFile
 from upsert_core.landing.chunks import chunk_rows, stream_threshold, streams
+from upsert_core.landing.stream_types import StreamNotExact
+from upsert_core.landing.text_chunks import block_bytes
 from upsert_core.persist.location import Blob
 
 
@@ -132,12 +134,14 @@ def memory_budget() -> int:
 
 def check_streaming_settings() -> None:
     """Raise :class:`ConfigError` for a malformed streaming setting
-    (``UPSERT_INGEST_MEMORY_MB``, ``UPSERT_STREAM_BYTES``, ``UPSERT_STREAM_CHUNK_ROWS``),
+    (``UPSERT_INGEST_MEMORY_MB``, ``UPSERT_STREAM_BYTES``, ``UPSERT_STREAM_CHUNK_ROWS``,
+    ``UPSERT_STREAM_BLOCK_BYTES``),
     so the ingest refuses before it commits anything rather than at its first large
     file."""
     memory_budget()
     stream_threshold()
     chunk_rows()
+    block_bytes()
 
 
 class InProcessEngine:
@@ -159,9 +163,17 @@ class InProcessEngine:
         self.threads = default_threads() if threads is None else max(1, threads)
 
     def run_file(self, task: FileTask, shard: IngestShard) -> FileOutcome:
-        if streams(task.file):
-            return self._run_streamed(task, shard.blob)
-        blob = shard.blob
+        if streams(task.file, task.envelope):
+            try:
+                return self._run_streamed(task, shard.blob)
+            except StreamNotExact:
+                # Chunks of a JSON Lines file typed a column otherwise than the whole
+                # file does, or met a file-level problem: read it whole, exactly as a
+                # smaller file (nothing was written; the spill is gone).
+                pass
+        return self._run_whole(task, shard.blob)
+
+    def _run_whole(self, task: FileTask, blob: Blob) -> FileOutcome:
         read, rows = read_file(task, blob)
         outcome = FileOutcome(read=read)
         if read.file_error is not None or read.changed is not None:

@@ -23,8 +23,10 @@ Invariants:
   instead of a read error (a file still being written reads as damaged Parquet), so
   the caller never commits rows of a file that was being rewritten and leaves it
   pending. A file deleted or moved meanwhile is changed too.
-- :func:`streams` decides by suffix and listed size only (no read): Parquet files of at
-  least ``UPSERT_STREAM_BYTES`` (default 256 MiB; 0 streams every Parquet file).
+- :func:`streams` decides by suffix, envelope and listed size only (no read): Parquet
+  files, and plain JSON Lines files (``landing.text_chunks``), of at least
+  ``UPSERT_STREAM_BYTES`` (default 256 MiB; 0 streams every such file). CSV files and
+  Debezium JSON Lines files are read whole.
 """
 
 from __future__ import annotations
@@ -66,8 +68,11 @@ def chunk_rows() -> int:
     return _env_int(CHUNK_ROWS_ENV, DEFAULT_CHUNK_ROWS, 1)
 
 
-def streams(file: LandingFile) -> bool:
-    """Whether ``file`` is read in chunks (module docstring)."""
+def streams(file: LandingFile, envelope: str = "plain") -> bool:
+    """Whether ``file`` is read in chunks (module docstring): Parquet, and JSON Lines of
+    the plain envelope (``landing.text_chunks``)."""
+    if file.suffix == ".jsonl" and envelope == "plain":
+        return file.size >= stream_threshold()
     return file.suffix == ".parquet" and file.size >= stream_threshold()
 
 

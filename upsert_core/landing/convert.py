@@ -35,6 +35,7 @@ import decimal
 import math
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TypeAlias, cast
 
 import numpy as np
@@ -181,15 +182,54 @@ def _infer(
             if _all_text_converts(text, present, candidate):
                 return candidate
         return LogicalType.STRING
-    scalars = [v for v in values if v is not None and not isinstance(v, dict | list)]
-    if not scalars:
+    return infer_json(JsonKinds.of(values), name, file, role)
+
+
+@dataclass
+class JsonKinds:
+    """What JSON inference (:func:`infer_json`) needs of a column's values: their first
+    scalar (not null, not an object or array) and which kinds of scalars there are. Of
+    consecutive parts of a column, :meth:`merged` is that of the whole column, so a
+    file read in chunks infers what the whole file would (``landing.text_chunks``)."""
+
+    first: object = None
+    scalars: bool = False
+    others: bool = False  # a scalar that is no number (a bool is no number here)
+    ints: bool = False
+    floats: bool = False
+
+    @classmethod
+    def of(cls, values: Sequence[object]) -> JsonKinds:
+        kinds = cls()
+        for v in values:
+            if v is None or isinstance(v, dict | list):
+                continue
+            if not kinds.scalars:
+                kinds.first, kinds.scalars = v, True
+            t = type(v)
+            if t is int:
+                kinds.ints = True
+            elif t is float:
+                kinds.floats = True
+            else:
+                kinds.others = True
+        return kinds
+
+    def merged(self, later: JsonKinds) -> JsonKinds:
+        """These values followed by ``later``'s."""
+        if not self.scalars:
+            return later if later.scalars else self
+        return JsonKinds(self.first, True, self.others or later.others,
+                         self.ints or later.ints, self.floats or later.floats)
+
+
+def infer_json(kinds: JsonKinds, name: str, file: str, role: str) -> LogicalType:
+    """The type of a new JSON column from its values' :class:`JsonKinds`."""
+    if not kinds.scalars:
         raise IngestError(f"{file}: column {name!r} holds JSON objects or arrays (unsupported)")
-    numbers = [v for v in scalars if type(v) in (int, float)]
-    if len(numbers) == len(scalars):
-        if all(type(v) is int for v in numbers):
-            return LogicalType.INT64
-        return LogicalType.FLOAT64
-    first = scalars[0]
+    if not kinds.others:
+        return LogicalType.FLOAT64 if kinds.floats else LogicalType.INT64
+    first = kinds.first
     if type(first) is bool:
         return LogicalType.BOOL
     if type(first) is str:
@@ -197,7 +237,7 @@ def _infer(
             return LogicalType.TIMESTAMP
         return LogicalType.STRING
     # A number first, then other kinds: the numbers set the type, the rest are row errors.
-    return LogicalType.FLOAT64 if any(type(v) is float for v in numbers) else LogicalType.INT64
+    return LogicalType.FLOAT64 if kinds.floats else LogicalType.INT64
 
 
 # --- typed (Parquet) ----------------------------------------------------------------

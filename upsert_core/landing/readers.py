@@ -71,13 +71,18 @@ def read_parquet(name: str, data: bytes) -> RawBatch:
     return RawBatch(name, SourceKind.TYPED, columns, positions, metadata=metadata)
 
 
-def read_jsonl(name: str, data: bytes, *, track_missing: bool = False) -> RawBatch:
+def read_jsonl(
+    name: str, data: bytes, *, track_missing: bool = False, line_offset: int = 0
+) -> RawBatch:
     """JSON Lines, parsed line by line so one bad line costs one row, not the file;
-    ``track_missing``: record per column the objects without that field."""
+    ``track_missing``: record per column the objects without that field.
+    ``line_offset``: ``data`` is a block of whole lines of a file, after this many
+    lines (``landing.text_chunks``): its lines are numbered from ``line_offset + 1``
+    and a BOM is only the file's when ``line_offset`` is 0."""
     objects: list[dict[str, object]] = []
     positions: list[int] = []
     errors: list[RowError] = []
-    for number, obj in json_lines(name, data, errors):
+    for number, obj in json_lines(name, data, errors, line_offset=line_offset):
         if not isinstance(obj, dict):
             kind = type(obj).__name__
             errors.append(RowError(name, number, f"JSON line is not an object (got {kind})"))
@@ -100,20 +105,21 @@ def read_jsonl(name: str, data: bytes, *, track_missing: bool = False) -> RawBat
 
 
 def json_lines(
-    name: str, data: bytes, errors: list[RowError], *, reuse_wrapper_schema: bool = False
+    name: str, data: bytes, errors: list[RowError], *, reuse_wrapper_schema: bool = False,
+    line_offset: int = 0,
 ) -> Iterator[tuple[int, object]]:
     """``(line number, parsed value)`` of every non-blank line that parses as strict JSON
     (module docstring); a line that does not is appended to ``errors`` instead.
     ``reuse_wrapper_schema``: parse Kafka Connect's repeated ``schema`` once
     (:class:`_WrapperSchemaReuse`; the same values and errors, the schema value shared
-    between lines, so it must only be read)."""
-    if data.startswith(_BOM):
+    between lines, so it must only be read). ``line_offset``: as :func:`read_jsonl`."""
+    if line_offset == 0 and data.startswith(_BOM):
         data = data[len(_BOM) :]
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()  # the newline that ends the last line does not start another
     parse = _WrapperSchemaReuse().parse if reuse_wrapper_schema else _parse_line
-    for number, line in enumerate(lines, start=1):
+    for number, line in enumerate(lines, start=line_offset + 1):
         if not line.strip():
             continue
         try:

@@ -72,7 +72,7 @@ from upsert_core.codec import (
     key_digest,
     key_digests,
 )
-from upsert_core.errors import CodecError, IngestError
+from upsert_core.errors import CodecError, IngestError, LandingFileChanged
 from upsert_core.landing.batch import Column, RawBatch, RowError
 from upsert_core.landing.chunks import parquet_chunks
 from upsert_core.landing.convert import (
@@ -91,6 +91,8 @@ from upsert_core.landing.missing import MissingPolicy, nulled, placeholder_mask
 from upsert_core.landing.readers import read_batch
 from upsert_core.landing.rows import encode_row
 from upsert_core.landing.schema import ARROW_TYPES, LogicalType, SourceSchema
+from upsert_core.landing.stream_types import StreamNotExact, StreamTypes
+from upsert_core.landing.text_chunks import jsonl_chunks
 from upsert_core.landing.value_checks import ValueCheck, value_check_problems
 from upsert_core.order_keys import OrderArray
 
@@ -222,11 +224,16 @@ def validate_chunks(
     missing: MissingPolicy | None = None,
     encode_rows: bool = True,
 ) -> Iterator[ValidatedBatch]:
-    """:func:`validate_file` for a Parquet file read in chunks (``landing.chunks``): each
+    """:func:`validate_file` for a Parquet file read in chunks (``landing.chunks``), or a
+    plain JSON Lines file (:func:`validate_text_chunks`, which may raise
+    :class:`StreamNotExact`): each
     chunk validated against the schema the one before left, its events first translated
     with ``envelope`` ``debezium`` (each batch's ``skipped`` counts its chunk's). Row
     numbers count over the whole file; a file-level problem raises from the chunk where
     it is found (the caller discards what it made of the earlier ones)."""
+    if file.suffix == ".jsonl" and parse_envelope(envelope) is Envelope.PLAIN:
+        yield from validate_text_chunks(file, schema, value_checks, missing, encode_rows)
+        return
     if parse_envelope(envelope) is Envelope.DEBEZIUM:
         placeholder = None if missing is None else missing.placeholder
         for events in debezium_chunks(file, schema, placeholder):
@@ -241,12 +248,53 @@ def validate_chunks(
         yield batch
 
 
+def validate_text_chunks(
+    file: LandingFile,
+    schema: SourceSchema,
+    value_checks: tuple[ValueCheck, ...] = (),
+    missing: MissingPolicy | None = None,
+    encode_rows: bool = True,
+    block_size: int | None = None,
+) -> Iterator[ValidatedBatch]:
+    """:func:`validate_file` for a JSON Lines file read in blocks (``landing.text_chunks``;
+    plain envelope): each chunk validated against the schema the one before left.
+
+    Exact or refused: after the last chunk, the schema the whole file would leave
+    (``landing.stream_types``) must be the one every chunk with rows was validated
+    into, so each value was converted to the type the whole read gives it; otherwise,
+    or when a chunk raises a file-level problem (``IngestError``, but not
+    ``LandingFileChanged``), :class:`StreamNotExact` is raised and the caller reads the
+    file whole."""
+    types = StreamTypes(schema, file.name)
+    used: list[SourceSchema] = []
+    try:
+        for raw in jsonl_chunks(file, block_size, track_missing=missing is not None):
+            raw = types.align(raw)
+            batch = validate_batch(raw, schema, value_checks, missing, encode_rows, types=types)
+            schema = batch.schema
+            if raw.num_rows:
+                used.append(schema)
+            yield batch
+    except LandingFileChanged:
+        raise
+    except IngestError as exc:
+        raise StreamNotExact(f"{file.name}: {exc}") from exc
+    try:
+        whole = types.schema()
+    except IngestError as exc:
+        raise StreamNotExact(f"{file.name}: {exc}") from exc
+    if not types.exact or schema != whole or any(s != whole for s in used):
+        raise StreamNotExact(f"{file.name}: chunks typed the columns otherwise")
+
+
 def validate_batch(
     raw: RawBatch,
     schema: SourceSchema,
     value_checks: tuple[ValueCheck, ...] = (),
     missing: MissingPolicy | None = None,
     encode_rows: bool = True,
+    *,
+    types: StreamTypes | None = None,
 ) -> ValidatedBatch:
     """Validate a read batch against ``schema``, then run ``value_checks`` on the rows
     that passed (:mod:`~upsert_core.landing.value_checks`); see the module docstring.
@@ -280,6 +328,8 @@ def validate_batch(
     for name, col in columns.items():
         if name == schema.deleted:
             continue
+        if types is not None:
+            types.add(name, col, raw.kind_of(name))
         current = schema.type_of(name)
         typ, conversion = file_type(
             col, raw.kind_of(name), schema.label(name), file, current, schema.role(name)
@@ -317,7 +367,9 @@ def validate_batch(
         else:
             # Unconvertible (and not UTF-8) values are null now too but were reported
             # above: the file's own column tells which values were really null.
-            was_valid = _valid_mask(raw.columns.get(name, []))
+            # A file without the column (rows, but no field of that name: ``{}``)
+            # has it null in every row.
+            was_valid = _valid_mask(raw.columns.get(name, [None] * n))
             flag(_null_mask(arr) & ~was_valid,
                  f"null {role} column {schema.label(name)!r}")
 
