@@ -162,7 +162,8 @@ def test_which_files_stream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     a, b = list_landing(str(tmp_path))
     assert not streams(a) and not streams(b)  # under the default 256 MiB
     monkeypatch.setenv(STREAM_BYTES_ENV, "0")
-    assert streams(a) and not streams(b)  # JSON Lines and CSV are read whole
+    assert streams(a) and streams(b)  # plain JSON Lines streams too (landing.text_chunks)
+    assert not streams(b, "debezium")  # Debezium JSON Lines and CSV are read whole
     monkeypatch.setenv(STREAM_BYTES_ENV, "-1")
     with pytest.raises(ConfigError, match=STREAM_BYTES_ENV):
         streams(a)
@@ -286,3 +287,59 @@ def test_a_killed_ingest_s_spill_directory_is_swept(
         assert spill.table(0).num_rows == 1
     assert not orphan.exists() and alive.exists() and other_host.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, other_host.name])
+
+
+@pytest.mark.parametrize("memory_mb", ["", "0"], ids=["held", "spilled"])
+def test_streamed_json_lines_give_the_whole_file_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, memory_mb: str
+) -> None:
+    rows = [{"key": (i * 5) % 11, "offset": i, "v": f"é{i}", "__deleted": i % 5 == 4}
+            for i in range(40)]
+    write_jsonl(tmp_path, "a.jsonl", rows[:25])
+    write_jsonl(tmp_path, "b.jsonl", rows[25:] + [{"key": None, "offset": 99}])
+    whole = _ingest_all(tmp_path, False, monkeypatch)
+    wholes = _count_whole_reads(monkeypatch)
+    with monkeypatch.context() as env:
+        env.setenv("UPSERT_STREAM_BLOCK_BYTES", "100")
+        streamed = _ingest_all(tmp_path, True, monkeypatch, memory_mb)
+    assert wholes == []  # both files streamed
+    _assert_same_shard(streamed, whole)
+    errors = [(e["file"], e["row"], e["reason"]) for e in streamed.errors()]
+    assert errors == [("b.jsonl", 16, "null key column 'key'")]
+
+
+def _count_whole_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    from upsert_core.ingest.engine import InProcessEngine
+    calls: list[str] = []
+    run_whole = InProcessEngine._run_whole
+
+    def counted(self, task, blob):  # type: ignore[no-untyped-def]
+        calls.append(task.file.name)
+        return run_whole(self, task, blob)
+
+    monkeypatch.setattr(InProcessEngine, "_run_whole", counted)
+    return calls
+
+
+def _assert_same_shard(streamed: Shard, whole: Shard) -> None:
+    assert streamed.state().upper == whole.state().upper
+    for ts in range(whole.state().upper):
+        assert snapshot_rows(streamed, ts) == snapshot_rows(whole, ts)
+        assert change_rows(streamed, ts) == change_rows(whole, ts)
+    assert streamed.state().config["ingest.schema"] == whole.state().config["ingest.schema"]
+    assert streamed.check().ok
+
+
+def test_json_lines_whose_types_change_after_the_first_block_are_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_jsonl(tmp_path, "a.jsonl", [{"key": i, "offset": i, "w": 1} for i in range(9)]
+                + [{"key": 9, "offset": 9, "w": 2.5}])
+    whole = _ingest_all(tmp_path, False, monkeypatch)
+    wholes = _count_whole_reads(monkeypatch)
+    with monkeypatch.context() as env:
+        env.setenv("UPSERT_STREAM_BLOCK_BYTES", "40")
+        streamed = _ingest_all(tmp_path, True, monkeypatch)
+    assert wholes == ["a.jsonl"]  # refused by the chunks, then read whole
+    _assert_same_shard(streamed, whole)
+    assert '["w","float64"]' in streamed.state().config["ingest.schema"]
