@@ -202,6 +202,7 @@ def _attempts(
         if provably_unreferenced(shard.machine, plan.checkpoints, result.proposed):
             _delete(shard, plan.checkpoints)
         done.keep_only(shard, set(result.state.batches))
+    done.forget(shard)  # no plan committed: none of it is referenced
     raise ConcurrentModification(
         f"shard {shard.shard_id}: concurrently modified: the rebucket to {buckets} buckets"
         f" lost the race to other writers {attempts} times (each commit of an ingest or a"

@@ -16,7 +16,9 @@ Invariants:
 - A registration is removed only by compare-and-set: released by its holder, expired by
   GC once ``now > last heartbeat + lease`` (:func:`~upsert_core.persist.leases.expire_leases`),
   or removed by GC because it names a process on GC's host that is not running
-  (:func:`expire_dead_local_writers`).
+  (:func:`expire_dead_local_writers`), or fenced by a change of the shard's bucket
+  layout (``persist.relabel.commit_relayout`` removes every registration but its own
+  writer's: whatever the others planned was for the old layout).
 - A state may only start to reference a blob naming a writer id that the same state
   registers (:func:`require_new_references_registered`, checked in the transition that
   adds the reference: ``append``, compaction's replace). So once an id is removed, no
