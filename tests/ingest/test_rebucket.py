@@ -85,6 +85,7 @@ def _rows(batch: int, keys: int = 60) -> list[dict[str, Any]]:
         elif (k * batch) % 3 != 1:
             out.append({"key": k, "offset": 10 * batch + k % 5, "v": f"{batch}-{k}"})
     out.append({"key": 1, "offset": 0, "v": "late"})  # global scope: late for key 1
+    out.append({"key": None, "offset": batch})  # an error row
     return out
 
 
@@ -108,12 +109,17 @@ class Landing:
                       engine=engine or InProcessEngine(cache="new"))
 
 
-def assert_matches(shard: Shard, model: UpsertModel) -> None:
+def assert_matches(shard: Shard, landing: Landing) -> None:
+    """Every readable time's snapshot and changes, the error rows (each once), ``check``
+    and the upsert state (``compare_state``) against ``landing``'s model."""
+    model = landing.model
     state = shard.state()
     assert state.upper == model.upper
     for ts in range(state.since, state.upper):
         assert snapshot_rows(shard, ts) == model.rows(ts), ts
         assert change_rows(shard, ts) == model.row_changes(ts), ts
+    assert sorted((e["file"], e["row"]) for e in shard.errors()) == sorted(
+        (f"f{ts:03d}.jsonl", row) for ts, row, _ in model.errors)
     assert shard.check().ok
     comparison = compare_state(shard)
     assert comparison.ok, comparison.problems
@@ -182,7 +188,7 @@ def test_the_shard_is_what_a_shard_of_the_new_count_would_be(
     assert stored.options is not None and stored.options.buckets == then
     assert stored.checkpoints_current(shard.upper)
     assert stored.live_rows_at(shard.upper) == sum(land.model.rows(shard.upper - 1).values())
-    assert_matches(shard, land.model)
+    assert_matches(shard, land)
     # A latest read stays typed (one count; in the batch scope, the new bases).
     state = shard.state()
     fields = list(snapshot_schema(RowView.of(stored.options)))
@@ -198,7 +204,7 @@ def test_the_shard_is_what_a_shard_of_the_new_count_would_be(
     land.add()
     report_ = land.ingest(shard)
     assert not report_.rehydrations
-    assert_matches(shard, land.model)
+    assert_matches(shard, land)
     with pytest.raises(ConfigError, match="upsertctl rebucket --buckets"):
         land.add()
         land.ingest(shard, buckets=first if first != then else then + 1)
@@ -240,15 +246,32 @@ def test_an_ingest_planned_on_the_old_count_is_fenced_and_redoes_its_file(
     landing.add()
     landing.ingest(shard, buckets=4)
     landing.add()
-    report = landing.ingest(shard, engine=RebucketMidway(handle(), 16))  # type: ignore[arg-type]
+    report = landing.ingest(shard, engine=RebucketMidway(handle(), 16))
     assert [f.name for f in report.files] == ["f001.jsonl"]
     assert report.files[0].attempts == 2  # its first attempt was fenced
     assert any("redoing it as a new writer" in w for w in report.warnings)
     assert labels(shard) == {16}
-    assert sorted(e["row"] for e in shard.errors()) == []  # (no error rows to double)
-    assert_matches(shard, landing.model)
+    assert_matches(shard, landing)
     shard.gc(leak_grace_ms=0)
     assert unreferenced_blobs(shard) == set()
+
+
+def _ingest_before_commits(
+    monkeypatch: pytest.MonkeyPatch, landing: Landing, shard: Shard, times: int
+) -> None:
+    """Make an ingest commit between the rebucket's plan and its commit, ``times``
+    times (its first attempts lose the race)."""
+    real = rebucket_module.commit_relayout
+    calls: list[int] = []
+
+    def ingest_first(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) <= times:
+            landing.add()
+            landing.ingest(shard)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rebucket_module, "commit_relayout", ingest_first)
 
 
 def test_a_rebucket_that_loses_to_an_ingest_plans_again(
@@ -257,21 +280,11 @@ def test_a_rebucket_that_loses_to_an_ingest_plans_again(
     shard = memory_shard()
     landing.add()
     landing.ingest(shard, buckets=2)
-    real = rebucket_module.commit_relayout
-    calls = []
-
-    def ingest_first(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        if len(calls) == 1:  # an ingest commits between the plan and its commit
-            landing.add()
-            landing.ingest(shard)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(rebucket_module, "commit_relayout", ingest_first)
+    _ingest_before_commits(monkeypatch, landing, shard, 1)
     report = rebucket(shard, 8)
     assert report.changed and report.attempts == 2 and report.upper == 2
     assert labels(shard) == {8}
-    assert_matches(shard, landing.model)
+    assert_matches(shard, landing)
     # The first plan's checkpoints were deleted and its relabelled batch reused:
     # nothing is left over, even before a GC.
     assert unreferenced_blobs(shard) == set()
@@ -283,21 +296,14 @@ def test_a_rebucket_that_keeps_losing_fails_clearly_and_changes_nothing(
     shard = memory_shard()
     landing.add()
     landing.ingest(shard, buckets=2)
-    real = rebucket_module.commit_relayout
-
-    def ingest_first(*args: Any, **kwargs: Any) -> Any:
-        landing.add()
-        landing.ingest(shard)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(rebucket_module, "commit_relayout", ingest_first)
+    _ingest_before_commits(monkeypatch, landing, shard, 2)
     with pytest.raises(ConcurrentModification, match="concurrently modified"):
         rebucket(shard, 8, max_attempts=2)
     monkeypatch.undo()
     assert labels(shard) == {2}
     stored = ShardIngestConfig.read(shard.state().config).options
     assert stored is not None and stored.buckets == 2
-    assert_matches(shard, landing.model)
+    assert_matches(shard, landing)
     assert not shard.state().writers  # the rebucket's registration was released
     # What the lost attempts wrote is gone already: nothing of it is referenced.
     assert unreferenced_blobs(shard) == set()

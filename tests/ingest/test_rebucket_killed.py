@@ -63,18 +63,18 @@ def test_a_killed_rebucket_leaves_the_shard_whole(tmp_path: Path, point: str, sc
     assert _buckets(shard) == (16 if committed else 4)
     assert labels(shard) == {16 if committed else 4}
     assert len(shard.state().writers) == 1  # the dead rebucket's, never released
-    assert_matches(shard, landing.model)
+    assert_matches(shard, landing)
     # The dead process's writer goes at once (it names this host's dead pid), and with
     # it every blob it wrote that no state references.
     report = shard.gc()
     assert report.leases_expired == 1
     assert unreferenced_blobs(shard) == set()
-    assert_matches(shard, landing.model)
+    assert_matches(shard, landing)
 
     assert rebucket(shard, 8).changed
     landing.add([{"key": k, "offset": 2, "v": "old"} for k in range(60)])
     landing.add()
     landing.ingest(shard, engine=InProcessEngine(cache="new"))
     assert _buckets(shard) == 8 and labels(shard) == {8}
-    assert_matches(shard, landing.model)
+    assert_matches(shard, landing)
 

@@ -43,13 +43,13 @@ def test_spark_ingests_after_a_rebucket_match_the_model(
     landing.add([{"key": k, "offset": 2, "v": "old"} for k in range(60)])
     report = landing.ingest(shard, engine=engine)
     assert [f.ts for f in report.files] == [2]
-    assert_matches(shard, landing.model)
+    assert_matches(shard, landing)
     # A run of three small files: one job, each file at its own ts.
     for _ in range(3):
         landing.add()
     report = landing.ingest(shard, engine=engine)
     assert [f.ts for f in report.files] == [3, 4, 5]
-    assert_matches(shard, landing.model)
+    assert_matches(shard, landing)
     # A file split among read tasks, its rows shuffled to one drain task per bucket.
     monkeypatch.setenv("UPSERT_SPARK_SPLIT", "on")
     monkeypatch.setenv("UPSERT_SPARK_SPLIT_BYTES", "400")
@@ -57,7 +57,7 @@ def test_spark_ingests_after_a_rebucket_match_the_model(
     report = landing.ingest(shard, engine=engine)
     assert engine.last_split is not None and not engine.last_split.fallback
     assert report.files[0].read_tasks > 1 and report.files[0].drain_tasks > 4
-    assert_matches(shard, landing.model)
+    assert_matches(shard, landing)
     assert labels(shard) == {16}
     # Down again, and Spark goes on.
     assert rebucket(shard, 2).changed
@@ -65,7 +65,7 @@ def test_spark_ingests_after_a_rebucket_match_the_model(
     landing.add()
     landing.ingest(shard, engine=engine)
     assert labels(shard) == {2}
-    assert_matches(shard, landing.model)
+    assert_matches(shard, landing)
     shard.gc(leak_grace_ms=0)
     assert unreferenced_blobs(shard) == set()
 
