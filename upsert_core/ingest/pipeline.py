@@ -62,7 +62,6 @@ Invariants:
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
@@ -86,6 +85,7 @@ from upsert_core.ingest.ledger import find_rewritten, rewritten_transition, with
 from upsert_core.ingest.maintenance import auto_maintenance_from_env, maintain_after_ingest
 from upsert_core.ingest.options import IngestRequest, buckets_for_first_file, resolve_options
 from upsert_core.ingest.outcome import FileOutcome
+from upsert_core.ingest.plan import plan_file
 from upsert_core.ingest.report import FileReport, IngestReport, ProgressEvent
 from upsert_core.ingest.shard_api import IngestShard
 from upsert_core.ingest.shard_config import ShardIngestConfig, ShardOptions, recent_history
@@ -108,49 +108,6 @@ def commit_history(config: Mapping[str, str]) -> dict[int, str]:
 def checkpoints_current(state: ShardState) -> bool:
     """Whether the checkpoint refs in ``state.config`` describe the state at its upper."""
     return ShardIngestConfig.read(state.config).checkpoints_current(state.upper)
-
-
-def plan_file(
-    state: ShardState,
-    options: ShardOptions,
-    file: LandingFile,
-    request: IngestRequest,
-    writer_id: str | None = None,
-) -> FileTask:
-    """The task for ingesting ``file`` at the upper of ``state``, written as ``writer_id``."""
-    stored = ShardIngestConfig.read(state.config)
-    return FileTask(
-        shard_id=state.shard_id,
-        ts=state.upper,
-        file=file,
-        schema_json=options.schema.to_json(),
-        order_scope=options.order_scope.value,
-        buckets=options.buckets,
-        checkpoints={b: stored.checkpoint_refs.get(b, "") for b in range(options.buckets)},
-        checkpoints_current=stored.checkpoints_current(state.upper),
-        tombstones={
-            b: stored.tombstone_refs[b]
-            for b in range(options.buckets)
-            if b in stored.tombstone_refs
-        },
-        inline_threshold=request.inline_threshold,
-        typed_parts=request.typed_parts,
-        values_only=request.values_only,
-        part_bases=request.part_bases,
-        shard_state=state,
-        bases={
-            b: stored.checkpoint_bases[b]
-            for b in range(options.buckets)
-            if b in stored.checkpoint_bases
-        },
-        commit_nonce=uuid.uuid4().hex,
-        history=dict(stored.history),
-        writer_id=writer_id,
-        value_checks=request.value_checks,
-        envelope=options.envelope.value,
-        missing=options.missing.value,
-        unavailable=options.unavailable,
-    )
 
 
 def _delete_new_blobs(

@@ -59,7 +59,7 @@ from dataclasses import dataclass, field, replace
 from upsert_core.errors import ConcurrentModification, ConfigError, WriterFenced
 from upsert_core.ingest.bucket_split import NewBucket, write_new_buckets
 from upsert_core.ingest.options import IngestRequest
-from upsert_core.ingest.pipeline import plan_file
+from upsert_core.ingest.plan import plan_file
 from upsert_core.ingest.shard_config import (
     ShardIngestConfig,
     ShardOptions,
