@@ -86,6 +86,7 @@ from upsert_core.ingest.maintenance import auto_maintenance_from_env, maintain_a
 from upsert_core.ingest.options import IngestRequest, buckets_for_first_file, resolve_options
 from upsert_core.ingest.outcome import FileOutcome
 from upsert_core.ingest.plan import plan_file
+from upsert_core.ingest.rebucket import auto_rebucket_from_env
 from upsert_core.ingest.report import FileReport, IngestReport, ProgressEvent
 from upsert_core.ingest.shard_api import IngestShard
 from upsert_core.ingest.shard_config import ShardIngestConfig, ShardOptions, recent_history
@@ -479,6 +480,8 @@ def ingest(
     # Settings are checked before anything is ingested (a bad one must not fail the run
     # after its files are committed).
     maintain = auto_maintenance_from_env() if options.maintain is None else options.maintain
+    # A count the request names is the deployment's choice: maintenance never grows it.
+    grow = maintain and options.buckets is None and auto_rebucket_from_env()
     check_streaming_settings()
     check_base_cache_settings()
     state = shard.state()
@@ -524,7 +527,7 @@ def ingest(
                 )
                 break
     if report.files and isinstance(shard, Shard) and maintain:
-        done_maintenance, warning = maintain_after_ingest(shard)
+        done_maintenance, warning = maintain_after_ingest(shard, grow=grow)
         report.maintenance = None if done_maintenance is None else done_maintenance.to_dict()
         if warning is not None:
             report.warnings.append(warning)

@@ -46,17 +46,23 @@ Invariants:
 - The per-process state cache and a group's plans never mistake an old state for a
   new one: the commit records a fresh commit nonce for upper ``u``
   (``ingest.statecache``), and the checkpoint references all change.
+- Growth from maintenance (:func:`grown_buckets`, ``ingest.maintenance``): only up, only
+  by doublings, only when the recorded base sizes say a bucket holds more than
+  :data:`GROW_AT` times the target state, and only for ingests that did not name a
+  count (a deployment that pins ``--buckets``/``UPSERT_BUCKETS`` keeps it).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from upsert_core.errors import ConcurrentModification, ConfigError, WriterFenced
+from upsert_core.ingest import options as ingest_options
 from upsert_core.ingest.bucket_split import NewBucket, write_new_buckets
 from upsert_core.ingest.options import IngestRequest
 from upsert_core.ingest.plan import plan_file
@@ -69,7 +75,7 @@ from upsert_core.ingest.shard_config import (
     recent_history,
     tombstones_ref_name,
 )
-from upsert_core.ingest.tasks import load_bucket_state
+from upsert_core.ingest.tasks import Base, load_bucket_state
 from upsert_core.landing import LandingFile
 from upsert_core.order_scope import OrderScope
 from upsert_core.persist.compact import provably_unreferenced
@@ -81,6 +87,17 @@ from upsert_core.persist.writers import WriterLease
 
 DEFAULT_ATTEMPTS = 3
 """Plans a rebucket makes before it gives up on writers that keep committing first."""
+
+AUTO_REBUCKET_ENV = "UPSERT_AUTO_REBUCKET"
+"""``0`` keeps ingests' maintenance from growing a shard's bucket count (default on)."""
+
+GROW_AT = 2.0
+"""Maintenance grows the bucket count once a bucket's estimated state passes this many
+times ``options.TARGET_BUCKET_BYTES`` (twice: a doubling then lands near the target)."""
+
+STATE_PER_STORED_BYTE = 1.5
+"""Upsert state per byte of a stored checkpoint base (compressed, as a Parquet landing
+file is: the factor ``options.buckets_for_first_file`` uses for one)."""
 
 _NO_FILE = LandingFile(name="(rebucket)", root="")
 """The loading of bucket states goes through an ingest's task, which names a file."""
@@ -297,6 +314,46 @@ def _new_states(
     return sorted(written, key=lambda n: n.bucket), warnings
 
 
+def grown_buckets(state: ShardState) -> int | None:
+    """The bucket count maintenance should grow ``state``'s shard to, or None.
+
+    Each bucket's state is estimated from its checkpoint base's stored size
+    (:data:`STATE_PER_STORED_BYTE` per byte; a base holds the bucket's rows as of its
+    upper, the updates since it are at most ``tasks.REPLAY_FRACTION`` more). Once the
+    largest passes :data:`GROW_AT` times the target per bucket (``options``: about
+    256 MiB, what a new shard's count aims at), the count doubles until the estimated
+    state per bucket is within the target, up to ``options.MAX_AUTO_BUCKETS``: a
+    multiple, so each new bucket is cut from one old one. None when nothing is known
+    (no sizes recorded, checkpoints not current) or nothing is due; never shrinks."""
+    stored = ShardIngestConfig.read(state.config)
+    options = stored.options
+    if options is None or not stored.checkpoints_current(state.upper):
+        return None
+    sizes = [
+        Base.decode(stored.checkpoint_bases.get(b), state.upper).size
+        for b in range(options.buckets)
+    ]
+    known = [size * STATE_PER_STORED_BYTE for size in sizes if size >= 0]
+    target = ingest_options.TARGET_BUCKET_BYTES
+    if not known or max(known) <= GROW_AT * target:
+        return None
+    total = sum(known) * options.buckets / len(known)
+    grown = options.buckets
+    while total / grown > target and grown * 2 <= ingest_options.MAX_AUTO_BUCKETS:
+        grown *= 2
+    return None if grown == options.buckets else grown
+
+
+def auto_rebucket_from_env(env: Mapping[str, str] | None = None) -> bool:
+    """Whether maintenance may grow bucket counts (:data:`AUTO_REBUCKET_ENV`, default on)."""
+    text = (os.environ if env is None else env).get(AUTO_REBUCKET_ENV, "").strip().lower()
+    if text in ("", "1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{AUTO_REBUCKET_ENV}={text!r}: use 1 (the default) or 0")
+
+
 def _config_updates(
     state: ShardState, options: ShardOptions, buckets: int, new: list[NewBucket]
 ) -> dict[str, str | None]:
@@ -325,4 +382,7 @@ def _config_updates(
     return updates
 
 
-__all__ = ["DEFAULT_ATTEMPTS", "RebucketReport", "rebucket", "stored_options"]
+__all__ = [
+    "AUTO_REBUCKET_ENV", "DEFAULT_ATTEMPTS", "RebucketReport", "auto_rebucket_from_env",
+    "grown_buckets", "rebucket", "stored_options",
+]
