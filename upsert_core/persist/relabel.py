@@ -226,13 +226,6 @@ class Relayout:
             state.config.get(name) == value for name, value in self.config_updates.items()
         )
 
-    def new_blob_keys(self) -> set[str]:
-        """The blob keys this layout starts to reference that the planned spine did not."""
-        before = {p.key for b in self.batches for p in b.parts if isinstance(p, BlobPart)}
-        after = {p.key for b in self.relabelled for p in b.parts if isinstance(p, BlobPart)}
-        refs = {v for n, v in self.config_updates.items() if n.startswith("blobref.") and v}
-        return (after - before) | refs
-
 
 @dataclass
 class RelayoutResult:
