@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from upsert_core.errors import WriterFenced
+from upsert_core.persist.append import AppendRequest
 from upsert_core.persist.buckets import bucket_of_keys
 from upsert_core.persist.consolidate import UPDATE_SCHEMA
 from upsert_core.persist.location.blob_memory import MemoryBlob
@@ -27,7 +28,6 @@ from upsert_core.persist.parts import (
 )
 from upsert_core.persist.relabel import RelabelStats, Relayout, commit_relayout, relabel_batch
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.append import AppendRequest
 from upsert_core.persist.state import BlobPart, HollowBatch, Part
 
 SHARD = "s"
