@@ -44,14 +44,16 @@ def summary_line(report: IngestReport) -> str:
 def _maintenance(report: IngestReport) -> str:
     """``"; maintenance: ..."`` when the ingest's maintenance changed something."""
     done = report.maintenance
-    if not done or (done["since_before"] == done["since_after"] and not done["gc_ran"]):
+    if not done:
         return ""
     parts = []
     if done["since_before"] != done["since_after"]:
         parts.append(f"since {done['since_before']} -> {done['since_after']}")
     if done["gc_ran"]:
         parts.append(f"compacted {done['batches_before']} -> {done['batches_after']} batches")
-    return "; maintenance: " + ", ".join(parts)
+    if done.get("rebucketed") is not None:
+        parts.append(f"grew to {done['rebucketed']} buckets (upsertctl rebucket)")
+    return "; maintenance: " + ", ".join(parts) if parts else ""
 
 
 class ProgressPrinter:
