@@ -26,7 +26,8 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,7 +44,9 @@ from upsert_core.ingest.typed_base import state_values, write_typed_base_values
 from upsert_core.landing import SourceSchema
 from upsert_core.order_keys import concat_orders
 from upsert_core.order_scope import OrderScope
+from upsert_core.persist.keys import current_writer_id, writing_as
 from upsert_core.persist.location import Blob
+from upsert_core.persist.relabel import WRITE_THREADS
 
 
 @dataclass
@@ -80,18 +83,29 @@ def write_new_buckets(
 ) -> list[NewBucket]:
     """Write the states of ``new_buckets`` (of ``buckets``) cut from ``olds`` (the old
     buckets of the same residue, as of ``task.ts``) as checkpoints as of ``task.ts``;
-    see the module docstring. On a failure the blobs already written are deleted."""
+    see the module docstring. The buckets are written concurrently (a store's writes are
+    latency-bound); on a failure the blobs already written are deleted."""
+    write = _typed(blob, task, olds, buckets) if typed_bases(task) else _columnar(
+        blob, task, olds, buckets)
+    writer = current_writer_id()
+
+    def run(bucket: int) -> NewBucket:
+        with writing_as(writer):  # (a context variable: each thread sets its own)
+            return write(bucket)
+
     written: list[NewBucket] = []
-    try:
-        if typed_bases(task):
-            _typed(blob, task, olds, new_buckets, buckets, written)
-        else:
-            _columnar(blob, task, olds, new_buckets, buckets, written)
-    except BaseException:
+    failure: BaseException | None = None
+    with ThreadPoolExecutor(max_workers=WRITE_THREADS) as pool:
+        for future in [pool.submit(run, bucket) for bucket in new_buckets]:
+            try:
+                written.append(future.result())
+            except BaseException as exc:  # noqa: BLE001 - re-raised below, once all ended
+                failure = failure or exc
+    if failure is not None:
         for new in written:
             for key in new.new_blobs:
                 blob.delete(key)
-        raise
+        raise failure
     return written
 
 
@@ -106,33 +120,36 @@ def _bucket_index(hi: np.ndarray, lo: np.ndarray, buckets: int) -> dict[int, np.
 
 
 def _typed(
-    blob: Blob, task: FileTask, olds: Sequence[ColumnarState], new_buckets: Sequence[int],
-    buckets: int, written: list[NewBucket],
-) -> None:
+    blob: Blob, task: FileTask, olds: Sequence[ColumnarState], buckets: int,
+) -> Callable[[int], NewBucket]:
+    """The writer of one new bucket's typed base, its values gathered from ``olds``'."""
     schema = SourceSchema.from_json(task.schema_json)
     cut = [state_values(state, schema) for state in olds]
     hi = np.concatenate([c[0] for c in cut])
     lo = np.concatenate([c[1] for c in cut])
     values = pa.concat_tables([c[2] for c in cut])
     index = _bucket_index(hi, lo, buckets)
-    for bucket in new_buckets:
+
+    def write(bucket: int) -> NewBucket:
         at = index.get(bucket)
         if at is None or not len(at):
-            written.append(NewBucket(bucket, "", Base(task.ts).encode()))
-            continue
+            return NewBucket(bucket, "", Base(task.ts).encode())
         key, size = write_typed_base_values(
             blob, task.shard_id, bucket, buckets, task.ts, hi[at], lo[at], _take(values, at)
         )
-        written.append(NewBucket(
+        return NewBucket(
             bucket, key, Base(task.ts, 0, len(at), size).encode(), keys=len(at),
             live_rows=len(at), bytes_written=size, new_blobs=[key],
-        ))
+        )
+
+    return write
 
 
 def _columnar(
-    blob: Blob, task: FileTask, olds: Sequence[ColumnarState], new_buckets: Sequence[int],
-    buckets: int, written: list[NewBucket],
-) -> None:
+    blob: Blob, task: FileTask, olds: Sequence[ColumnarState], buckets: int,
+) -> Callable[[int], NewBucket]:
+    """The writer of one new bucket's columnar checkpoint (and, global scope, its
+    tombstone set), its keys, rows and orders cut from ``olds``."""
     folded = [fold(state) for state in olds]
     hi = np.concatenate([s.hi for s in folded])
     lo = np.concatenate([s.lo for s in folded])
@@ -141,7 +158,8 @@ def _columnar(
     orders = concat_orders([s.orders for s in folded if s.orders is not None]) if keeps \
         else None
     index = _bucket_index(hi, lo, buckets)
-    for bucket in new_buckets:
+
+    def write(bucket: int) -> NewBucket:
         at = index.get(bucket, np.zeros(0, np.int64))
         state = ColumnarState.checked(
             hi[at], lo[at], rows.take(pa.array(at, pa.int64())),
@@ -149,20 +167,28 @@ def _columnar(
         )
         new = NewBucket(bucket, "", Base(task.ts).encode(), keys=len(at))
         new.live_rows = len(at) - (state.rows.null_count if keeps else 0)
-        if keeps:
-            key, size = write_tombstones(blob, task.shard_id, bucket, buckets, task.ts, state)
-            new.tombstones = key
-            if key:
+        try:
+            if keeps:
+                key, size = write_tombstones(
+                    blob, task.shard_id, bucket, buckets, task.ts, state)
+                new.tombstones = key
+                if key:
+                    new.new_blobs.append(key)
+                    new.bytes_written += size
+            if len(at):
+                key, size = write_checkpoint(
+                    blob, task.shard_id, bucket, buckets, task.scope, task.ts, state
+                )
+                new.checkpoint, new.base = key, Base(task.ts, 0, len(at), size).encode()
                 new.new_blobs.append(key)
                 new.bytes_written += size
-        if len(at):
-            key, size = write_checkpoint(
-                blob, task.shard_id, bucket, buckets, task.scope, task.ts, state
-            )
-            new.checkpoint, new.base = key, Base(task.ts, 0, len(at), size).encode()
-            new.new_blobs.append(key)
-            new.bytes_written += size
-        written.append(new)
+        except BaseException:
+            for key in new.new_blobs:
+                blob.delete(key)
+            raise
+        return new
+
+    return write
 
 
 __all__ = ["NewBucket", "typed_bases", "write_new_buckets"]

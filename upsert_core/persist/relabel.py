@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -50,6 +51,7 @@ import pyarrow as pa
 from upsert_core.persist.buckets import bucket_of_keys
 from upsert_core.persist.compact import extending_fields
 from upsert_core.persist.consolidate import UPDATE_SCHEMA
+from upsert_core.persist.keys import current_writer_id, writing_as
 from upsert_core.persist.location import Blob
 from upsert_core.persist.machine import Machine
 from upsert_core.persist.parts import (
@@ -63,6 +65,9 @@ from upsert_core.persist.parts import (
 )
 from upsert_core.persist.state import BlobPart, HollowBatch, Part, ShardState
 from upsert_core.persist.writers import refresh_in, require_new_references_registered
+
+WRITE_THREADS = 8
+"""New parts written at once (as typed reads open parts: latency-bound on S3)."""
 
 
 @dataclass
@@ -181,23 +186,36 @@ def _rewrite(
     sorted_ids = ids[order]
     found, starts = np.unique(sorted_ids, return_index=True)
     ends = [*starts[1:].tolist(), len(sorted_ids)]
-    out: list[tuple[int, Part]] = []
-    try:
-        for bucket, start, end in zip(found.tolist(), starts.tolist(), ends, strict=True):
-            piece = ordered.slice(start, end - start)
-            piece_values = None if ordered_values is None else ordered_values.slice(
-                start, end - start)
-            for part in write_parts(
-                blob, shard, piece, values=piece_values, bucket=(int(bucket), buckets),
+    writer = current_writer_id()
+
+    def write(bucket: int, start: int, end: int) -> list[tuple[int, Part]]:
+        piece = ordered.slice(start, end - start)
+        piece_values = None if ordered_values is None else ordered_values.slice(
+            start, end - start)
+        with writing_as(writer):  # (a context variable: each thread sets its own)
+            return [(bucket, part) for part in write_parts(
+                blob, shard, piece, values=piece_values, bucket=(bucket, buckets),
                 values_only=values_only, inline_threshold=inline_threshold,
                 part_rows=part_rows,
                 # One sorted part filtered stays sorted; pieces of several need a sort.
                 presorted=len(group) == 1,
-            ):
-                out.append((int(bucket), part))
-    except BaseException:
+            )]
+
+    out: list[tuple[int, Part]] = []
+    # The new buckets' parts are written concurrently: a store's writes are latency-bound
+    # (an S3 PUT, a local write's fsyncs), and encoding releases the GIL.
+    with ThreadPoolExecutor(max_workers=WRITE_THREADS) as pool:
+        futures = [pool.submit(write, int(b), s, e)
+                   for b, s, e in zip(found.tolist(), starts.tolist(), ends, strict=True)]
+        failure: BaseException | None = None
+        for future in futures:
+            try:
+                out.extend(future.result())
+            except BaseException as exc:  # noqa: BLE001 - re-raised below, once all ended
+                failure = failure or exc
+    if failure is not None:
         delete_parts(blob, [p for _, p in out])
-        raise
+        raise failure
     return out
 
 
