@@ -22,7 +22,7 @@ from hypothesis import given, settings
 
 import upsert_core.ingest.rebucket as rebucket_module
 from tests.model import UpsertModel
-from upsert_core.errors import ConcurrentModification, ConfigError
+from upsert_core.errors import ConcurrentModification, ConfigError, CorruptData
 from upsert_core.ingest import IngestRequest, InProcessEngine, ingest
 from upsert_core.ingest.engine import Engine
 from upsert_core.ingest.rebucket import rebucket
@@ -306,4 +306,39 @@ def test_a_rebucket_that_keeps_losing_fails_clearly_and_changes_nothing(
     assert_matches(shard, landing)
     assert not shard.state().writers  # the rebucket's registration was released
     # What the lost attempts wrote is gone already: nothing of it is referenced.
+    assert unreferenced_blobs(shard) == set()
+
+
+def test_a_part_gone_under_a_moving_shard_makes_it_plan_again(
+    landing: Landing, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As a concurrent GC deleting the parts only states older than its truncation
+    # referenced: the read fails, the shard has moved, so the rebucket plans again; on
+    # a shard that did not move the same failure is reported.
+    shard = memory_shard()
+    landing.add()
+    landing.ingest(shard, buckets=2)
+    real = rebucket_module.relabel_batch
+    calls: list[int] = []
+
+    def lost_part(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            landing.add()
+            landing.ingest(shard)  # the shard moves on
+            raise CorruptData("part p is referenced by the state but missing")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rebucket_module, "relabel_batch", lost_part)
+    report = rebucket(shard, 4)
+    assert report.changed and report.attempts == 2 and labels(shard) == {4}
+    assert_matches(shard, landing)
+
+    def always_lost(*args: Any, **kwargs: Any) -> Any:
+        raise CorruptData("part p is referenced by the state but missing")
+
+    monkeypatch.setattr(rebucket_module, "relabel_batch", always_lost)
+    with pytest.raises(CorruptData, match="missing"):
+        rebucket(shard, 8)
+    assert labels(shard) == {4} and not shard.state().writers
     assert unreferenced_blobs(shard) == set()

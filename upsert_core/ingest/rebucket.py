@@ -61,9 +61,16 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from upsert_core.errors import ConcurrentModification, ConfigError, WriterFenced
+from upsert_core.errors import (
+    ConcurrentModification,
+    ConfigError,
+    CorruptData,
+    NotReadable,
+    WriterFenced,
+)
 from upsert_core.ingest import options as ingest_options
 from upsert_core.ingest.bucket_split import NewBucket, write_new_buckets
+from upsert_core.ingest.checkpoint import CheckpointUnusable
 from upsert_core.ingest.options import IngestRequest
 from upsert_core.ingest.plan import plan_file
 from upsert_core.ingest.shard_config import (
@@ -196,12 +203,23 @@ def _attempts(
         report.buckets_before = options.buckets
         if options.buckets == buckets:  # another rebucket got there first
             return
-        plan = _plan(shard, state, options, buckets, request, lease, done, report)
+        try:
+            plan = _plan(shard, state, options, buckets, request, lease, done, report)
+        except (CorruptData, NotReadable, CheckpointUnusable):
+            # SUBTLE: a GC that compacted (or truncated) since this plan began may have
+            # deleted parts only older states reference: plan again on the fresh state,
+            # as an ingest's bucket step does; on an unchanged shard it is real.
+            fresh = shard.state()
+            if fresh.seqno == state.seqno or attempt == attempts:
+                raise
+            done.keep_only(shard, set(fresh.batches))
+            continue
         try:
             result = commit_relayout(shard.machine, plan.layout, writer_id=lease.writer_id,
                                      now_ms=shard.clock_ms)
         except WriterFenced:
-            # Nothing committed (the check precedes any proposal): all of it goes.
+            # Nothing of it committed (a proposal before the fence lost its race, which
+            # is determinate), and what it wrote names the fenced id: all of it goes.
             _delete(shard, plan.checkpoints)
             done.forget(shard)
             lease.renew()
