@@ -38,6 +38,8 @@ def summary_line(report: IngestReport) -> str:
         + (f"{report.skipped} Debezium event(s) skipped (op t/m); " if report.skipped else "")
         + f"upper {report.start_upper} -> {report.upper} (seqno {report.seqno})"
         + _maintenance(report)
+        + "".join(f"; grew to {r['buckets']} buckets after ts {r['after_ts']}"
+                  for r in report.rebucketed)
     )
 
 
@@ -51,8 +53,6 @@ def _maintenance(report: IngestReport) -> str:
         parts.append(f"since {done['since_before']} -> {done['since_after']}")
     if done["gc_ran"]:
         parts.append(f"compacted {done['batches_before']} -> {done['batches_after']} batches")
-    if done.get("rebucketed") is not None:
-        parts.append(f"grew to {done['rebucketed']} buckets (upsertctl rebucket)")
     return "; maintenance: " + ", ".join(parts) if parts else ""
 
 

@@ -1,7 +1,7 @@
-"""Buckets that grow with the table: an ingest's maintenance doubles a shard's bucket
-count once the recorded checkpoint bases say a bucket outgrew the target state per
-bucket (the one a new shard's count aims at), unless the ingest named a count or
-``UPSERT_AUTO_REBUCKET=0``; and what it grows to (:func:`grown_buckets`)."""
+"""Buckets that grow with the table: an ingest doubles a shard's bucket count between
+two of its files once the recorded checkpoint bases say a bucket outgrew the target
+state per bucket (the one a new shard's count aims at), unless the ingest named a count
+or ``UPSERT_AUTO_REBUCKET=0``; and what it grows to (:func:`grown_buckets`)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def test_what_the_count_grows_to() -> None:
     assert grown_buckets(_state(4, [_stored(3 * TARGET)] * 4, current=False)) is None
 
 
-def test_maintenance_grows_the_buckets_of_a_growing_table(
+def test_an_ingest_grows_the_buckets_of_a_growing_table(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     land = Landing(tmp_path, "global")
@@ -71,13 +71,33 @@ def test_maintenance_grows_the_buckets_of_a_growing_table(
     monkeypatch.setattr(options, "TARGET_BUCKET_BYTES", 300)  # the table "grew"
     land.add()
     report = land.ingest(shard)
-    assert report.maintenance is not None
-    grown = report.maintenance["rebucketed"]
-    assert grown is not None and grown > 4 and grown % 4 == 0
+    [grew] = report.rebucketed
+    grown = grew["buckets"]
+    assert isinstance(grown, int) and grown > 4 and grown % 4 == 0
+    assert grew["buckets_before"] == 4 and grew["after_ts"] == 1
     assert labels(shard) == {grown}
     assert_matches(shard, land)
     land.add([{"key": k, "offset": 2, "v": "old"} for k in range(60)])
     land.ingest(shard)
+    assert_matches(shard, land)
+
+
+def test_a_first_load_of_many_files_grows_while_it_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A first load split into many files (Spark's part files): sized by the first one,
+    # the count grows between files, never after the whole load only.
+    monkeypatch.setattr(options, "TARGET_BUCKET_BYTES", 2000)
+    land = Landing(tmp_path, "batch")
+    for n in range(6):
+        land.add([{"key": 100 * n + k, "offset": 1, "v": f"{n}-{k}" * 4} for k in range(100)])
+    shard = memory_shard()
+    report = land.ingest(shard)
+    assert [f.ts for f in report.files] == list(range(6))
+    counts = [r["buckets"] for r in report.rebucketed]
+    assert counts and counts == sorted(counts) and len(set(counts)) == len(counts)
+    assert all(r["after_ts"] < 5 for r in report.rebucketed)  # during the load
+    assert labels(shard) == {counts[-1]}
     assert_matches(shard, land)
 
 
@@ -94,7 +114,7 @@ def test_a_named_count_or_the_setting_keeps_the_count(
         monkeypatch.setenv(AUTO_REBUCKET_ENV, "0")
     land.add()
     report = land.ingest(shard, **({"buckets": 4} if why == "named" else {}))
-    assert report.maintenance is not None and report.maintenance["rebucketed"] is None
+    assert report.rebucketed == []
     assert labels(shard) == {4}
     assert_matches(shard, land)
 

@@ -10,11 +10,7 @@ After a run that committed files, :func:`maintain`:
    size-tiered compaction (with the ingest's part typer, so parts come out typed and
    in the format the ingest writes), a rollup, truncation and the deletion of the blobs
    that only replaced states referenced. The number of batches stays logarithmic in
-   the history kept, and history before ``since`` is folded as the tiers merge it;
-3. when asked to (``grow``: the ingest named no bucket count and
-   ``UPSERT_AUTO_REBUCKET`` is not 0) and its buckets outgrew the target state per
-   bucket, doubles the bucket count (``ingest.rebucket.grown_buckets``), after the GC
-   pass so that the rebucket rewrites the compacted history.
+   the history kept, and history before ``since`` is folded as the tiers merge it.
 
 Invariants:
 
@@ -40,7 +36,6 @@ from dataclasses import dataclass
 
 from upsert_core.errors import ConfigError, UpsertPlatformError
 from upsert_core.ingest.part_typer import part_typer
-from upsert_core.ingest.rebucket import grown_buckets, rebucket
 from upsert_core.ingest.shard_config import ShardIngestConfig
 from upsert_core.ingest.tasks import MAX_REPLAY_BATCHES, Base
 from upsert_core.order_scope import OrderScope
@@ -67,8 +62,6 @@ class MaintenanceReport:
     gc_ran: bool = False
     compaction_merges: int = 0
     blobs_deleted: int = 0
-    rebucketed: int | None = None
-    """The bucket count maintenance grew the shard to (None: it did not)."""
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, object]:
@@ -76,8 +69,7 @@ class MaintenanceReport:
             "since_before": self.since_before, "since_after": self.since_after,
             "batches_before": self.batches_before, "batches_after": self.batches_after,
             "gc_ran": self.gc_ran, "compaction_merges": self.compaction_merges,
-            "blobs_deleted": self.blobs_deleted, "rebucketed": self.rebucketed,
-            "seconds": round(self.seconds, 6),
+            "blobs_deleted": self.blobs_deleted, "seconds": round(self.seconds, 6),
         }
 
 
@@ -155,10 +147,9 @@ def apply_stored_retention(shard: Shard) -> ShardState:
     return shard.machine.apply(_advance_keeping(shard.clock_ms()))
 
 
-def maintain(shard: Shard, *, grow: bool = False) -> MaintenanceReport:
-    """Apply the stored retention, bound the number of batches and, with ``grow``, grow
-    outgrown buckets (module docstring). Raises what GC and a rebucket raise;
-    :func:`maintain_after_ingest` turns that into a warning."""
+def maintain(shard: Shard) -> MaintenanceReport:
+    """Apply the stored retention and bound the number of batches (module docstring).
+    Raises what GC raises; :func:`maintain_after_ingest` turns that into a warning."""
     started = time.monotonic()
     state = shard.state()
     report = MaintenanceReport(since_before=state.since, since_after=state.since,
@@ -172,22 +163,16 @@ def maintain(shard: Shard, *, grow: bool = False) -> MaintenanceReport:
         report.compaction_merges = gc.compaction_merges
         report.blobs_deleted = len(gc.deleted_keys)
         state = shard.state()
-    grown = grown_buckets(state) if grow else None
-    if grown is not None and rebucket(shard, grown).changed:
-        report.rebucketed = grown
-        state = shard.state()
     report.batches_after = len(state.batches)
     report.seconds = time.monotonic() - started
     return report
 
 
-def maintain_after_ingest(
-    shard: Shard, *, grow: bool = False
-) -> tuple[MaintenanceReport | None, str | None]:
+def maintain_after_ingest(shard: Shard) -> tuple[MaintenanceReport | None, str | None]:
     """:func:`maintain` for a shard an ingest just wrote: ``(report, None)``, or
     ``(None, warning)`` when it failed (the files stay committed)."""
     try:
-        return maintain(shard, grow=grow), None
+        return maintain(shard), None
     except UpsertPlatformError as exc:
         return None, (
             f"shard {shard.shard_id}: the files are committed, but maintenance after the"

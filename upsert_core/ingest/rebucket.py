@@ -46,10 +46,14 @@ Invariants:
 - The per-process state cache and a group's plans never mistake an old state for a
   new one: the commit records a fresh commit nonce for upper ``u``
   (``ingest.statecache``), and the checkpoint references all change.
-- Growth from maintenance (:func:`grown_buckets`, ``ingest.maintenance``): only up, only
-  by doublings, only when the recorded base sizes say a bucket holds more than
-  :data:`GROW_AT` times the target state, and only for ingests that did not name a
-  count (a deployment that pins ``--buckets``/``UPSERT_BUCKETS`` keeps it).
+- Growth with the table (:func:`grown_buckets`, run by the ingest after each file it
+  commits, as the run's own writer: ``pipeline``): only up, only by doublings, only when
+  the recorded base sizes say a bucket holds more than :data:`GROW_AT` times the target
+  state, and only for runs that did not name a count (a deployment that pins
+  ``--buckets``/``UPSERT_BUCKETS`` keeps it). Each doubling rewrites what the shard
+  holds so far, so a first load that grows from 4 to N buckets rewrites about its own
+  size in all (a geometric sum), and no bucket ever holds much more than twice the
+  target while it loads.
 """
 
 from __future__ import annotations
@@ -169,11 +173,13 @@ def stored_options(state: ShardState) -> ShardOptions:
 
 def rebucket(
     shard: Shard, buckets: int, *, max_attempts: int = DEFAULT_ATTEMPTS,
-    request: IngestRequest | None = None,
+    request: IngestRequest | None = None, lease: WriterLease | None = None,
 ) -> RebucketReport:
     """Change ``shard``'s bucket count to ``buckets``; see the module docstring.
     ``request`` gives the checkpoint format settings and the writer lease (default: the
-    environment's, as for an ingest)."""
+    environment's, as for an ingest). ``lease``: write as that (registered) writer, an
+    ingest run's between two of its files, instead of registering one: the fence then
+    spares it, which is safe because it has no plan in flight."""
     started = time.monotonic()
     check_buckets(buckets)
     request = request if request is not None else IngestRequest()
@@ -181,8 +187,11 @@ def rebucket(
     report = RebucketReport(shard.shard_id, stored_options(state).buckets, buckets,
                             state.upper, state.seqno)
     if report.buckets_before != buckets:
-        with shard.writer_lease(request.writer_lease_ms) as lease:
+        if lease is not None:
             _attempts(shard, buckets, max(1, max_attempts), request, lease, report)
+        else:
+            with shard.writer_lease(request.writer_lease_ms) as own:
+                _attempts(shard, buckets, max(1, max_attempts), request, own, report)
     report.seconds = time.monotonic() - started
     return report
 
