@@ -21,8 +21,11 @@ Invariants:
   same ``Part`` values. A batch with nothing to relabel is returned itself.
 - What the old parts stored is kept: their value columns (aligned to the longest list
   when parts merge, as compaction aligns them: columns are only ever appended) and
-  their format (values-only parts stay values-only; parts that store the encoded row
-  keep storing it). Parts whose value columns cannot be aligned are rewritten apart.
+  their format (values-only parts stay values-only, parts that store the encoded row
+  keep storing it; where both merge the result is values-only, as compaction decides).
+  Parts without value columns, or whose columns cannot be aligned, are rewritten apart.
+- The new parts of a residue are written on :data:`WRITE_THREADS` threads, each naming
+  the caller's writer (``keys.writing_as``); a failure deletes every one written.
 - Memory: a new bucket's keys come only from the old buckets of its residue modulo
   ``g = gcd(N, M)``, so the old parts are read one residue at a time: about ``1/g`` of
   the batch is held. Growing by a factor (4 -> 16) or shrinking by one (16 -> 4) holds
