@@ -64,7 +64,8 @@ def require_registered(state: ShardState, writer_id: str) -> None:
     if writer_id not in state.writers:
         raise WriterFenced(
             f"shard {state.shard_id}: writer {writer_id} is fenced: its registration is"
-            " gone (its lease expired while it was stalled, or it was released), so GC may"
+            " gone (its lease expired while it was stalled, it was released, or a rebucket"
+            " of the shard fenced every writer that planned on the old bucket count), so GC may"
             " have deleted the blobs it wrote; nothing was committed. Register a new writer"
             " and write again"
         )
