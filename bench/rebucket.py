@@ -16,9 +16,15 @@ history, compacted by size tiers), on SQLite consensus and a local blob director
   made before the rebucket (CPU seconds);
 - ``rebucket`` back to the first count.
 
+With ``--grow K``, instead: a first load of ``--keys`` keys split into K Parquet files
+(as Spark writes part files), ingested in one run with ``--target-mb`` as the target
+state per bucket, once growing the count between files and once with
+``UPSERT_AUTO_REBUCKET=0``: CPU seconds, the counts it grew through and the bytes those
+rebuckets wrote.
+
 Usage: ``.venv/bin/python -m bench.rebucket [--keys N] [--rows R] [--batches K]
-[--buckets N] [--to M] [--scope batch|global]``. Progress on stderr; the LAST line on
-stdout is one JSON object.
+[--buckets N] [--to M] [--scope batch|global] [--grow K --target-mb T]``. Progress on
+stderr; the LAST line on stdout is one JSON object.
 """
 
 from __future__ import annotations
@@ -68,6 +74,45 @@ def _snapshot_rows(root: Path) -> int:
     return sum(b.num_rows for b in ShardTable(_open(root)).to_batches())
 
 
+def grow(keys: int, files: int, target_mb: float) -> dict[str, Any]:
+    """The ``--grow`` run (module docstring)."""
+    import os
+
+    import numpy as np
+    import pyarrow as pa
+
+    from upsert_core.ingest import options
+
+    out: dict[str, Any] = {"keys": keys, "files": files, "target_mb": target_mb}
+    table = Workload(keys, 1).initial()
+    order = pa.array(np.random.default_rng(3).permutation(keys))
+    table = table.take(order)  # part files hold keys of every bucket
+    with tempfile.TemporaryDirectory(prefix="bench-grow-") as tmp:
+        landing = Path(tmp) / "landing"
+        step = -(-keys // files)
+        for i in range(files):
+            write_landing(landing / f"part-{i:05d}.parquet", table.slice(i * step, step))
+        options.TARGET_BUCKET_BYTES = int(target_mb * (1 << 20))
+        for name, setting in (("growing", "1"), ("fixed", "0")):
+            os.environ["UPSERT_AUTO_REBUCKET"] = setting
+            root = Path(tmp) / name
+            root.mkdir()
+            def load(where: Path = root) -> Any:
+                return ingest(_open(where), str(landing), IngestRequest())
+
+            report, wall, cpu = measured(load)
+            out[name] = {
+                "seconds": wall, "cpu": cpu,
+                "buckets": [(g["buckets_before"], g["buckets"], g["after_ts"])
+                            for g in report.rebucketed],
+                "rebucket_bytes_written": sum(int(str(g["bytes_written"]))
+                                              for g in report.rebucketed),
+                "ingest_bytes_written": report.bytes_written,
+            }
+            log(f"{name}: {out[name]}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keys", type=int, default=1_000_000)
@@ -76,7 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--buckets", type=int, default=4)
     parser.add_argument("--to", type=int, default=16)
     parser.add_argument("--scope", choices=("batch", "global"), default="batch")
+    parser.add_argument("--grow", type=int, metavar="K")
+    parser.add_argument("--target-mb", type=float, default=8.0)
     args = parser.parse_args(argv)
+    if args.grow:
+        print(json.dumps(grow(args.keys, args.grow, args.target_mb)))
+        return 0
     out: dict[str, Any] = {"keys": args.keys, "rows": args.rows, "batches": args.batches,
                            "from": args.buckets, "to": args.to, "scope": args.scope}
     with tempfile.TemporaryDirectory(prefix="bench-rebucket-") as tmp:
