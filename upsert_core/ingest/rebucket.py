@@ -100,7 +100,7 @@ DEFAULT_ATTEMPTS = 3
 """Plans a rebucket makes before it gives up on writers that keep committing first."""
 
 AUTO_REBUCKET_ENV = "UPSERT_AUTO_REBUCKET"
-"""``0`` keeps ingests' maintenance from growing a shard's bucket count (default on)."""
+"""``0`` keeps ingests from growing a shard's bucket count (default on)."""
 
 GROW_AT = 2.0
 """Maintenance grows the bucket count once a bucket's estimated state passes this many
@@ -372,13 +372,9 @@ def grown_buckets(state: ShardState) -> int | None:
 
 
 def auto_rebucket_from_env(env: Mapping[str, str] | None = None) -> bool:
-    """Whether maintenance may grow bucket counts (:data:`AUTO_REBUCKET_ENV`, default on)."""
-    text = (os.environ if env is None else env).get(AUTO_REBUCKET_ENV, "").strip().lower()
-    if text in ("", "1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"{AUTO_REBUCKET_ENV}={text!r}: use 1 (the default) or 0")
+    """Whether ingests may grow bucket counts (:data:`AUTO_REBUCKET_ENV`, default on)."""
+    return ingest_options.on_off_setting(os.environ if env is None else env,
+                                         AUTO_REBUCKET_ENV)
 
 
 def _config_updates(
