@@ -239,7 +239,8 @@ def cmd_rebucket(args: argparse.Namespace) -> int:
             f"rebucket: shard {shard.shard_id!r}: {report.buckets_before} -> {report.buckets}"
             f" buckets at upper {report.upper} ({report.batches} batch(es),"
             f" {report.parts_read} part(s) rewritten as {report.parts_written},"
-            f" {report.bytes_written} bytes written, {report.seconds:.1f} s)\n"
+            f" {report.bytes_written} bytes written, {report.seconds:.1f} s); the parts it"
+            f" replaced stay for older states until `upsertctl gc --shard {shard.shard_id}`\n"
         )
     return EXIT_OK
 
