@@ -223,6 +223,28 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_rebucket(args: argparse.Namespace) -> int:
+    from upsert_core.ingest.rebucket import rebucket  # heavy: pyarrow, the ingest package
+
+    shard = open_shard(args)
+    report = rebucket(shard, args.buckets)
+    print(dumps(report.to_dict()))
+    for warning in report.warnings:
+        sys.stderr.write(f"warning: {warning}\n")
+    if not report.changed:
+        sys.stderr.write(f"rebucket: shard {shard.shard_id!r} already has {report.buckets}"
+                         " buckets: nothing changed\n")
+    else:
+        sys.stderr.write(
+            f"rebucket: shard {shard.shard_id!r}: {report.buckets_before} -> {report.buckets}"
+            f" buckets at upper {report.upper} ({report.batches} batch(es),"
+            f" {report.parts_read} part(s) rewritten as {report.parts_written},"
+            f" {report.bytes_written} bytes written, {report.seconds:.1f} s); the parts it"
+            f" replaced stay for older states until `upsertctl gc --shard {shard.shard_id}`\n"
+        )
+    return EXIT_OK
+
+
 def cmd_shards(args: argparse.Namespace) -> int:
     # heavy: the store modules (sqlite3, SQLAlchemy)
     from upsert_core.persist.location.urls import open_consensus
@@ -287,6 +309,7 @@ COMMANDS = {
     "inspect": cmd_inspect,
     "gc": cmd_gc,
     "retention": cmd_retention,
+    "rebucket": cmd_rebucket,
     "spark": cmd_spark,
     "shards": cmd_shards,
     "check": cmd_check,

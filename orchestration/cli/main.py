@@ -277,6 +277,14 @@ def build_parser() -> argparse.ArgumentParser:
                         " 12h, 30m; s m h d w), and the time before it an as-of read needs")
     choice.add_argument("--keep-all", action="store_true", help="keep all history (default)")
 
+    p = command("rebucket", "change the number of upsert state buckets of an existing shard"
+                " (every retained ts stays readable; one commit, as a writer like an ingest)")
+    p.add_argument(
+        "--buckets", type=_positive, metavar="N", required=True,
+        help="the new bucket count (1-4096; a multiple or divisor of the current one"
+        " keeps a fraction of the shard in memory at a time, see the README)",
+    )
+
     command("check", "verify consolidation and storage invariants (exit 0 when all hold)")
 
     command("shards", "the names of the shards in the stores, one per line", shard=False)

@@ -38,20 +38,22 @@ def summary_line(report: IngestReport) -> str:
         + (f"{report.skipped} Debezium event(s) skipped (op t/m); " if report.skipped else "")
         + f"upper {report.start_upper} -> {report.upper} (seqno {report.seqno})"
         + _maintenance(report)
+        + "".join(f"; grew to {r['buckets']} buckets after ts {r['after_ts']}"
+                  for r in report.rebucketed)
     )
 
 
 def _maintenance(report: IngestReport) -> str:
     """``"; maintenance: ..."`` when the ingest's maintenance changed something."""
     done = report.maintenance
-    if not done or (done["since_before"] == done["since_after"] and not done["gc_ran"]):
+    if not done:
         return ""
     parts = []
     if done["since_before"] != done["since_after"]:
         parts.append(f"since {done['since_before']} -> {done['since_after']}")
     if done["gc_ran"]:
         parts.append(f"compacted {done['batches_before']} -> {done['batches_after']} batches")
-    return "; maintenance: " + ", ".join(parts)
+    return "; maintenance: " + ", ".join(parts) if parts else ""
 
 
 class ProgressPrinter:

@@ -11,7 +11,9 @@ A *history* is a key type, an order scope, a bucket count and a list of steps:
 - ``("gc", N)``: ``gc --retain N``;
 - ``("lose", None)``: an empty batch committed by a plain append that drops every
   checkpoint reference, so the next ingest rebuilds every bucket from the shard (in the global
-  scope with the recorded tombstones: no rebuild forgets one).
+  scope with the recorded tombstones: no rebuild forgets one);
+- ``("rebucket", N)``: ``upsertctl rebucket --buckets N`` (only when asked for:
+  ``histories(rebucket_one_in=...)``), up or down; later ingests name the new count.
 
 Rows mix inserts, updates, deletes, in-batch duplicates, order ties, late rows (small
 order range), a value column added part-way, floats that compare as numbers (``-0.0``
@@ -45,9 +47,12 @@ import pyarrow.parquet as pq
 from hypothesis import strategies as st
 
 from tests.model import UpsertModel, canonical
+from upsert_core.errors import WriterFenced
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.engine import Engine, InProcessEngine
+from upsert_core.ingest.rebucket import rebucket
 from upsert_core.ingest.shard_config import CHECKPOINT_REF_PREFIX
+from upsert_core.ingest.verify import compare_state
 from upsert_core.landing import decode_row
 from upsert_core.persist.append import AppendRequest
 from upsert_core.persist.shard import Shard
@@ -242,7 +247,9 @@ def _float_key_fixup(rows: list[dict[str, Cell]], key_type: str) -> list[dict[st
 @st.composite
 def histories(draw: st.DrawFn, *, max_steps: int = 7, formats: Sequence[str] = FORMATS,
               buckets: Sequence[int] = (1, 2, 4, 64),
-              scopes: Sequence[str] = ("batch", "global"), lose_one_in: int = 6) -> History:
+              scopes: Sequence[str] = ("batch", "global"), lose_one_in: int = 6,
+              rebucket_one_in: int = 0, rebucket_to: Sequence[int] = (1, 2, 3, 4, 8, 16),
+              ) -> History:
     key_type = draw(st.sampled_from(["int", "float"]))
     history = History(key_type, draw(st.sampled_from(list(scopes))),
                       draw(st.sampled_from(list(buckets))), draw(st.booleans()))
@@ -258,6 +265,9 @@ def histories(draw: st.DrawFn, *, max_steps: int = 7, formats: Sequence[str] = F
                                     0, draw(st.sampled_from([1, 2, 3])))))
     files = 1
     for i in range(1, draw(st.integers(1, max_steps)) + 1):
+        if rebucket_one_in and draw(st.integers(1, rebucket_one_in)) == 1:
+            history.steps.append(("rebucket", draw(st.sampled_from(list(rebucket_to)))))
+            continue
         if draw(st.integers(0, 3)) == 0:
             history.steps.append(("gc", draw(st.sampled_from([None, 1, 2, 3]))))
             continue
@@ -356,11 +366,21 @@ def run_history(
     expected_errors: set[tuple[str, int]] = set()
     engines = list(engines) if engines is not None else [
         InProcessEngine(cache="new"), InProcessEngine(cache="new")]
+    buckets = history.buckets
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for kind, arg in history.steps:
             if kind == "gc":
                 shard.gc(retain=arg, leak_grace_ms=0)
+                continue
+            if kind == "rebucket":
+                if rebucket(shard, arg).changed:  # (the count it had: nothing to see)
+                    # Checkpoints current, tombstone sets, part labels of the new count.
+                    comparison = compare_state(shard)
+                    assert comparison.ok and comparison.buckets == arg, comparison.problems
+                buckets = arg
+                if check_every_step:
+                    check_against_model(shard, model, expected_errors)
                 continue
             if kind == "lose":
                 lose_checkpoints(shard)
@@ -372,7 +392,7 @@ def run_history(
                 applied, errors = model_rows(file)
                 model.apply(applied)
                 expected_errors |= {(file.name, n) for n in errors}
-            request = IngestRequest(order_scope=history.scope, buckets=history.buckets,
+            request = IngestRequest(order_scope=history.scope, buckets=buckets,
                                     typed_parts=part_format >= 2,
                                     values_only=part_format == 3,
                                     **({} if history.inline else {"inline_threshold": 0}))
@@ -392,9 +412,13 @@ def lose_checkpoints(shard: Shard) -> None:
     state = shard.state()
     lost = {n: v for n, v in state.config.items() if n.startswith(CHECKPOINT_REF_PREFIX) and v}
     upper = state.upper
-    result = shard.compare_and_append(AppendRequest(
+    request = AppendRequest(
         HollowBatch(upper, upper + 1, 0, ()), upper, config_updates={n: "" for n in lost}
-    ))
+    )
+    try:
+        result = shard.compare_and_append(request)
+    except WriterFenced:  # a rebucket fenced the handle's writer: the next one registers
+        result = shard.compare_and_append(request)
     assert result.committed
 
 

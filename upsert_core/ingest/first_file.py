@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from upsert_core.ingest.options import IngestRequest, buckets_for_first_file, resolve_options
-from upsert_core.ingest.pipeline import plan_file
+from upsert_core.ingest.plan import plan_file
 from upsert_core.ingest.tasks import read_file
 from upsert_core.landing import list_landing, pending
 from upsert_core.persist.location.blob_memory import MemoryBlob

@@ -296,5 +296,7 @@ def resolve_options(
     if unavailable is not None and keeps and unavailable != stored_unavailable:
         conflicts.append(f"--unavailable {unavailable} (shard has {stored_unavailable})")
     if conflicts:
-        raise ConfigError("conflicting ingest options: " + "; ".join(conflicts))
+        hint = "" if buckets is None or buckets == stored_buckets else (
+            f"; `upsertctl rebucket --buckets {buckets}` changes the shard's bucket count")
+        raise ConfigError("conflicting ingest options: " + "; ".join(conflicts) + hint)
     return stored.options

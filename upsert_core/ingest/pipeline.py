@@ -33,6 +33,12 @@ Invariants:
   so a file that kills the job (its workers) costs one failed job, not one per file
   before it. The blobs of a group's files that are not committed are deleted, except
   those of an append whose outcome is not known.
+- Buckets grow with the table: after each file it committed, between two files (no
+  plan in flight), a run that named no bucket count doubles the shard's count as its own
+  writer when the buckets outgrew the target state per bucket
+  (``rebucket.grown_buckets``; ``UPSERT_AUTO_REBUCKET=0`` turns it off); the next file is
+  planned on the new count. Every other writer is fenced by it; a rebucket that fails
+  is a warning, and the run goes on with the count it has.
 - Nothing pending: nothing is written and the upper does not move.
 - ``through=NAME`` (one Dagster partition) stops before the first pending file whose
   name sorts after NAME: such files are never planned or read, and the progress total
@@ -64,7 +70,6 @@ Invariants:
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
@@ -73,6 +78,7 @@ from upsert_core.errors import (
     ConfigError,
     IngestError,
     LandingFileChanged,
+    UpsertPlatformError,
     WriterFenced,
 )
 from upsert_core.ingest.base_cache import check_settings as check_base_cache_settings
@@ -88,6 +94,8 @@ from upsert_core.ingest.ledger import find_rewritten, rewritten_transition, with
 from upsert_core.ingest.maintenance import auto_maintenance_from_env, maintain_after_ingest
 from upsert_core.ingest.options import IngestRequest, buckets_for_first_file, resolve_options
 from upsert_core.ingest.outcome import FileOutcome
+from upsert_core.ingest.plan import plan_file
+from upsert_core.ingest.rebucket import auto_rebucket_from_env, grown_buckets, rebucket
 from upsert_core.ingest.report import FileReport, IngestReport, ProgressEvent
 from upsert_core.ingest.shard_api import IngestShard
 from upsert_core.ingest.shard_config import ShardIngestConfig, ShardOptions, recent_history
@@ -110,49 +118,6 @@ def commit_history(config: Mapping[str, str]) -> dict[int, str]:
 def checkpoints_current(state: ShardState) -> bool:
     """Whether the checkpoint refs in ``state.config`` describe the state at its upper."""
     return ShardIngestConfig.read(state.config).checkpoints_current(state.upper)
-
-
-def plan_file(
-    state: ShardState,
-    options: ShardOptions,
-    file: LandingFile,
-    request: IngestRequest,
-    writer_id: str | None = None,
-) -> FileTask:
-    """The task for ingesting ``file`` at the upper of ``state``, written as ``writer_id``."""
-    stored = ShardIngestConfig.read(state.config)
-    return FileTask(
-        shard_id=state.shard_id,
-        ts=state.upper,
-        file=file,
-        schema_json=options.schema.to_json(),
-        order_scope=options.order_scope.value,
-        buckets=options.buckets,
-        checkpoints={b: stored.checkpoint_refs.get(b, "") for b in range(options.buckets)},
-        checkpoints_current=stored.checkpoints_current(state.upper),
-        tombstones={
-            b: stored.tombstone_refs[b]
-            for b in range(options.buckets)
-            if b in stored.tombstone_refs
-        },
-        inline_threshold=request.inline_threshold,
-        typed_parts=request.typed_parts,
-        values_only=request.values_only,
-        part_bases=request.part_bases,
-        shard_state=state,
-        bases={
-            b: stored.checkpoint_bases[b]
-            for b in range(options.buckets)
-            if b in stored.checkpoint_bases
-        },
-        commit_nonce=uuid.uuid4().hex,
-        history=dict(stored.history),
-        writer_id=writer_id,
-        value_checks=request.value_checks,
-        envelope=options.envelope.value,
-        missing=options.missing.value,
-        unavailable=options.unavailable,
-    )
 
 
 def _delete_new_blobs(
@@ -486,6 +451,29 @@ def _ingest_group(run: _Run, state: ShardState) -> ShardState:
     return state
 
 
+def _grown(run: _Run, state: ShardState) -> ShardState:
+    """Between two of the run's files (nothing planned): when the shard's buckets
+    outgrew the target state per bucket, double them as the run's own writer
+    (``ingest.rebucket``); returns the shard's state. A rebucket that fails is a
+    warning: the run goes on with the count it has."""
+    grown = grown_buckets(state)
+    if grown is None or not isinstance(run.shard, Shard):
+        return state
+    try:
+        done = rebucket(run.shard, grown, request=run.request, lease=run.lease)
+    except UpsertPlatformError as exc:
+        run.report.warnings.append(
+            f"shard {run.shard.shard_id}: its buckets outgrew the target state per bucket,"
+            f" but growing them to {grown} failed ({exc}); run `upsertctl rebucket --shard"
+            f" {run.shard.shard_id} --buckets {grown}`"
+        )
+        return run.shard.state()
+    if done.changed:
+        run.report.rebucketed.append({"after_ts": state.upper - 1, **done.to_dict()})
+        run.report.warnings.extend(done.warnings)
+    return run.shard.state()
+
+
 def _as_planned(predicted: FileTask, plan: FileTask, outcome: FileOutcome) -> bool:
     """Whether the shard about to take ``outcome`` is the one its group predicted for it
     (``group.GroupChain``): same ts and commit history, and for every bucket it ran, the
@@ -532,6 +520,8 @@ def ingest(
     # Settings are checked before anything is ingested (a bad one must not fail the run
     # after its files are committed).
     maintain = auto_maintenance_from_env() if options.maintain is None else options.maintain
+    # A count the request names is the deployment's choice: the run never grows it.
+    grow = options.buckets is None and auto_rebucket_from_env()
     check_streaming_settings()
     check_base_cache_settings()
     state = shard.state()
@@ -567,6 +557,8 @@ def ingest(
                     state, done = _ingest_one(shard, state, file, options, engine, report,
                                               lease)
                     run.settled(done)
+                if grow and isinstance(shard, Shard):
+                    state = _grown(run, state)
             except LandingFileChanged as exc:
                 # Files are applied in name order: the ones after it wait with it.
                 report.pending = [f.name for f in todo[run.next:]]

@@ -61,6 +61,9 @@ class IngestReport:
     """Listed files rewritten under a name already ingested (``ingest.ledger``): each is
     also named in ``warnings``, and never ingested again."""
     maintenance: dict[str, object] | None = None  # ingest.maintenance, when it ran
+    rebucketed: list[dict[str, object]] = field(default_factory=list)
+    """The bucket counts the run grew the shard to (``ingest.rebucket.grown_buckets``),
+    each ``RebucketReport.to_dict`` with the ts after which it ran."""
 
     @property
     def rows_read(self) -> int:
@@ -152,6 +155,7 @@ class IngestReport:
             "warnings": list(self.warnings),
             "rehydrations": list(self.rehydrations),
             "maintenance": self.maintenance,
+            "rebucketed": list(self.rebucketed),
         }
 
 

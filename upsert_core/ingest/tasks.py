@@ -554,6 +554,19 @@ def _load_state(
     return state, Base(task.ts)
 
 
+def load_bucket_state(
+    task: FileTask, bucket: int, blob: Blob
+) -> tuple[ColumnarState, BucketResult]:
+    """Bucket ``bucket``'s state at ``task.ts`` exactly as its bucket step would load it
+    (checkpoint and replay, or a rebuild from the shard with its recorded tombstones),
+    with what the loading reports (``loaded``, ``rehydrated``, ``warnings``). Raises
+    the platform errors the loading raises (say :class:`TombstonesLost`): the caller,
+    unlike a bucket step, has no failure to report them in."""
+    result = BucketResult(bucket=bucket)
+    state, _ = _load_state(task, bucket, blob, result, None)
+    return state, result
+
+
 @dataclass
 class Carry:
     """How the bucket steps of one bucket through the files of a group

@@ -139,6 +139,16 @@ def write_typed_base(
     """Write ``state`` (bucket ``bucket`` of ``buckets``, as of ``upper``) as a typed
     base; returns its blob key and size in bytes."""
     hi, lo, values = state_values(state, schema)
+    return write_typed_base_values(blob, shard, bucket, buckets, upper, hi, lo, values)
+
+
+def write_typed_base_values(
+    blob: Blob, shard: str, bucket: int, buckets: int, upper: int,
+    hi: U64, lo: U64, values: pa.Table,
+) -> tuple[str, int]:
+    """Write a typed base of the keys ``(hi, lo)`` (sorted, unique, all of bucket
+    ``bucket`` of ``buckets``) whose rows hold ``values`` (the row schema's columns, as
+    :func:`state_values` gives them), as of ``upper``; returns its blob key and size."""
     n = len(hi)
     table = pa.Table.from_arrays(
         [

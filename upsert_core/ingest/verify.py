@@ -64,7 +64,8 @@ parts' promises) + the state diffs since
 ``start_upper``): it follows the batch and the bucket sizes, never the shard's age.
 What cannot be verified without history (the run's first state diffs truncated by a
 concurrent GC, the state before the run not current because something else appended,
-a checkpoint the ingest itself found unusable and rebuilt) is reported in ``notes``,
+a checkpoint the ingest itself found unusable and rebuilt, a rebucket since the run
+started, whose buckets are not the run's) is reported in ``notes``,
 not as a problem; the full check covers it.
 """
 
@@ -520,6 +521,13 @@ def compare_touched_buckets(
         report.add(STATE, f"the upsert state checkpoints at upper {upper} describe upper"
                           f" {after.checkpoint_upper!s}: something other than the"
                           " ingest appended to the shard")
+        return report
+    counted = {c.options.buckets for c in (before, after) if c.options is not None}
+    if counted - {buckets}:
+        report.notes.append(
+            f"the shard was rebucketed during the run ({sorted(counted | {buckets})} buckets;"
+            " upsertctl rebucket): the touched buckets' states were not compared"
+        )
         return report
     if start_upper > 0 and before.checkpoint_upper != start_upper:
         report.notes.append(

@@ -328,7 +328,7 @@ def merge_batches(
     return HollowBatch(lower=batches[0].lower, upper=batches[-1].upper, since=since, parts=parts)
 
 
-def _extending(candidates: Sequence[Sequence[pa.Field]]) -> list[pa.Field] | None:
+def extending_fields(candidates: Sequence[Sequence[pa.Field]]) -> list[pa.Field] | None:
     """The longest of ``candidates`` when it extends every other one (columns are only
     ever appended), else None."""
     longest = max(candidates, key=len)
@@ -366,7 +366,7 @@ def _plan_buckets(
     if typer is None:
         if any(p.layout.bucket is None or not p.layout.values for p in opened):
             return None
-        fields = _extending([p.layout.values for p in opened])
+        fields = extending_fields([p.layout.values for p in opened])
         return None if fields is None or len(counts) != 1 else (counts.pop(), fields)
     if counts - {typer.buckets}:
         return None
@@ -375,7 +375,7 @@ def _plan_buckets(
         return None
     # The typer's columns, or a part's if an ingest added columns after the typer was
     # made (columns are only appended, so one list must extend all the others).
-    fields = _extending([typer.fields, *(p.layout.values for p in opened)])
+    fields = extending_fields([typer.fields, *(p.layout.values for p in opened)])
     return None if fields is None else (typer.buckets, fields)
 
 
@@ -545,15 +545,16 @@ def commit_merge(
     # Judged by the state, not by which answer ``replace`` gave last: if an earlier
     # proposal landed unnoticed, ``replace`` finds the run gone and answers "no change".
     committed = merged in state.batches
-    if not committed and _provably_unreferenced(machine, merged, proposed):
+    keys = {p.key for p in merged.parts if isinstance(p, BlobPart)}
+    if not committed and provably_unreferenced(machine, keys, proposed):
         delete_parts(blob, merged.parts)
     return committed, state
 
 
-def _provably_unreferenced(machine: Machine, merged: HollowBatch, proposed: list[int]) -> bool:
-    """Whether no state references ``merged``'s blob parts, now or ever (see the module
+def provably_unreferenced(machine: Machine, keys: set[str], proposed: list[int]) -> bool:
+    """Whether no state references any of the blob ``keys``, now or ever, when the only
+    states that ever held them were proposed at the seqnos ``proposed`` (see the module
     docstring). False whenever in doubt."""
-    keys = {p.key for p in merged.parts if isinstance(p, BlobPart)}
     if not keys or not proposed:
         return True  # nothing to delete, or no state holding them was ever proposed
     pending = set(proposed)
@@ -565,12 +566,12 @@ def _provably_unreferenced(machine: Machine, merged: HollowBatch, proposed: list
                 return False
             pending.discard(state.seqno)
     except UpsertPlatformError as exc:
-        log.info("shard %s: leaving merged parts to GC: %s", machine.shard_id, exc)
+        log.info("shard %s: leaving written blobs to GC: %s", machine.shard_id, exc)
         return False
     if pending:
         # Not visible (yet) or truncated away: a proposal there may still land, or
         # may have landed; GC's sweep decides later, from the live states.
-        log.info("shard %s: leaving merged parts to GC: seqnos %s not settled",
+        log.info("shard %s: leaving written blobs to GC: seqnos %s not settled",
                  machine.shard_id, sorted(pending))
         return False
     return True

@@ -16,7 +16,9 @@ Invariants:
 - A registration is removed only by compare-and-set: released by its holder, expired by
   GC once ``now > last heartbeat + lease`` (:func:`~upsert_core.persist.leases.expire_leases`),
   or removed by GC because it names a process on GC's host that is not running
-  (:func:`expire_dead_local_writers`).
+  (:func:`expire_dead_local_writers`), or fenced by a change of the shard's bucket
+  layout (``persist.relabel.commit_relayout`` removes every registration but its own
+  writer's: whatever the others planned was for the old layout).
 - A state may only start to reference a blob naming a writer id that the same state
   registers (:func:`require_new_references_registered`, checked in the transition that
   adds the reference: ``append``, compaction's replace). So once an id is removed, no
@@ -62,7 +64,8 @@ def require_registered(state: ShardState, writer_id: str) -> None:
     if writer_id not in state.writers:
         raise WriterFenced(
             f"shard {state.shard_id}: writer {writer_id} is fenced: its registration is"
-            " gone (its lease expired while it was stalled, or it was released), so GC may"
+            " gone (its lease expired while it was stalled, it was released, or a rebucket"
+            " of the shard fenced every writer that planned on the old bucket count), so GC may"
             " have deleted the blobs it wrote; nothing was committed. Register a new writer"
             " and write again"
         )
