@@ -13,6 +13,7 @@ import pytest
 from upsert_core.errors import UpsertPlatformError
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.persist import compact as compact_module
+from upsert_core.persist.keys import writer_id_of
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.state import BlobPart
 
@@ -117,3 +118,43 @@ def test_a_failing_bucket_leaves_no_part_of_any_bucket(
     assert {m.key for m in shard.blob.list_keys("")} == keys_before
     assert _history(shard) == history
     assert shard.check().ok
+
+
+def test_parts_merged_on_threads_name_the_compacting_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every part a compaction writes names its registered writer, whichever thread
+    wrote it (``writing_as`` is a context variable, which a pool's threads do not
+    inherit): GC then keeps it while that writer is registered, and a fenced compactor
+    cannot commit it. A part naming no writer is a legacy blob to GC, deleted once seen
+    unreferenced for the grace period, while the compaction may still commit it."""
+    shard = _shard_with_history(tmp_path)
+    monkeypatch.setattr(compact_module.os, "cpu_count", lambda: 4)
+    assert compact_module.merge_threads(BUCKETS) > 1
+    gc_handle = Shard.open(shard.consensus, shard.blob, shard.shard_id)
+    history = _history(shard)
+    before = {p.key for b in shard.state().batches for p in b.parts
+              if isinstance(p, BlobPart)}
+    others_done = threading.Barrier(BUCKETS, timeout=30)
+    original = compact_module.write_parts
+
+    def gc_while_compacting(*args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        bucket = kwargs["bucket"]
+        assert isinstance(bucket, tuple)
+        if bucket[0] == BUCKETS - 1:
+            others_done.wait()  # every other bucket's parts are written, not committed
+            gc_handle.gc(leak_grace_ms=0, run_compaction=False)
+            return original(*args, **kwargs)
+        parts = original(*args, **kwargs)
+        others_done.wait()
+        return parts
+
+    monkeypatch.setattr(compact_module, "write_parts", gc_while_compacting)
+    shard.compact(merge_all=True, inline_threshold=0)
+    writer = shard.writer_id()
+    new = [p.key for b in shard.state().batches for p in b.parts
+           if isinstance(p, BlobPart) and p.key not in before]
+    assert new
+    assert {writer_id_of(key) for key in new} == {writer}
+    assert shard.check().ok
+    assert _history(shard) == history

@@ -51,6 +51,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -424,14 +425,20 @@ def _each_bucket(
     ``written`` with their parts in the jobs' order. Every job has finished when this
     returns or raises, and ``written`` then holds the parts of every job that
     succeeded (so the caller can delete them after a failure); the first failure, in
-    job order, is raised."""
+    job order, is raised.
+
+    SUBTLE: each job runs in a copy of the caller's context: the writer the parts must
+    name (``keys.writing_as``) is a context variable, which a pool's threads do not
+    inherit; a part naming no writer is a legacy blob to GC, deleted after its grace
+    period even while the compaction may still commit it."""
     threads = merge_threads(len(jobs))
     if threads <= 1:
         for bucket, extra in jobs:
             written.extend(merge(bucket, extra))
         return
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="compact") as pool:
-        futures = [pool.submit(merge, bucket, extra) for bucket, extra in jobs]
+        futures = [pool.submit(contextvars.copy_context().run, merge, bucket, extra)
+                   for bucket, extra in jobs]
         wait(futures)
     failure: BaseException | None = None
     for future in futures:
