@@ -270,7 +270,11 @@ class BaseCache:
             total = int(tally.read_text().split()[0])
         except (OSError, ValueError, IndexError):
             return False
-        if time.time() - scanned > SCAN_EVERY_S or total + added > self.limit_bytes:
+        # A tally from the future (a clock set back since) would never expire, as each
+        # write of it keeps its time, nor would a negative one ever pass the bound:
+        # neither can be right, so the cache is scanned.
+        age = time.time() - scanned
+        if not -1.0 <= age <= SCAN_EVERY_S or total < 0 or total + added > self.limit_bytes:
             return False
         if added:
             self._write_tally(total + added, scanned)
