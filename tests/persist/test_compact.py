@@ -373,3 +373,44 @@ def test_compacting_a_backlog_keeps_every_time_readable() -> None:
     after = machine.state()
     assert result.merges <= 8 and plan_merge(after.batches) is None
     assert contents(blob, after) == expected
+
+
+def _backlog_by_pairwise_steps(
+    weights: list[int], max_batches_per_merge: int, max_fan_in: int
+) -> tuple[int, int] | None:
+    """:func:`plan_backlog` as specified: :func:`plan_merge`'s steps simulated from the
+    first batch every time until the tiers hold; the first group of several batches."""
+    groups = [(i, i + 1, max(w, 1)) for i, w in enumerate(weights)]
+    while (step := plan_merge([_FakeBatch(w) for _, _, w in groups],  # type: ignore[misc]
+                              max_batches_per_merge=max_batches_per_merge)) is not None:
+        start, end = step
+        groups[start:end] = [(groups[start][0], groups[end - 1][1],
+                              sum(w for _, _, w in groups[start:end]))]
+    for start, end, _ in groups:
+        if end - start > 1:
+            return start, min(end, start + max_fan_in)
+    return None
+
+
+@given(st.lists(st.integers(0, 40), max_size=80), st.sampled_from([2, 3, 8]),
+       st.sampled_from([2, 5, 64]))
+def test_the_backlog_plan_is_the_pairwise_simulation(
+    weights: list[int], per_merge: int, fan_in: int
+) -> None:
+    fake = [_FakeBatch(w) for w in weights]
+    assert plan_backlog(fake, max_batches_per_merge=per_merge,  # type: ignore[arg-type]
+                        max_fan_in=fan_in) == _backlog_by_pairwise_steps(weights, per_merge,
+                                                                         fan_in)
+
+
+def test_planning_a_long_backlog_is_not_quadratic() -> None:
+    """A run of many small files leaves a backlog of one batch per file, and compaction
+    plans once per merge: simulating each step from the first batch again took 16 s of
+    CPU for one plan of 10000 batches (95 s for a backlog of 5000 brought to its tiers)."""
+    import time
+
+    fake = [_FakeBatch(1) for _ in range(20000)]
+    started = time.process_time()
+    plan = plan_backlog(fake)  # type: ignore[arg-type]
+    assert plan == (0, 64)
+    assert time.process_time() - started < 2.0  # ~0.05 s; the quadratic search took ~60 s

@@ -49,6 +49,7 @@ import contextlib
 import hashlib
 import os
 import struct
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -134,6 +135,8 @@ class BaseCache:
     def __init__(self, root: Path, limit_bytes: int) -> None:
         self.root = root
         self.limit_bytes = limit_bytes
+        self._unevicted = 0  # bytes put with evict=False since the last eviction
+        self._lock = threading.Lock()
 
     @classmethod
     def for_blob(cls, blob: Blob, shard: str) -> BaseCache | None:
@@ -209,6 +212,15 @@ class BaseCache:
             return
         if evict:
             self._evict(path)
+            return
+        # SUBTLE: counted now, tallied by the next eviction: a replay's copies are put
+        # in a row and the bound applied once after them (:meth:`evict`), and puts the
+        # tally never saw let one process take the cache past its bound until the
+        # next whole scan.
+        with contextlib.suppress(OSError):
+            size = path.stat().st_size
+            with self._lock:
+                self._unevicted += size
 
     def evict(self) -> None:
         """Drop what the bounds exclude (after puts made with ``evict=False``)."""
@@ -220,10 +232,11 @@ class BaseCache:
         parts = self.root / PARTS
         _keep_newest(parts, KEEP_PARTS, kept if kept is not None and kept.parent == parts
                      else None)
-        added = 0
+        with self._lock:
+            added, self._unevicted = self._unevicted, 0
         with contextlib.suppress(OSError):
             if kept is not None:
-                added = kept.stat().st_size
+                added += kept.stat().st_size
         if self._tally_allows(added):
             return
         with contextlib.suppress(OSError):  # a writer killed mid-put leaves its temporary
@@ -257,7 +270,11 @@ class BaseCache:
             total = int(tally.read_text().split()[0])
         except (OSError, ValueError, IndexError):
             return False
-        if time.time() - scanned > SCAN_EVERY_S or total + added > self.limit_bytes:
+        # A tally from the future (a clock set back since) would never expire, as each
+        # write of it keeps its time, nor would a negative one ever pass the bound:
+        # neither can be right, so the cache is scanned.
+        age = time.time() - scanned
+        if not -1.0 <= age <= SCAN_EVERY_S or total < 0 or total + added > self.limit_bytes:
             return False
         if added:
             self._write_tally(total + added, scanned)
