@@ -70,9 +70,10 @@ KEEP_PER_BUCKET = 2
 """Entries a bucket keeps: its current base and the one before (a racing writer's)."""
 PARTS = "parts"
 """The directory (in place of a bucket number) of replayed parts' decoded updates."""
-KEEP_PARTS = 256
+KEEP_PARTS = 1024
 """Replayed parts' copies a shard keeps, the newest (a replay reads only the parts
-written since each bucket's base, a few per bucket)."""
+written since each bucket's base: at most 64 batches' worth, ``tasks.MAX_REPLAY_BATCHES``,
+so 1024 covers 16 buckets; a copy dropped early costs its decode, never a result)."""
 SCAN_EVERY_S = 60.0
 """The whole cache's size is scanned at least this often, and whenever the tally of
 puts since the last scan would pass the bound; between scans a put costs a small read
