@@ -41,8 +41,10 @@ Decoded datetimes are timezone-aware (UTC).
 
 ``encode_columns`` is the bulk form of ``encode_datums`` for Arrow columns (numpy, no
 per-value Python objects); it returns byte-identical encodings or None when it cannot
-(the caller then falls back to ``encode_datums``). ``key_digests`` is the bulk form
-of ``key_digest``.
+(the caller then falls back to ``encode_datums``). ``key_digest_array`` is the bulk
+form of ``key_digest`` (numpy, :mod:`upsert_core.key_hash`: one 16-byte fixed-size
+binary Arrow array, no Python object per key); ``key_digests`` is its per-key form, for
+callers that want Python bytes.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ import pyarrow.compute as pc
 import xxhash
 
 from upsert_core.errors import CodecError
+from upsert_core.key_hash import xxh3_128_digests
 
 CODEC_VERSION = 1
 
@@ -586,8 +589,16 @@ def _valid_utf8(arr: pa.Array) -> bool:
     return True
 
 
+def key_digest_array(encoded: pa.BinaryArray | pa.LargeBinaryArray) -> pa.FixedSizeBinaryArray:
+    """``key_digest`` of every value of a binary Arrow array of encoded keys, as one
+    ``binary(16)`` Arrow array (computed in numpy by :mod:`upsert_core.key_hash`, bit
+    for bit the digests :func:`key_digests` makes one Python call per key for)."""
+    return xxh3_128_digests(encoded)
+
+
 def key_digests(encoded: pa.BinaryArray) -> list[UpsertKey]:
-    """``key_digest`` of every value of a binary Arrow array of encoded keys."""
+    """``key_digest`` of every value of a binary Arrow array of encoded keys, as Python
+    bytes (one ``xxhash`` call per key; :func:`key_digest_array` for an Arrow array)."""
     n = len(encoded)
     if n == 0:
         return []
