@@ -70,7 +70,7 @@ from upsert_core.codec import (
     encode_datums,
     encodes_in_bulk,
     key_digest,
-    key_digests,
+    key_digest_array,
 )
 from upsert_core.errors import CodecError, IngestError, LandingFileChanged
 from upsert_core.landing.batch import Column, RawBatch, RowError
@@ -127,7 +127,9 @@ class ValidatedBatch:
 
     file: str
     schema: SourceSchema
-    keys: list[bytes] = field(default_factory=list)
+    key_values: list[bytes] | pa.FixedSizeBinaryArray = field(default_factory=list)
+    """The upsert keys: the bulk path keeps them as one ``binary(16)`` Arrow array
+    (``codec.key_digest_array``), the row-by-row path as bytes (see :attr:`keys`)."""
     row_values: list[bytes] | pa.BinaryArray = field(default_factory=list)
     deletes: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, np.bool_))
     orders: OrderArray = field(default_factory=lambda: np.zeros(0, np.int64))
@@ -149,7 +151,15 @@ class ValidatedBatch:
     rows; ``ingest.tasks.with_encoded_rows`` encodes them where they are needed."""
 
     def __len__(self) -> int:
-        return len(self.keys)
+        return len(self.key_values)
+
+    @property
+    def keys(self) -> list[bytes]:
+        """The upsert keys as bytes (made here from the Arrow array the bulk path keeps,
+        which :meth:`to_arrow` uses as it is)."""
+        if isinstance(self.key_values, pa.Array):
+            return list(self.key_values.to_pylist())
+        return self.key_values
 
     @property
     def rows(self) -> list[bytes]:
@@ -162,7 +172,7 @@ class ValidatedBatch:
     @property
     def total_rows(self) -> int:
         """Rows in the file: good ones plus errors."""
-        return len(self.keys) + len(self.errors)
+        return len(self.key_values) + len(self.errors)
 
     def to_arrow(self) -> pa.RecordBatch:
         """The good rows as an Arrow record batch with :func:`arrow_schema`."""
@@ -171,7 +181,8 @@ class ValidatedBatch:
                   else pa.array([], arrow_schema(several).field("order").type))
         return pa.record_batch(
             [
-                pa.array(self.keys, type=pa.binary(UPSERT_KEY_LEN)),
+                self.key_values if isinstance(self.key_values, pa.Array)
+                else pa.array(self.key_values, type=pa.binary(UPSERT_KEY_LEN)),
                 self.row_values if isinstance(self.row_values, pa.Array)
                 else pa.array(self.row_values, type=pa.binary()),
                 pa.array(self.deletes, type=pa.bool_()),
@@ -495,13 +506,13 @@ def _encode(
             # The rows are left unencoded: every one would encode (encodes_in_bulk), and
             # the bucket step derives them from the values where it needs them.
             return ValidatedBatch(
-                file=raw.file, schema=schema, keys=key_digests(bulk_keys),
+                file=raw.file, schema=schema, key_values=key_digest_array(bulk_keys),
                 row_values=pa.nulls(len(good_idx), pa.binary()),
                 deletes=deletes[good_idx], positions=raw.positions[good_idx],
                 orders=_orders(schema, arrays, pa.array(good_idx, type=pa.int64())),
                 values=pa.table(taken, names=list(schema.names)), rows_deferred=True,
             )
-    keys: list[bytes] = []
+    keys: list[bytes] | pa.FixedSizeBinaryArray = []
     rows: list[bytes] | pa.BinaryArray = []
     kept: list[int] = []
     bulk_rows = encode_columns_in_chunks(taken, drop_trailing_nulls=True)
@@ -510,12 +521,13 @@ def _encode(
     if bulk_rows is not None and bulk_keys is not None:
         # The vectorised encoder is byte-identical to the per-row one and declines
         # (None) whenever a value might not encode, so no row can fail here.
-        keys = key_digests(bulk_keys)
+        keys = key_digest_array(bulk_keys)
         rows = bulk_rows
         kept = list(range(len(good_idx)))
     else:
+        key_list: list[bytes] = []
         row_list: list[bytes] = []
-        rows = row_list
+        keys, rows = key_list, row_list
         columns = [_python_values(col) for col in taken]
         for j, values in enumerate(zip(*columns, strict=True)):
             try:
@@ -527,7 +539,7 @@ def _encode(
                     RowError(raw.file, int(raw.positions[i]), f"cannot encode row: {exc}")
                 )
                 continue
-            keys.append(key)
+            key_list.append(key)
             row_list.append(row)
             kept.append(j)
     keep = good_idx if len(kept) == len(good_idx) else good_idx[kept]
@@ -539,7 +551,7 @@ def _encode(
     return ValidatedBatch(
         file=raw.file,
         schema=schema,
-        keys=keys,
+        key_values=keys,
         row_values=rows,
         deletes=deletes[keep],
         orders=orders,
