@@ -355,12 +355,13 @@ _LONG = len(_GROUPS)
 # --- arrays ---------------------------------------------------------------------------------
 
 
-def _offsets(encoded: pa.Array) -> I64:
+def _offsets(encoded: pa.Array) -> npt.NDArray[np.signedinteger]:
+    """The value offsets of ``encoded`` (int32, or int64 for large binary), no copy."""
     n = len(encoded)
     wide = pa.types.is_large_binary(encoded.type)
     raw = np.frombuffer(encoded.buffers()[1], dtype="<i8" if wide else "<i4",
                         count=encoded.offset + n + 1)
-    return raw[encoded.offset :].astype(np.int64)
+    return raw[encoded.offset :]
 
 
 def xxh3_128_columns(encoded: pa.Array | pa.ChunkedArray, *,
@@ -369,46 +370,71 @@ def xxh3_128_columns(encoded: pa.Array | pa.ChunkedArray, *,
     Arrow array: the upsert keys of encoded keys, split as ``columnar.split_keys``
     splits 16-byte keys (see the module docstring). ``chunk_keys``: keys per numpy
     pass (default :data:`CHUNK_KEYS`)."""
-    step = chunk_keys or CHUNK_KEYS
+    encoded = _binary(encoded)
+    high = np.empty(len(encoded), dtype=np.uint64)
+    low = np.empty(len(encoded), dtype=np.uint64)
+    _hash_into(encoded, high, low, chunk_keys or CHUNK_KEYS)
+    return high, low
+
+
+def xxh3_128_digests(encoded: pa.Array | pa.ChunkedArray, *,
+                     chunk_keys: int | None = None) -> pa.FixedSizeBinaryArray:
+    """The 16-byte canonical (big-endian) XXH3-128 digests of every value, as
+    ``xxhash.xxh3_128_digest`` returns them, in one fixed-size binary array. The halves
+    are written straight into the array's buffer, which Arrow's memory pool holds."""
+    encoded = _binary(encoded)
+    n = len(encoded)
+    buffer = pa.allocate_buffer(16 * n)
+    both = np.frombuffer(buffer, dtype=">u8").reshape(n, 2)
+    _hash_into(encoded, both[:, 0], both[:, 1], chunk_keys or CHUNK_KEYS)
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(16), n, [None, buffer])
+
+
+def _binary(encoded: pa.Array | pa.ChunkedArray) -> pa.Array:
     if isinstance(encoded, pa.ChunkedArray):
         encoded = (encoded.combine_chunks() if encoded.num_chunks != 1
                    else encoded.chunk(0))
     if not (pa.types.is_binary(encoded.type) or pa.types.is_large_binary(encoded.type)):
         raise TypeError(f"expected a binary Arrow array, got {encoded.type}")
+    return encoded
+
+
+def _hash_into(encoded: pa.Array, high: npt.NDArray[np.generic], low: npt.NDArray[np.generic],
+               step: int) -> None:
+    """Write the halves of every value's hash into ``high`` and ``low`` (any uint64
+    views, big-endian and strided included)."""
     n = len(encoded)
-    high = np.empty(n, dtype=np.uint64)
-    low = np.empty(n, dtype=np.uint64)
     if n == 0:
-        return high, low
+        return
     offsets = _offsets(encoded)
-    starts = offsets[:-1]
-    lens = np.diff(offsets)
     buffer = encoded.buffers()[2]
     data = (np.frombuffer(buffer, dtype=np.uint8) if buffer is not None and buffer.size
             else np.zeros(0, np.uint8))
-    groups = _GROUP_OF_LENGTH[np.minimum(lens, MIDSIZE_MAX + 1)]
-    present = np.flatnonzero(np.bincount(groups, minlength=_LONG + 1)).tolist()
-    if len(present) == 1:
-        members: dict[int, npt.NDArray[np.intp] | None] = {present[0]: None}
-    elif len(present) <= 3:
-        members = {g: np.flatnonzero(groups == g) for g in present}
-    else:  # one sort instead of a pass per group
-        order = np.argsort(groups, kind="stable")
-        bounds = np.searchsorted(groups[order], np.arange(_LONG + 2))
-        members = {g: order[bounds[g] : bounds[g + 1]] for g in present}
-    for g, index in members.items():
-        if g == _LONG:
-            _hash_long(encoded, offsets, np.arange(n) if index is None else index, high, low)
-            continue
-        g_starts, g_lens = (starts, lens) if index is None else (starts[index], lens[index])
-        for a in range(0, len(g_starts), step):
-            b = min(a + step, len(g_starts))
-            h, lo = _GROUPS[g].hashed(_chunk(_GROUPS[g], data, g_starts[a:b], g_lens[a:b]))
-            if index is None:
-                high[a:b], low[a:b] = h, lo
+    # Chunk by chunk of the array, each chunk group by group: the chunk's keys are read
+    # from memory once (the gathers of its groups after the first hit the cache), and
+    # no temporary is larger than a chunk.
+    for a in range(0, n, step):
+        b = min(a + step, n)
+        bounds = offsets[a : b + 1].astype(np.int64)
+        starts, lens = bounds[:-1], np.diff(bounds)
+        shortest, longest = (int(_GROUP_OF_LENGTH[min(int(x), MIDSIZE_MAX + 1)])
+                             for x in (lens.min(), lens.max()))
+        members: dict[int, npt.NDArray[np.intp] | None]
+        if shortest == longest:  # one group: groups only grow with the length
+            members = {shortest: None}
+        else:
+            groups = _GROUP_OF_LENGTH[np.minimum(lens, MIDSIZE_MAX + 1).astype(np.intp)]
+            members = {g: np.flatnonzero(groups == g)
+                       for g in np.flatnonzero(np.bincount(groups)).tolist()}
+        c_high, c_low = high[a:b], low[a:b]
+        for g, index in members.items():
+            if g == _LONG:
+                _hash_long(data, starts, lens, index, c_high, c_low)
+            elif index is None:
+                c_high[:], c_low[:] = _GROUPS[g].hashed(_chunk(_GROUPS[g], data, starts, lens))
             else:
-                high[index[a:b]], low[index[a:b]] = h, lo
-    return high, low
+                c_high[index], c_low[index] = _GROUPS[g].hashed(
+                    _chunk(_GROUPS[g], data, starts[index], lens[index]))
 
 
 def _chunk(group: _Group, data: npt.NDArray[np.uint8], starts: I64, lens: I64) -> _Keys:
@@ -430,24 +456,13 @@ def _chunk(group: _Group, data: npt.NDArray[np.uint8], starts: I64, lens: I64) -
     return _Keys(head, tail, lens_or_one, count)
 
 
-def _hash_long(encoded: pa.Array, offsets: I64, index: npt.NDArray[np.intp],
-               high: U64, low: U64) -> None:
-    """Keys over :data:`MIDSIZE_MAX` bytes, one ``xxhash`` call each."""
-    buffer = encoded.buffers()[2]
-    view = memoryview(buffer if buffer is not None else b"")
-    for i in index.tolist():
-        digest = xxhash.xxh3_128_digest(view[int(offsets[i]) : int(offsets[i + 1])])
+def _hash_long(data: npt.NDArray[np.uint8], starts: I64, lens: I64,
+               index: npt.NDArray[np.intp] | None, high: npt.NDArray[np.generic],
+               low: npt.NDArray[np.generic]) -> None:
+    """Keys over :data:`MIDSIZE_MAX` bytes (those at ``index``; all if None), one
+    ``xxhash`` call each."""
+    for i in (range(len(starts)) if index is None else index.tolist()):
+        start = int(starts[i])
+        digest = xxhash.xxh3_128_digest(data[start : start + int(lens[i])].tobytes())
         high[i] = int.from_bytes(digest[:8], "big")
         low[i] = int.from_bytes(digest[8:], "big")
-
-
-def xxh3_128_digests(encoded: pa.Array | pa.ChunkedArray, *,
-                     chunk_keys: int | None = None) -> pa.FixedSizeBinaryArray:
-    """The 16-byte canonical (big-endian) XXH3-128 digests of every value, as
-    ``xxhash.xxh3_128_digest`` returns them, in one fixed-size binary array."""
-    high, low = xxh3_128_columns(encoded, chunk_keys=chunk_keys)
-    both = np.empty((len(high), 2), dtype=">u8")
-    both[:, 0] = high
-    both[:, 1] = low
-    return pa.FixedSizeBinaryArray.from_buffers(
-        pa.binary(16), len(high), [None, pa.py_buffer(both)])
