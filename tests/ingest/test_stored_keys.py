@@ -78,4 +78,4 @@ def test_stored_keys_are_the_per_key_digests(
     assert _stored_keys(shard, 1) == {_expected_key(r) for r in second}
     snapshot = {bytes(k) for k in shard.snapshot_table().column("key").to_pylist()}
     assert snapshot == {_expected_key(r) for r in first + second}
-    assert any(len(encode_datums([r["name"]])) > key_hash.MIDSIZE_MAX for r in first)
+    assert any(len(str(r["name"])) > key_hash.MIDSIZE_MAX for r in first)  # the fallback ran
