@@ -241,6 +241,9 @@ def _file_report(
         digest_bytes_read=landing[1],
         read_tasks=read.read_tasks,
         drain_tasks=read.drain_tasks,
+        task_peak_memory=read.task_peak_memory,
+        task_memory_added=read.task_memory_added,
+        largest_bucket_keys=max((b.state_keys for b in outcome.buckets), default=0),
     )
 
 
