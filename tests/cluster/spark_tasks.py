@@ -18,6 +18,7 @@ import json
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,7 +92,13 @@ def task_records(ui: str, stages: set[int], attempts: set[int],
     while True:
         found: dict[int, TaskRecord] = {}
         for stage in sorted(stages):
-            for attempt in _get(f"{base}/stages/{stage}?details=true"):
+            try:
+                attempts_of_stage = _get(f"{base}/stages/{stage}?details=true")
+            except urllib.error.HTTPError as exc:
+                if exc.code != 404:  # 404: the listener has not seen the stage yet
+                    raise
+                attempts_of_stage = []
+            for attempt in attempts_of_stage:
                 for task in attempt.get("tasks", {}).values():
                     if task.get("status") not in ("SUCCESS", "FAILED", "KILLED"):
                         continue

@@ -4,8 +4,9 @@ the buckets it drained, as the run's report gives them (``--json``, Dagster meta
 - :class:`TaskMemory` measures this process: a task's peak covers what it allocated, and
   starts again at the next task (the Linux peak reset), or, where the peak cannot be
   reset, is the process's lifetime peak and says it is not exact.
-- On ``local[2]``, both Spark paths report each file's largest task peak and growth (the
-  Python worker's, which Spark's own metrics do not see) and its largest bucket state;
+- On ``local[2]``, both Spark paths report each file's largest task peak and growth while
+  reading and draining (the Python worker's, which Spark's own metrics do not see) and its
+  largest bucket state;
   the in-process engine reports no task memory and the same largest bucket.
 """
 
@@ -66,12 +67,13 @@ def test_without_a_peak_reset_the_peak_is_the_process_lifetime_peak(
 def test_task_lines_give_the_largest_peak_and_growth() -> None:
     lines = [
         'task:{"kind": "read", "of": 0, "rss_start": 100, "peak_rss": 400}',
+        'task:{"kind": "read", "of": 1, "rss_start": 100, "peak_rss": 200}',
         'task:{"kind": "bucket", "of": 3, "rss_start": 350, "peak_rss": 500}',
         'task:{"kind": "bucket", "of": 1}',  # no memory figures: ignored
         'bucket:{"bucket": 3}',
     ]
-    assert memory_of_lines(lines) == (500, 300)
-    assert memory_of_lines(['bucket:{"bucket": 3}']) == (0, 0)
+    assert memory_of_lines(lines) == (500, 300, 150)
+    assert memory_of_lines(['bucket:{"bucket": 3}']) == (0, 0, 0)
 
 
 def _shard(root: Path) -> Shard:
@@ -100,8 +102,12 @@ def test_the_report_gives_task_memory_and_the_largest_bucket(
         (local,) = ingest(memory_shard(), str(landing), IngestRequest(buckets=buckets)).files
         # A Python worker with pyarrow loaded is resident well above 30 MiB.
         assert entry["task_peak_memory"] > 30 * MIB, entry
-        assert 0 <= entry["task_memory_added"] < entry["task_peak_memory"], entry
-        assert (local.task_peak_memory, local.task_memory_added) == (0, 0)
+        for grew in ("read_memory_added", "drain_memory_added"):
+            assert 0 <= entry[grew] < entry["task_peak_memory"], entry
+        if path == "off":  # a slice reads the whole file before it drains its buckets
+            assert entry["drain_memory_added"] >= entry["read_memory_added"], entry
+        assert (local.task_peak_memory, local.read_memory_added,
+                local.drain_memory_added) == (0, 0, 0)
         assert entry["largest_bucket_keys"] == local.largest_bucket_keys
         if buckets == 1:
             assert local.largest_bucket_keys == len(rows)

@@ -125,7 +125,8 @@ class FileRead:
     read_tasks: int = 0  # tasks that read the file (0: not run as tasks)
     drain_tasks: int = 0  # distinct tasks that drained its buckets (0: not run as tasks)
     task_peak_memory: int = 0  # bytes: the largest peak RSS of a task's worker (0: no tasks)
-    task_memory_added: int = 0  # bytes: the largest growth of a worker during its task
+    read_memory_added: int = 0  # bytes: the most a worker grew while a task read the file
+    drain_memory_added: int = 0  # bytes: ... from a task's start to the end of a bucket's drain
 
     def to_json(self) -> str:
         eb = self.error_batch
@@ -146,7 +147,8 @@ class FileRead:
                 "read_tasks": self.read_tasks,
                 "drain_tasks": self.drain_tasks,
                 "task_peak_memory": self.task_peak_memory,
-                "task_memory_added": self.task_memory_added,
+                "read_memory_added": self.read_memory_added,
+                "drain_memory_added": self.drain_memory_added,
             }
         )
 
@@ -170,7 +172,8 @@ class FileRead:
             read_tasks=int(obj.get("read_tasks", 0)),
             drain_tasks=int(obj.get("drain_tasks", 0)),
             task_peak_memory=int(obj.get("task_peak_memory", 0)),
-            task_memory_added=int(obj.get("task_memory_added", 0)),
+            read_memory_added=int(obj.get("read_memory_added", 0)),
+            drain_memory_added=int(obj.get("drain_memory_added", 0)),
         )
 
 

@@ -242,7 +242,8 @@ def _file_report(
         read_tasks=read.read_tasks,
         drain_tasks=read.drain_tasks,
         task_peak_memory=read.task_peak_memory,
-        task_memory_added=read.task_memory_added,
+        read_memory_added=read.read_memory_added,
+        drain_memory_added=read.drain_memory_added,
         largest_bucket_keys=max((b.state_keys for b in outcome.buckets), default=0),
     )
 
