@@ -85,6 +85,10 @@ def file_metadata(report: FileReport) -> dict[str, Any]:
         "digest_bytes_read": MetadataValue.int(report.digest_bytes_read),
         "read_tasks": MetadataValue.int(report.read_tasks),
         "drain_tasks": MetadataValue.int(report.drain_tasks),
+        "task_peak_memory": MetadataValue.int(report.task_peak_memory),
+        "read_memory_added": MetadataValue.int(report.read_memory_added),
+        "drain_memory_added": MetadataValue.int(report.drain_memory_added),
+        "largest_bucket_keys": MetadataValue.int(report.largest_bucket_keys),
         "rehydrated_buckets": MetadataValue.int(len(report.rehydrated_buckets)),
         "ingest_seconds": MetadataValue.float(float(report.seconds)),
     }

@@ -44,7 +44,8 @@ from resources.spark_lines import (
     lines_of,
     outcome_of,
 )
-from resources.spark_split import WorkerHooks
+from resources.spark_split import WorkerHooks, task_info
+from resources.task_memory import TaskMemory
 from upsert_core.ingest.engine import bucket_groups
 from upsert_core.ingest.group import GroupChain, SchemaChain, Verdict
 from upsert_core.ingest.outcome import BucketResult, FileOutcome, FileRead
@@ -69,8 +70,10 @@ def run_group_slice(
         blob, cache = hooks.blob(url, env), hooks.cache()
         for k in range(len(tasks)):
             task, tag = chain.task(k), f"{k}{SEP}"
+            memory = TaskMemory()  # this file's share of the task
             read, rows = read_file(task, blob, write_errors=index == 0)
-            lines.append(f"{tag}{LANDING}:{read.landing_bytes}")
+            lines += [f"{tag}{LANDING}:{read.landing_bytes}",
+                      f"{tag}{task_info('read', index, memory)}"]
             if index == 0:
                 lines.append(f"{tag}{READ}:{read.to_json()}")
             if read.changed is not None:
@@ -86,7 +89,8 @@ def run_group_slice(
                 carry = carries.setdefault(bucket, Carry(tasks[0]))
                 result = run_bucket(task, bucket, groups[bucket], blob, cache,
                                     schemas.current_json, carry)
-                lines.append(f"{tag}{BUCKET}:{result.to_json()}")
+                lines += [f"{tag}{BUCKET}:{result.to_json()}",
+                          f"{tag}{task_info('bucket', bucket, memory)}"]
                 if result.failure is not None:
                     return lines  # the bucket's state is unknown from here on
                 results.append(result)

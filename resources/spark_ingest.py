@@ -113,8 +113,9 @@ from resources.spark_lines import (
 )
 from resources.spark_paths import group_size, split_plan
 from resources.spark_session import is_connect, master_of
-from resources.spark_split import SplitRun, WorkerHooks, run_split_job
+from resources.spark_split import SplitRun, WorkerHooks, run_split_job, task_info
 from resources.task_env import SHIPPED_ENV, apply_env, driver_env
+from resources.task_memory import TaskMemory
 from upsert_core.errors import ConfigError, IngestError
 from upsert_core.ingest.engine import bucket_groups
 from upsert_core.ingest.outcome import BucketResult, FileOutcome
@@ -312,12 +313,13 @@ def run_slice(
     name = task.file.name
     lines: list[str] = []
     claims = _Claims(claims_dir, index, slices)
+    memory = TaskMemory()
     try:
         cache = _worker_cache()
         _claim_cached(task, claims, cache)
         blob = _task_blob(url, env)
         read, rows = read_file(task, blob, write_errors=index == 0)
-        lines.append(f"{LANDING}:{read.landing_bytes}")
+        lines += [f"{LANDING}:{read.landing_bytes}", task_info("read", index, memory)]
         if index == 0:
             lines.append(f"{READ}:{read.to_json()}")
         if read.changed is not None:
@@ -338,7 +340,7 @@ def run_slice(
                 result = run_bucket(
                     task, bucket, groups[bucket], blob, cache, read.schema_json
                 )
-            lines.append(f"{BUCKET}:{result.to_json()}")
+            lines += [f"{BUCKET}:{result.to_json()}", task_info("bucket", bucket, memory)]
             if result.failure is not None:
                 break
     except Exception as exc:  # noqa: BLE001 - reported as one line on the driver
@@ -381,6 +383,9 @@ class SparkEngine:
         self.slices = slices
         self.last_split: SplitRun | None = None
         """Which tasks read and drained the last file, when it took the split path."""
+        self.last_tasks: SplitRun | None = None
+        """Which tasks read and drained the last file, whichever path it took (the
+        one-stage path's slices each read the whole file: ``read_tasks`` by slice)."""
 
     def _slices(self, task: FileTask, master: str) -> int:
         wanted = self.slices or default_parallelism(self.spark, master)
@@ -400,13 +405,13 @@ class SparkEngine:
         except Exception as exc:  # noqa: BLE001 - e.g. a Connect server that went away
             raise IngestError(f"{task.file.name}: Spark does not answer: {failure_line(exc)}"
                               ) from exc
-        self.last_split = None
+        self.last_split = self.last_tasks = None
         splits = split_plan(task, slices)
         if splits is None:
             return self._one_stage(task, shipped, url, env, slices, master)
         results = self._job(task, lambda: run_split_job(self.spark, shipped, url, env, splits,
                                                          _HOOKS))
-        self.last_split = SplitRun.of(results)
+        self.last_split = self.last_tasks = SplitRun.of(results)
         if not self.last_split.fallback:
             outcome = outcome_of(task, results)
             outcome.read.read_tasks = len(self.last_split.read_tasks)
@@ -477,6 +482,7 @@ class SparkEngine:
         finally:
             if claims is not None:
                 shutil.rmtree(claims, ignore_errors=True)
+        self.last_tasks = SplitRun.of(results)
         outcome = outcome_of(task, results)
         outcome.read.read_tasks = outcome.read.drain_tasks = slices
         return outcome

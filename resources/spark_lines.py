@@ -28,6 +28,21 @@ def lines_of(results: list[str], tag: str) -> list[str]:
     return [r[len(prefix):] for r in results if r.startswith(prefix)]
 
 
+def task_memory(results: list[str]) -> tuple[int, int, int]:
+    """From the ``task:`` lines: the largest peak resident set of a Python worker over
+    the tasks that read or drained the file, and the most one grew (its peak minus its
+    resident set at the task's start) by the end of a read, and by the end of a bucket's
+    drain (0s without any figures)."""
+    peak, grew = 0, {"read": 0, "bucket": 0}
+    for line in lines_of(results, TASK):
+        info = json.loads(line)
+        if "peak_rss" in info and info.get("kind") in grew:
+            peak = max(peak, int(info["peak_rss"]))
+            added = int(info["peak_rss"]) - int(info["rss_start"])
+            grew[info["kind"]] = max(grew[info["kind"]], added)
+    return peak, grew["read"], grew["bucket"]
+
+
 def outcome_of(task: FileTask, results: list[str]) -> FileOutcome:
     """The :class:`FileOutcome` of one file from its slices' result lines.
 
@@ -55,6 +70,8 @@ def outcome_of(task: FileTask, results: list[str]) -> FileOutcome:
     if len(reads) != 1:
         raise IngestError(f"{name}: the Spark job returned {len(reads)} read results")
     outcome = FileOutcome(read=reads[0], buckets=buckets)
+    read = outcome.read
+    read.task_peak_memory, read.read_memory_added, read.drain_memory_added = task_memory(results)
     if outcome.read.file_error is not None or outcome.failure is not None:
         return outcome
     expected = [int(b) for e in lines_of(results, EXPECT) for b in json.loads(e)]

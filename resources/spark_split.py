@@ -28,7 +28,8 @@ those of the one-stage path (``resources.spark_ingest``), so the driver builds t
 outcome the same way, plus ``fallback:<reason>`` when the splits cannot stand for the
 file (``split_steps.Fallback``): the driver then runs the file on the one-stage path.
 ``task:<json>`` lines say which Spark task (attempt id, stage, partition) read each split
-and drained each bucket, for tests and the run's metrics.
+and drained each bucket, and its Python worker's memory (``resources.task_memory``), for
+tests and the run's metrics.
 
 Invariants: as ``resources.spark_ingest``'s (tasks get plain data and open their own
 Blob, catch every error into a result line, ship the driver's ``AWS_*`` and writer
@@ -58,6 +59,7 @@ from resources.spark_lines import (
     lines_of,
 )
 from resources.task_env import apply_env
+from resources.task_memory import TaskMemory
 from upsert_core.ingest.split_steps import (
     Fallback,
     SplitMeta,
@@ -137,14 +139,20 @@ def from_ipc(payload: bytes | None, empty: pa.Schema) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(payload)).read_all()
 
 
-def _task_info(kind: str, what: int) -> str:
+def task_info(kind: str, what: int, memory: TaskMemory | None = None) -> str:
+    """A ``task:`` line: which Spark task (attempt id, stage, partition) and Python
+    worker (pid) did ``kind`` (``read``: split or slice ``what``; ``bucket``: drained
+    bucket ``what``), and with ``memory`` the worker's resident set at the task's start
+    and its peak since (``resources.task_memory``)."""
     from pyspark import TaskContext  # heavy: only inside a Spark task
 
     ctx = TaskContext.get()
-    info = {"kind": kind, "of": what, "pid": os.getpid()}
+    info: dict[str, object] = {"kind": kind, "of": what, "pid": os.getpid()}
     if ctx is not None:
         info.update(attempt=ctx.taskAttemptId(), stage=ctx.stageId(),
                     partition=ctx.partitionId())
+    if memory is not None:
+        info.update(memory.figures())
     return f"{TASK}:{json.dumps(info)}"
 
 
@@ -159,6 +167,7 @@ def read_stage(
         for batch in batches:
             for index in batch.column(0).to_pylist():
                 split = splits[int(index)]
+                memory = TaskMemory()
                 with hooks.frozen():
                     apply_env(env)
                     try:
@@ -167,7 +176,7 @@ def read_stage(
                         meta = SplitMeta(split.index, split.count,
                                          file_error=f"{type(exc).__name__}: {exc}")
                         errors, groups = ERRORS_ARROW_SCHEMA.empty_table(), {}
-                meta.where = _task_info("read", split.index)
+                meta.where = task_info("read", split.index, memory)
                 text = meta.to_json()
                 yield pa.RecordBatch.from_pydict(
                     {"slot": [slots[META_BUCKET]], "bucket": [META_BUCKET],
@@ -201,6 +210,7 @@ def drain_stage(
 
     def run(group: pa.Table) -> pa.Table:
         bucket = int(group.column("bucket")[0].as_py())
+        memory = TaskMemory()
         lines: list[str] = []
         try:
             with hooks.frozen():
@@ -229,7 +239,7 @@ def drain_stage(
                         result = run_bucket(task, bucket, rows[0], blob, hooks.cache(),
                                             rows[1])
                         lines += [f"{BUCKET}:{result.to_json()}",
-                                  _task_info("bucket", bucket)]
+                                  task_info("bucket", bucket, memory)]
         except Exception as exc:  # noqa: BLE001 - reported as one line on the driver
             lines.append(f"{ERROR}:{task.file.name}: {type(exc).__name__}: {exc}")
         return pa.table({"result": pa.array(lines, pa.string())})

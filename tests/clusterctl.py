@@ -54,10 +54,12 @@ class ClusterHandle:
         return self.exports["DAGSTER_PG_URL"]
 
 
-def script_env(directory: Path, database: str) -> dict[str, str]:
+def script_env(directory: Path, database: str, workers: int | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UPSERT_", "AWS_"))}
     env.update(UPSERT_CLUSTER_DIR=str(directory), UPSERT_CLUSTER_DB=database,
                UPSERT_PYTHON=sys.executable)
+    if workers is not None:
+        env["UPSERT_CLUSTER_WORKERS"] = str(workers)
     env.pop("SPARK_MASTER", None)
     env.pop("SPARK_REMOTE", None)
     return env
@@ -89,10 +91,11 @@ def drop_database(database: str) -> None:
 
 
 @contextmanager
-def running(directory: Path) -> Iterator[ClusterHandle]:
-    """Start a cluster in ``directory``; stop it and drop its database on exit."""
+def running(directory: Path, workers: int | None = None) -> Iterator[ClusterHandle]:
+    """Start a cluster in ``directory`` (with ``workers`` workers; None: the script's
+    default); stop it and drop its database on exit."""
     database = f"upsert_cluster_test_{uuid.uuid4().hex[:10]}"
-    env = script_env(directory, database)
+    env = script_env(directory, database, workers)
     try:
         run_script(env, "start")
         yield ClusterHandle(parse_exports(run_script(env, "env")), directory, database, env)

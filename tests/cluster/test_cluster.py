@@ -62,7 +62,10 @@ def cluster(tmp_path: Path) -> Iterator[tuple[dict[str, str], Path]]:
         env = handle.script_env
         yield handle.exports, directory
     status = run_script(env, "status", rc=3)
-    assert status.count(": stopped") == 4, status
+    services = (directory / "services").read_text().split()
+    assert services == ["spark-master", "spark-worker-1", "spark-worker-2", "spark-connect",
+                        "moto"]
+    assert status.count(": stopped") == len(services), status
     pids = [p.read_text() for p in directory.glob("*.pid")]
     assert pids == []
 

@@ -38,6 +38,12 @@ def test_partition_materializes_through_spark(plat: Platform, spark_session: obj
     assert state["read_tasks"].value >= 1 and state["drain_tasks"].value >= 1
     assert state["digest_bytes_read"].value in (0, size)
     assert state["landing_bytes_read"].value >= state["read_tasks"].value * size
+    # What its tasks held: a Python worker's peak (well above 30 MiB with pyarrow loaded)
+    # and the largest bucket state after the file (the first file's keys are in it too).
+    assert state["task_peak_memory"].value > 30 << 20
+    for grew in ("read_memory_added", "drain_memory_added"):
+        assert 0 <= state[grew].value < state["task_peak_memory"].value
+    assert state["largest_bucket_keys"].value > 0
     assert all(c.passed for c in result.get_asset_check_evaluations()
                if c.check_name != "error_rows_did_not_grow")
 

@@ -3,7 +3,7 @@
 - ``embedded``: the defaults of CONTRACT.md: SQLite consensus and a local blob store
   under ``UPSERT_HOME``, a local landing directory, the in-process engine (fast; the
   Spark engine on the embedded defaults is covered by ``test_spark.py``).
-- ``cluster``: what ``deploy/cluster.sh`` starts: a Spark standalone master and worker,
+- ``cluster``: what ``deploy/cluster.sh`` starts: a Spark standalone master and two workers,
   PostgreSQL consensus, a moto S3 server as blob store AND landing area, and the Spark
   engine (the CLI's default), so every ingest is a Spark application on the master.
 

@@ -51,6 +51,7 @@ class BucketResult:
     late: str | None = None  # blob key of the bucket's late part (ingest.late); None: none
     late_rows: int = 0  # late rows of the bucket in the file (global scope)
     live_after: int | None = None  # live rows of a rebuilt bucket after the file
+    state_keys: int = 0  # keys the bucket's state holds after the file (tombstones too)
     loaded: str = ""  # where the state came from: cache|checkpoint|new|rehydrated[+replay]
     inserts: int = 0
     retractions: int = 0
@@ -71,6 +72,7 @@ class BucketResult:
                 "late": self.late,
                 "late_rows": self.late_rows,
                 "live_after": self.live_after,
+                "state_keys": self.state_keys,
                 "loaded": self.loaded,
                 "inserts": self.inserts,
                 "retractions": self.retractions,
@@ -94,6 +96,7 @@ class BucketResult:
             late=obj.get("late"),
             late_rows=int(obj.get("late_rows", 0)),
             live_after=obj.get("live_after"),
+            state_keys=int(obj.get("state_keys", 0)),
             loaded=str(obj.get("loaded", "")),
             inserts=int(obj["inserts"]),
             retractions=int(obj["retractions"]),
@@ -121,6 +124,9 @@ class FileRead:
     landing_bytes: int = 0  # bytes of the landing file the engine's reads took
     read_tasks: int = 0  # tasks that read the file (0: not run as tasks)
     drain_tasks: int = 0  # distinct tasks that drained its buckets (0: not run as tasks)
+    task_peak_memory: int = 0  # bytes: the largest peak RSS of a task's worker (0: no tasks)
+    read_memory_added: int = 0  # bytes: the most a worker grew while a task read the file
+    drain_memory_added: int = 0  # bytes: ... from a task's start to the end of a bucket's drain
 
     def to_json(self) -> str:
         eb = self.error_batch
@@ -140,6 +146,9 @@ class FileRead:
                 "landing_bytes": self.landing_bytes,
                 "read_tasks": self.read_tasks,
                 "drain_tasks": self.drain_tasks,
+                "task_peak_memory": self.task_peak_memory,
+                "read_memory_added": self.read_memory_added,
+                "drain_memory_added": self.drain_memory_added,
             }
         )
 
@@ -162,6 +171,9 @@ class FileRead:
             landing_bytes=int(obj.get("landing_bytes", 0)),
             read_tasks=int(obj.get("read_tasks", 0)),
             drain_tasks=int(obj.get("drain_tasks", 0)),
+            task_peak_memory=int(obj.get("task_peak_memory", 0)),
+            read_memory_added=int(obj.get("read_memory_added", 0)),
+            drain_memory_added=int(obj.get("drain_memory_added", 0)),
         )
 
 

@@ -206,6 +206,10 @@ def _file_report(
         digest_bytes_read=landing[1],
         read_tasks=read.read_tasks,
         drain_tasks=read.drain_tasks,
+        task_peak_memory=read.task_peak_memory,
+        read_memory_added=read.read_memory_added,
+        drain_memory_added=read.drain_memory_added,
+        largest_bucket_keys=max((b.state_keys for b in outcome.buckets), default=0),
     )
 
 

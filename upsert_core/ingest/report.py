@@ -42,6 +42,20 @@ class FileReport:
     """Distinct Spark tasks that drained its buckets; 0 in-process."""
     late_rows: int = 0
     """Rows of the file that were late (global scope; ``ingest.late``)."""
+    task_peak_memory: int = 0
+    """Bytes: the largest peak resident set of a Spark Python worker over the tasks that
+    read or drained the file (``resources.task_memory``); 0 in-process."""
+    read_memory_added: int = 0
+    """Bytes: the most one such worker grew while its task read (a part of) the file: its
+    peak minus its resident set at the task's start (which holds what earlier tasks left,
+    such as cached bucket states); bounded by what a task reads. 0 in-process."""
+    drain_memory_added: int = 0
+    """Bytes: the same growth, from a task's start to the end of a bucket it drained: on
+    the split path a bucket task's, bounded by its bucket; on the one-stage path a
+    slice's, which read the whole file first. 0 in-process."""
+    largest_bucket_keys: int = 0
+    """Keys (tombstones included) of the largest state among the buckets the file
+    drained, after it: what a drain task holds of its bucket."""
 
 
 @dataclass
@@ -146,6 +160,10 @@ class IngestReport:
                     "digest_bytes_read": f.digest_bytes_read,
                     "read_tasks": f.read_tasks,
                     "drain_tasks": f.drain_tasks,
+                    "task_peak_memory": f.task_peak_memory,
+                    "read_memory_added": f.read_memory_added,
+                    "drain_memory_added": f.drain_memory_added,
+                    "largest_bucket_keys": f.largest_bucket_keys,
                 }
                 for f in self.files
             ],

@@ -708,6 +708,7 @@ def _run_bucket(
         drained = drain_to_upper(state, rows, ts)
         updates = drained.updates.num_rows
     state, table = drained.state, drained.updates
+    result.state_keys = len(state)
     result.inserts = drained.inserts
     result.retractions = drained.retractions
     ref = task.checkpoints.get(bucket) or ""
