@@ -79,8 +79,8 @@ from upsert_core.errors import ShardNotFound, UpsertPlatformError
 from upsert_core.ingest.ledger import rewritten_files
 from upsert_core.ingest.verify import STATE as STATE_KIND
 from upsert_core.ingest.verify import check_new_batch, compare_state
-from upsert_core.persist import check
-from upsert_core.persist.check import CheckReport, check_shard
+from upsert_core.persist.maintenance import check
+from upsert_core.persist.maintenance.check import CheckReport, check_shard
 from upsert_core.persist.shard import Shard
 
 CONSOLIDATED = "shard_consolidated"

@@ -317,7 +317,7 @@ def build_source_assets(
     ) -> MaterializeResult:
         started = time.monotonic()
         keys = run_partitions(context.partition_keys)
-        # The ingest registers its own writer id in the shard (upsert_core.persist.writers),
+        # The ingest registers its own writer id in the shard (upsert_core.persist.write.writers),
         # which is what protects and fences the blobs it writes; the legacy process token
         # only names blobs written outside any registration (rollups).
         claim_writer_token()

@@ -34,7 +34,7 @@ from dagster import (
 from assets.ingest_step import PartitionIngest
 from upsert_core.ingest.report import FileReport
 from upsert_core.landing import SourceSchema
-from upsert_core.persist.gc import GcReport
+from upsert_core.persist.maintenance.gc import GcReport
 from upsert_core.shard_summary import LIVE_ROWS
 
 MAX_NAMES = 20

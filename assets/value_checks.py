@@ -34,8 +34,8 @@ from assets.spec import SourceSpec
 from resources.stores import BlobStoreResource, ConsensusResource, open_shard
 from upsert_core.errors import ShardNotFound
 from upsert_core.landing import failed_checks
-from upsert_core.persist.parts import read_error_part
 from upsert_core.persist.shard import Shard
+from upsert_core.persist.write.parts import read_error_part
 
 VALUE_CHECKS = "value_checks_passed"
 TOP = 10

@@ -7,8 +7,9 @@ times, for the last batch only:
 
 - the blocking batch-scoped checks (``ingest.verify.check_new_batch``, what the Dagster
   ingest job runs after every run), best of a few repetitions;
-- the full-history check (``persist.check.check_shard`` + ``ingest.verify.compare_state``,
-  what ``upsertctl check`` and the scheduled ``<source>_full_check`` job run), once.
+- the full-history check (``persist.maintenance.check.check_shard`` +
+  ``ingest.verify.compare_state``, what ``upsertctl check`` and the scheduled
+  ``<source>_full_check`` job run), once.
 
 The blocking check should cost the same at ts 10 and ts 1,000 (its cost follows the
 batch and the touched buckets' states); the full check grows with the history.
@@ -29,9 +30,9 @@ import pyarrow.parquet as pq
 
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.verify import check_new_batch, compare_state
-from upsert_core.persist.check import check_shard
 from upsert_core.persist.location.blob_memory import MemoryBlob
 from upsert_core.persist.location.consensus_memory import MemoryConsensus
+from upsert_core.persist.maintenance.check import check_shard
 from upsert_core.persist.shard import Shard
 
 REPEATS = 5

@@ -39,7 +39,6 @@ from pathlib import Path
 import numpy as np
 
 from tests.oracle.backends import InMemoryBackend, SqliteBackend
-from upsert_core.codec import encode_columns
 from tests.oracle.drain import (
     DrainOutput,
     OrderScope,
@@ -48,8 +47,9 @@ from tests.oracle.drain import (
     apply_feedback,
     drain_staged_input,
 )
-from upsert_core.landing import LogicalType, SourceSchema, decode_row, decode_rows_to_table
 from tests.oracle.state import UpsertState
+from upsert_core.codec import encode_columns
+from upsert_core.landing import LogicalType, SourceSchema, decode_row, decode_rows_to_table
 
 CHUNK = 100_000
 
@@ -161,7 +161,7 @@ def bench_columnar(figures: dict[str, float], state_keys: list[bytes], cols: dic
     import pyarrow as pa
 
     from upsert_core.columnar import ColumnarState, drain_to_upper, state_from_snapshot
-    from upsert_core.persist.consolidate import UPDATE_SCHEMA
+    from upsert_core.persist.write.consolidate import UPDATE_SCHEMA
 
     n_state = len(state_keys)
     snapshot = pa.table(

@@ -50,7 +50,7 @@ from upsert_core.persist.location import Blob, Consensus
 from upsert_core.persist.location.blob_local import LocalBlob
 from upsert_core.persist.location.consensus_sql import SqlConsensus
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.state import BlobPart, ShardState
+from upsert_core.persist.state.state import BlobPart, ShardState
 
 PG_DSN = os.environ.get("UPSERT_BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 

@@ -58,9 +58,9 @@ from upsert_core.ingest import IngestRequest, ingest  # noqa: E402
 from upsert_core.ingest.shard_config import CONFIG_SCHEMA  # noqa: E402
 from upsert_core.ingest.verify import compare_state  # noqa: E402
 from upsert_core.landing import SourceSchema, decode_row  # noqa: E402
-from upsert_core.persist.check import check_shard  # noqa: E402
 from upsert_core.persist.keys import shard_prefix  # noqa: E402
 from upsert_core.persist.location.urls import open_blob, open_consensus  # noqa: E402
+from upsert_core.persist.maintenance.check import check_shard  # noqa: E402
 from upsert_core.persist.shard import Shard  # noqa: E402
 from upsert_core.persist.testing import unreferenced_blobs  # noqa: E402
 

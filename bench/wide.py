@@ -221,7 +221,7 @@ def our_bytes(work: Path, consensus_url: str, blob_url: str) -> dict[str, int]:
     ``referenced`` (the current state's batch parts, error parts and checkpoints)."""
     from upsert_core import open_shard
     from upsert_core.persist.keys import shard_prefix
-    from upsert_core.persist.state import BLOB_REF_PREFIX
+    from upsert_core.persist.state.state import BLOB_REF_PREFIX
 
     shard = open_shard(SHARD, consensus_url, blob_url).shard
     state = shard.state()

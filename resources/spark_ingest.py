@@ -123,10 +123,10 @@ from upsert_core.ingest.shard_api import IngestShard
 from upsert_core.ingest.statecache import StateCache
 from upsert_core.ingest.tasks import FileTask, cache_key, read_file, run_bucket
 from upsert_core.landing import LandingFile
-from upsert_core.persist.codec_state import encode_state
 from upsert_core.persist.keys import WRITER_TOKEN_ENV
 from upsert_core.persist.location import Blob
 from upsert_core.persist.location.urls import blob_url, open_blob
+from upsert_core.persist.state.codec_state import encode_state
 
 PROFILE_ENV = "UPSERT_SPARK_PROFILE_DIR"
 RESULT_DDL = "result string"

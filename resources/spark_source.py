@@ -23,7 +23,7 @@ them here and passes them on); ``read``: ``snapshot`` (default), ``changes`` or 
 default the shard's since and upper); ``asOfTime`` / ``sinceTime`` / ``untilTime``
 (instead of those: an ISO-8601 time, no zone meaning UTC, standing for the greatest ts
 committed at or before it, or the first committed at or after it, else the upper; see
-``persist.commit_times``); ``partitions`` (read tasks, default 4).
+``persist.state.commit_times``); ``partitions`` (read tasks, default 4).
 
 Invariants:
 
@@ -38,7 +38,7 @@ Invariants:
 - Snapshots of a shard written by the ingest (it has N buckets): task ``i`` returns
   exactly the rows of the keys whose bucket ``b`` has ``b % partitions == i``, so at
   most N tasks have work. Through ``ShardTable.snapshot_of_buckets``: from typed,
-  bucket-labelled parts a task reads only its buckets' parts (``persist.typed_read``;
+  bucket-labelled parts a task reads only its buckets' parts (``persist.read.typed_read``;
   it opens every part's footer to find them),
   otherwise it filters the merged read by bucket. Either way the union of the tasks is
   the read, each key in one task.
@@ -83,10 +83,10 @@ from upsert_core.errors import ConfigError, NotReadable, ShardNotFound
 from upsert_core.ingest.late import read_late, user_schema, user_table
 from upsert_core.ingest.shard_config import ShardIngestConfig
 from upsert_core.landing import SourceSchema
-from upsert_core.persist.commit_times import as_of_ts, changes_ts
-from upsert_core.persist.read import check_changes_readable, check_snapshot_readable
+from upsert_core.persist.read.read import check_changes_readable, check_snapshot_readable
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.state import ShardState
+from upsert_core.persist.state.commit_times import as_of_ts, changes_ts
+from upsert_core.persist.state.state import ShardState
 from upsert_core.read_times import parse_ts_text, require_time, require_ts
 from upsert_core.row_view import RowView
 from upsert_core.shard_table import (

@@ -16,7 +16,7 @@ Rules:
 
 1. No cycles in the graph of ALL edges, deferred and type-only ones included: a
    deferred import never hides a cycle, and a type-only one is no excuse for one (a
-   narrow ``Protocol`` in the lower module is; see ``persist.check.CheckedShard``).
+   narrow ``Protocol`` in the lower module is; see ``persist.maintenance.check.CheckedShard``).
 2. Layers: ``upsert_core`` imports nothing from ``resources``, ``assets`` or
    ``orchestration``; ``resources`` nothing from ``assets`` or ``orchestration``;
    ``assets`` nothing from ``orchestration``; only ``orchestration.cli`` itself imports
@@ -263,7 +263,7 @@ def test_graph_sees_the_project() -> None:
     assert "upsert_core.persist.location.urls" in MODULES
     assert "orchestration.cli.main" in MODULES
     graph = _graph()
-    assert "upsert_core.persist.check" in graph["upsert_core.persist.shard"]
+    assert "upsert_core.persist.maintenance.check" in graph["upsert_core.persist.shard"]
     assert any(imp.kind == "type-only" for imp in IMPORTS)
     assert any(imp.kind == "deferred" and imp.marked for imp in IMPORTS)
 

@@ -556,7 +556,7 @@ def encodes_in_bulk(columns: Sequence[pa.Array | pa.ChunkedArray]) -> bool:
     ``landing.schema.ARROW_TYPES`` holds, timestamps and dates within Python's range,
     strings that are UTF-8), so a caller may put off the encoding and know it cannot
     fail. It mirrors :func:`_column_piece`'s refusals; output over 2 GiB is not
-    checked (``persist.parts.rows_of_values`` splits such output itself)."""
+    checked (``persist.write.parts.rows_of_values`` splits such output itself)."""
     for column in columns:
         arrays = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
         t = column.type

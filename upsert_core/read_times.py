@@ -14,13 +14,13 @@ Invariants:
   optional surrounding blanks, and nothing else: ``"1.5"``, ``"1e3"``, ``"1_0"``,
   ``"True"`` and non-ASCII digits (which Python's ``int()`` would accept) are None.
 - Neither checks a range: whether a time is readable is the reads' business
-  (``persist.read.check_snapshot_readable`` and friends).
+  (``persist.read.read.check_snapshot_readable`` and friends).
 - Wall-clock times (``as_of_time``, ``since_time``, ``until_time``; ``--as-of-time``
   and friends) are :func:`require_time`: a ``datetime`` or an ISO-8601 string, without a
   zone meaning UTC, as exact UTC microseconds since the epoch. Anything else (a number,
   a ``date`` object, text that is not ISO-8601) is :class:`InvalidUsage`; ISO text
   naming a day alone stands for its midnight.
-  ``persist.commit_times`` resolves them to ts.
+  ``persist.state.commit_times`` resolves them to ts.
 - Durations (a retention's ``--keep-for``) are :func:`parse_duration`: a whole number
   and one unit of ``s``, ``m``, ``h``, ``d`` or ``w``, as whole seconds >= 1.
 """

@@ -48,8 +48,8 @@ import pyarrow as pa
 from upsert_core.errors import CorruptData
 from upsert_core.ingest.shard_config import ShardIngestConfig, ShardOptions
 from upsert_core.landing import ARROW_TYPES, LogicalType, SourceSchema, decode_rows_to_table
-from upsert_core.persist.consolidate import UPDATE_SCHEMA, consolidate
-from upsert_core.persist.parts import rows_of_values
+from upsert_core.persist.write.consolidate import UPDATE_SCHEMA, consolidate
+from upsert_core.persist.write.parts import rows_of_values
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ Invariants:
 - Times are integers: a float or bool ``as_of``/``since``/``until`` is
   :class:`~upsert_core.errors.InvalidUsage`, never rounded. ``as_of_time``,
   ``since_time`` and ``until_time`` (a ``datetime`` or ISO-8601 text, no zone: UTC)
-  name them by commit time instead (``persist.commit_times``); a ts and its time
+  name them by commit time instead (``persist.state.commit_times``); a ts and its time
   together are :class:`~upsert_core.errors.InvalidUsage`, a time before the earliest
   readable commit :class:`~upsert_core.errors.NotReadable`.
 - Rows are typed with the schema of the state the read started from: schemas only
@@ -31,8 +31,8 @@ Invariants:
   null. Every read returns the visible columns only (:attr:`ShardTable.schema`), and
   ``changes`` are consolidated as visible rows (``RowView.project_updates``).
 - Snapshots come from the parts' value columns, bucket by bucket, when every part is
-  typed and bucket-labelled (``persist.typed_read``: no merge, no decode); otherwise
-  from the merged read (``persist.read``), decoded one batch ahead on a helper thread.
+  typed and bucket-labelled (``persist.read.typed_read``: no merge, no decode); otherwise
+  from the merged read (``persist.read.read``), decoded one batch ahead on a helper thread.
   Both give the same rows; their order is not part of the answer (bucket by bucket in
   the first case, key-digest order in the second).
 - Streaming: :meth:`ShardTable.to_batches` holds about two buckets (typed: the one being
@@ -63,17 +63,17 @@ from upsert_core.ingest.tasks import Base
 from upsert_core.landing import SourceSchema
 from upsert_core.landing.rows import decode_rows_to_table
 from upsert_core.order_scope import OrderScope
-from upsert_core.persist.buckets import bucket_of_keys
-from upsert_core.persist.commit_times import as_of_ts, changes_ts
-from upsert_core.persist.read import check_snapshot_readable
-from upsert_core.persist.shard import READ_ATTEMPTS, Shard
-from upsert_core.persist.state import ShardState
-from upsert_core.persist.typed_read import (
+from upsert_core.persist.read.read import check_snapshot_readable
+from upsert_core.persist.read.typed_read import (
     BaseLoader,
     BucketBase,
     TypedSnapshot,
     open_typed_snapshot,
 )
+from upsert_core.persist.shard import READ_ATTEMPTS, Shard
+from upsert_core.persist.state.commit_times import as_of_ts, changes_ts
+from upsert_core.persist.state.state import ShardState
+from upsert_core.persist.write.buckets import bucket_of_keys
 from upsert_core.row_view import RowView
 from upsert_core.shard_summary import shard_summary
 from upsert_core.stores import existing_shards_note, open_stores, resolve
@@ -127,7 +127,7 @@ class ShardTable:
     ) -> pa.RecordBatchReader:
         """The snapshot as of ``as_of`` (default: the newest readable time), streamed;
         ``as_of_time`` (instead of ``as_of``) reads as of the greatest ts committed at or
-        before that time (``persist.commit_times``)."""
+        before that time (``persist.state.commit_times``)."""
         state = self.shard.state()
         as_of = as_of_ts(state, as_of, as_of_time)
         pinned = state.upper - 1 if as_of is None else as_of
@@ -286,7 +286,7 @@ class ShardTable:
         ``__ts`` and ``__diff`` unless the shard has such a column (:meth:`change_columns`).
         ``since_time``/``until_time`` (instead of ``since``/``until``) stand for the first
         ts committed at or after that time, or the upper when none is
-        (``persist.commit_times``). Rows that differ only in hidden columns are one row
+        (``persist.state.commit_times``). Rows that differ only in hidden columns are one row
         (``RowView.project_updates``), so a change that touched only those is none."""
         state = self.shard.state()
         since, until = changes_ts(state, since, until, since_time, until_time)
@@ -372,7 +372,7 @@ def _in_buckets(
 
 def typed_bases(state: ShardState) -> dict[int, BucketBase]:
     """The buckets' checkpoint bases a typed snapshot may read instead of the history
-    before them (``persist.typed_read``): the part and typed bases of a batch-scope
+    before them (``persist.read.typed_read``): the part and typed bases of a batch-scope
     shard (``ingest.checkpoint``), each the bucket's rows as of its upper."""
     try:
         stored = ShardIngestConfig.read(state.config)

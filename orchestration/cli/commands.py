@@ -95,8 +95,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 
 def _as_of(shard: Shard, args: argparse.Namespace) -> int | None:
-    """``--as-of``, or the ts ``--as-of-time`` stands for (``persist.commit_times``)."""
-    from upsert_core.persist.commit_times import as_of_ts  # heavy: the persist layer
+    """``--as-of``, or the ts ``--as-of-time`` stands for (``persist.state.commit_times``)."""
+    from upsert_core.persist.state.commit_times import as_of_ts  # heavy: the persist layer
 
     if args.as_of_time is None:
         return args.as_of  # no state read needed
@@ -118,7 +118,7 @@ def _snapshot_parquet(shard: Shard, as_of: int | None, args: argparse.Namespace)
 
 
 def cmd_changes(args: argparse.Namespace) -> int:
-    from upsert_core.persist.commit_times import changes_ts  # heavy: the persist layer
+    from upsert_core.persist.state.commit_times import changes_ts  # heavy: the persist layer
 
     shard = open_shard(args)
     state = shard.state()

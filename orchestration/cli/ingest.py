@@ -114,7 +114,7 @@ def run_ingest(args: argparse.Namespace) -> int:
     from upsert_core.persist.keys import claim_writer_token  # heavy: shard state (~35 ms)
 
     # The ingest registers a writer id in the shard, which protects and fences what it
-    # writes (upsert_core.persist.writers); this legacy process token only names blobs
+    # writes (upsert_core.persist.write.writers); this legacy process token only names blobs
     # written outside any registration (rollups).
     claim_writer_token()
     # heavy: pyarrow, only for an ingest

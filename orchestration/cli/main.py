@@ -81,7 +81,7 @@ def _integer(text: str) -> int:
 
 
 def _time(text: str) -> str:
-    """An ISO-8601 time (no zone: UTC), kept as text: ``persist.commit_times`` resolves it."""
+    """An ISO-8601 time (no zone: UTC), kept as text: ``persist.state.commit_times`` resolves it."""
     if parse_time_text(text) is None:
         raise argparse.ArgumentTypeError(
             f"not an ISO-8601 time to the microsecond: {text!r}"

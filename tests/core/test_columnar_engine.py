@@ -28,6 +28,15 @@ from hypothesis import strategies as st
 
 from tests.core.test_drain_support import collection, fresh_state
 from tests.model import UpsertModel
+from tests.oracle.drain import (
+    GLOBAL_POSITION,
+    DrainOutput,
+    OrderScope,
+    Stash,
+    ToUpper,
+    apply_feedback,
+    drain_staged_input,
+)
 from upsert_core.columnar import (
     ColumnarState,
     apply_changes,
@@ -39,19 +48,10 @@ from upsert_core.columnar import (
     state_from_snapshot,
 )
 from upsert_core.columnar.checkpoint_format import decode_state, encode_state
-from tests.oracle.drain import (
-    GLOBAL_POSITION,
-    DrainOutput,
-    OrderScope,
-    Stash,
-    ToUpper,
-    apply_feedback,
-    drain_staged_input,
-)
 from upsert_core.errors import CodecError, InvalidUpsertState
 from upsert_core.ingest import tasks
 from upsert_core.order_keys import order_keys, to_arrow
-from upsert_core.persist.consolidate import UPDATE_SCHEMA
+from upsert_core.persist.write.consolidate import UPDATE_SCHEMA
 
 ROWS_SCHEMA = tasks.ROWS_SCHEMA.remove(tasks.ROWS_SCHEMA.get_field_index("bucket"))
 """One bucket's validated rows, as ``read_file`` hands them to the bucket step."""

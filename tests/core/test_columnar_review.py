@@ -15,6 +15,9 @@ from hypothesis import strategies as st
 from tests.core.test_columnar_engine import ROWS_SCHEMA, per_key_items, update_list
 from tests.core.test_columnar_engine import per_key_step as engine_step
 from tests.core.test_drain_support import fresh_state
+from tests.oracle.drain import (
+    OrderScope,
+)
 from upsert_core.columnar import (
     ColumnarState,
     apply_changes,
@@ -24,10 +27,7 @@ from upsert_core.columnar import (
     state_from_snapshot,
 )
 from upsert_core.columnar.merge import merge_changes
-from tests.oracle.drain import (
-    OrderScope,
-)
-from upsert_core.persist.consolidate import UPDATE_SCHEMA, sort_updates
+from upsert_core.persist.write.consolidate import UPDATE_SCHEMA, sort_updates
 
 _HALVES = [b"\x00" * 8, b"\x7f" + b"\xff" * 7, b"\x80" + b"\x00" * 7, b"\xff" * 8, b"\x07" * 8]
 KEYS = sorted({a + b for a in _HALVES for b in _HALVES[:3]})

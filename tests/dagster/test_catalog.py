@@ -80,7 +80,7 @@ def test_core_warnings_show_in_the_run_event_log(
     real_gc = Shard.gc
 
     def gc_with_a_warning(self: Shard, *args: object, **kwargs: object) -> object:
-        logging.getLogger("upsert_core.persist.gc").warning("shard %s: a recovered hiccup",
+        logging.getLogger("upsert_core.persist.maintenance.gc").warning("shard %s: a recovered hiccup",
                                                             self.shard_id)
         return real_gc(self, *args, **kwargs)  # type: ignore[arg-type]
 
@@ -89,7 +89,7 @@ def test_core_warnings_show_in_the_run_event_log(
     assert result.success
     messages = [e.message for e in plat.instance.all_logs(result.run_id)
                 if e.dagster_event_type in (None, DagsterEventType.LOGS_CAPTURED)]
-    assert any("upsert_core.persist.gc: shard feed: a recovered hiccup" in (m or "")
+    assert any("upsert_core.persist.maintenance.gc: shard feed: a recovered hiccup" in (m or "")
                for m in messages), messages
 
 

@@ -22,7 +22,7 @@ from tests.ingest.test_check_batch import _big, _built, _ingest, _replace_row
 from upsert_core.ingest import tasks
 from upsert_core.ingest.shard_config import checkpoint_ref_name
 from upsert_core.ingest.verify import STATE, check_new_batch
-from upsert_core.persist.consolidate import UPDATE_SCHEMA
+from upsert_core.persist.write.consolidate import UPDATE_SCHEMA
 
 
 def _run(plat: Platform, partition: str | None, job: str = "feed_ingest"):  # type: ignore[no-untyped-def]

@@ -69,7 +69,7 @@ def _forget_records(cli: Cli) -> None:
     from upsert_core.ingest.shard_config import CONFIG_FILE_PREFIX
     from upsert_core.persist.location.urls import open_blob, open_consensus
     from upsert_core.persist.shard import Shard
-    from upsert_core.persist.state import ShardState
+    from upsert_core.persist.state.state import ShardState
 
     consensus, blob = open_consensus(cli.stores[0]), open_blob(cli.stores[1])
     shard = Shard.open(consensus, blob, "s", create=False)

@@ -169,7 +169,7 @@ def _forget_commit_times(cli: Cli) -> None:
     """Drop the shard's commit time entries, as a build before them left its states."""
     from upsert_core.persist.location.urls import open_blob, open_consensus
     from upsert_core.persist.shard import Shard
-    from upsert_core.persist.state import COMMIT_TIME_PREFIX, ShardState
+    from upsert_core.persist.state.state import COMMIT_TIME_PREFIX, ShardState
 
     consensus, blob = open_consensus(cli.stores[0]), open_blob(cli.stores[1])
     shard = Shard.open(consensus, blob, "s", create=False)

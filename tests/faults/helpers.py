@@ -26,9 +26,9 @@ from typing import Any
 from tests.ingest.helpers import change_rows, snapshot_rows, write_jsonl
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.verify import compare_state
-from upsert_core.persist.check import check_shard
 from upsert_core.persist.location.blob_memory import MemoryBlob
 from upsert_core.persist.location.consensus_memory import MemoryConsensus
+from upsert_core.persist.maintenance.check import check_shard
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.testing import unreferenced_blobs
 from upsert_core.shard_table import ShardTable

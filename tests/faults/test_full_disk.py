@@ -22,10 +22,10 @@ from tests.e2e.helpers import Cli
 from upsert_core.errors import UpsertPlatformError
 from upsert_core.ingest import ingest
 from upsert_core.ingest.verify import compare_state
-from upsert_core.persist.check import check_shard
 from upsert_core.persist.location.blob_local import LocalBlob
 from upsert_core.persist.location.consensus_sql import SqlConsensus
 from upsert_core.persist.location.urls import open_blob, open_consensus
+from upsert_core.persist.maintenance.check import check_shard
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.testing import DelegatingBlob
 

@@ -19,8 +19,8 @@ import pytest
 
 from tests.e2e.helpers import Cli
 from upsert_core.ingest.verify import compare_state
-from upsert_core.persist.check import check_shard
 from upsert_core.persist.location.urls import open_blob, open_consensus
+from upsert_core.persist.maintenance.check import check_shard
 from upsert_core.persist.shard import Shard
 
 from .helpers import GLOBAL_REQUEST, REQUEST, assert_recovered, make_landing, reference_shard

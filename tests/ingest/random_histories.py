@@ -54,10 +54,10 @@ from upsert_core.ingest.rebucket import rebucket
 from upsert_core.ingest.shard_config import CHECKPOINT_REF_PREFIX
 from upsert_core.ingest.verify import compare_state
 from upsert_core.landing import decode_row
-from upsert_core.persist.append import AppendRequest
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.state import HollowBatch
+from upsert_core.persist.state.state import HollowBatch
 from upsert_core.persist.testing import unreferenced_blobs
+from upsert_core.persist.write.append import AppendRequest
 from upsert_core.shard_table import ShardTable
 
 from .helpers import schema_of

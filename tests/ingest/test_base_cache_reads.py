@@ -12,17 +12,17 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from upsert_core.order_scope import OrderScope
 from upsert_core.errors import CorruptData
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.base_cache import BaseCache
 from upsert_core.ingest.checkpoint import load_checkpoint
 from upsert_core.ingest.engine import InProcessEngine
+from upsert_core.order_scope import OrderScope
 from upsert_core.persist.location.blob_local import LocalBlob
 from upsert_core.persist.location.consensus_memory import MemoryConsensus
-from upsert_core.persist.parts import LoadedPart, OpenPart
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.state import BlobPart
+from upsert_core.persist.state.state import BlobPart
+from upsert_core.persist.write.parts import LoadedPart, OpenPart
 from upsert_core.shard_table import ShardTable, typed_bases
 
 from .helpers import write_jsonl

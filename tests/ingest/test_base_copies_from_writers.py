@@ -23,8 +23,8 @@ from upsert_core.ingest.shard_config import ShardIngestConfig
 from upsert_core.persist.keys import checkpoint_prefix
 from upsert_core.persist.location.blob_local import LocalBlob
 from upsert_core.persist.location.consensus_memory import MemoryConsensus
-from upsert_core.persist.parts import VALUE_PREFIX
 from upsert_core.persist.shard import Shard
+from upsert_core.persist.write.parts import VALUE_PREFIX
 
 from .helpers import change_rows, snapshot_rows, write_parquet
 

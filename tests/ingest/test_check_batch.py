@@ -1,5 +1,5 @@
-"""Batch-scoped checks (``ingest.verify.check_new_batch``, ``persist.check_batch``): they
-pass on real ingests (several files per run, both order scopes, deletes, several
+"""Batch-scoped checks (``ingest.verify.check_new_batch``, ``persist.maintenance.check_batch``):
+they pass on real ingests (several files per run, both order scopes, deletes, several
 buckets, runs that change nothing) and each fails when exactly what it guards is
 corrupted: a part blob deleted or overwritten, a touched bucket's checkpoint replaced by
 a valid one with a changed row, a batch whose changes do not consolidate or do not fit
@@ -18,7 +18,6 @@ import pytest
 
 from upsert_core.columnar import ColumnarState
 from upsert_core.columnar.checkpoint_format import decode_state, encode_state
-from upsert_core.order_scope import OrderScope
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.buckets import bucket_of
 from upsert_core.ingest.checkpoint import write_checkpoint
@@ -29,12 +28,13 @@ from upsert_core.ingest.shard_config import (
 )
 from upsert_core.ingest.verify import STATE, check_new_batch, compare_state
 from upsert_core.landing import encode_key
-from upsert_core.persist.check import CONSOLIDATION, STORAGE, CheckReport
-from upsert_core.persist.check_batch import configs_at_uppers
-from upsert_core.persist.consolidate import UPDATE_SCHEMA
-from upsert_core.persist.parts import encode_parquet
+from upsert_core.order_scope import OrderScope
+from upsert_core.persist.maintenance.check import CONSOLIDATION, STORAGE, CheckReport
+from upsert_core.persist.maintenance.check_batch import configs_at_uppers
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.state import BlobPart
+from upsert_core.persist.state.state import BlobPart
+from upsert_core.persist.write.consolidate import UPDATE_SCHEMA
+from upsert_core.persist.write.parts import encode_parquet
 
 from .helpers import memory_shard, write_jsonl
 

@@ -9,13 +9,13 @@ import json
 import pyarrow as pa
 import pytest
 
-from upsert_core.columnar.checkpoint_format import METADATA_KEY
 from tests.oracle.drain import GLOBAL_POSITION, OrderScope
+from tests.oracle.state import StateValue
+from upsert_core.columnar.checkpoint_format import METADATA_KEY
 from upsert_core.ingest.buckets import bucket_of
 from upsert_core.ingest.checkpoint import LEGACY_SCHEMA, CheckpointUnusable, load_checkpoint
 from upsert_core.persist.location.blob_memory import MemoryBlob
-from upsert_core.persist.parts import encode_parquet
-from tests.oracle.state import StateValue
+from upsert_core.persist.write.parts import encode_parquet
 
 BUCKETS = 4
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.shard_config import CONFIG_CHECKPOINT_UPPER, checkpoint_ref_name
-from upsert_core.persist.append import AppendRequest
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.state import HollowBatch
+from upsert_core.persist.state.state import HollowBatch
+from upsert_core.persist.write.append import AppendRequest
 
 from .helpers import contents, memory_shard, snapshot_rows, write_jsonl
 

@@ -1,4 +1,4 @@
-"""Compaction merges a run's buckets on several threads (``persist.compact``): the
+"""Compaction merges a run's buckets on several threads (``persist.maintenance.compact``): the
 result is the sequential merge's, parts in bucket order, and a bucket that fails
 leaves nothing behind: no part of any bucket, the shard unchanged."""
 
@@ -12,10 +12,10 @@ import pytest
 
 from upsert_core.errors import UpsertPlatformError
 from upsert_core.ingest import IngestRequest, ingest
-from upsert_core.persist import compact as compact_module
 from upsert_core.persist.keys import writer_id_of
+from upsert_core.persist.maintenance import compact as compact_module
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.state import BlobPart
+from upsert_core.persist.state.state import BlobPart
 
 from .helpers import change_rows, memory_shard, snapshot_rows, write_jsonl
 
@@ -53,7 +53,7 @@ def _history(shard: Shard) -> list[tuple[list[str], list[str]]]:
 
 
 def _labels(shard: Shard) -> list[list[int]]:
-    from upsert_core.persist.parts import OpenPart
+    from upsert_core.persist.write.parts import OpenPart
 
     out = []
     for batch in shard.state().batches:

@@ -27,7 +27,7 @@ from upsert_core.ingest.shard_config import CONFIG_SCHEMA
 from upsert_core.landing import SourceSchema
 from upsert_core.landing.schema import ENVELOPE_ORDER_PREFIX
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.state import ShardState
+from upsert_core.persist.state.state import ShardState
 from upsert_core.shard_table import ShardTable
 
 from .helpers import memory_shard

@@ -13,7 +13,7 @@ import upsert_core.ingest.tasks as tasks
 from tests.ingest.helpers import memory_shard, write_jsonl
 from upsert_core.errors import IngestError
 from upsert_core.ingest import IngestRequest, InProcessEngine, ingest
-from upsert_core.persist.read import snapshot
+from upsert_core.persist.read.read import snapshot
 
 
 def _blobs(shard) -> set[str]:  # noqa: ANN001

@@ -23,9 +23,9 @@ from upsert_core.ingest.tasks import FileTask, bucketed, part_values
 from upsert_core.landing import SourceSchema, list_landing, validate_file
 from upsert_core.landing import validate as validate_module
 from upsert_core.landing.chunks import CHUNK_ROWS_ENV, STREAM_BYTES_ENV
-from upsert_core.persist.parts import rows_of_values
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.state import BlobPart
+from upsert_core.persist.state.state import BlobPart
+from upsert_core.persist.write.parts import rows_of_values
 
 from .helpers import change_rows, memory_shard, snapshot_rows
 

@@ -1,5 +1,5 @@
 """Maintenance after an ingest (``ingest.maintenance``) and the stored retention
-(``persist.retention``): the number of batches stays bounded and history beyond the
+(``persist.maintenance.retention``): the number of batches stays bounded and history beyond the
 retention is folded, without anyone running ``gc``, and every read stays the model's."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from upsert_core.ingest.maintenance import (
 )
 from upsert_core.persist.location.blob_memory import MemoryBlob
 from upsert_core.persist.location.consensus_memory import MemoryConsensus
-from upsert_core.persist.retention import RETENTION_KEEP, RETENTION_KEEP_FOR
+from upsert_core.persist.maintenance.retention import RETENTION_KEEP, RETENTION_KEEP_FOR
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.state import COMMIT_TIME_PREFIX
+from upsert_core.persist.state.state import COMMIT_TIME_PREFIX
 from upsert_core.persist.testing import unreferenced_blobs
 from upsert_core.shard_table import ShardTable
 

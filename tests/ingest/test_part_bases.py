@@ -16,17 +16,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from upsert_core.columnar.derived_rows import DerivedRows, as_row_array, take_rows
-from upsert_core.order_scope import OrderScope
 from upsert_core.errors import ConfigError
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.checkpoint import CheckpointUnusable, is_part_base, load_checkpoint
 from upsert_core.ingest.shard_config import CHECKPOINT_REF_PREFIX, ShardIngestConfig
 from upsert_core.ingest.verify import compare_state
 from upsert_core.landing import decode_row
+from upsert_core.order_scope import OrderScope
 from upsert_core.persist.keys import checkpoint_prefix
-from upsert_core.persist.parts import rows_of_values
+from upsert_core.persist.read.typed_read import open_typed_snapshot
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.typed_read import open_typed_snapshot
+from upsert_core.persist.write.parts import rows_of_values
 from upsert_core.shard_table import ShardTable, typed_bases
 
 from .helpers import change_rows, memory_shard, schema_of, snapshot_rows, write_jsonl
@@ -191,8 +191,8 @@ def test_a_swapped_part_base_is_rebuilt_not_trusted(tmp_path: Path) -> None:
     refs = _refs(shard)
     state = shard.state()
     swapped = {f"{CHECKPOINT_REF_PREFIX}0": refs[1], f"{CHECKPOINT_REF_PREFIX}1": refs[0]}
-    from upsert_core.persist.append import AppendRequest
-    from upsert_core.persist.state import HollowBatch
+    from upsert_core.persist.state.state import HollowBatch
+    from upsert_core.persist.write.append import AppendRequest
     assert shard.compare_and_append(AppendRequest(
         HollowBatch(state.upper, state.upper + 1, 0, ()), state.upper,
         config_updates=swapped,

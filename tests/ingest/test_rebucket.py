@@ -34,10 +34,10 @@ from upsert_core.ingest.shard_config import (
 )
 from upsert_core.ingest.verify import compare_state
 from upsert_core.persist.location.urls import open_blob, open_consensus
-from upsert_core.persist.parts import OpenPart
+from upsert_core.persist.read.typed_read import open_typed_snapshot
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.testing import unreferenced_blobs
-from upsert_core.persist.typed_read import open_typed_snapshot
+from upsert_core.persist.write.parts import OpenPart
 from upsert_core.row_view import RowView
 from upsert_core.shard_table import snapshot_schema, typed_bases
 

@@ -16,7 +16,7 @@ from upsert_core.ingest.shard_config import ShardIngestConfig, ShardOptions
 from upsert_core.ingest.tasks import Base
 from upsert_core.landing import SourceSchema
 from upsert_core.order_scope import OrderScope
-from upsert_core.persist.state import ShardState
+from upsert_core.persist.state.state import ShardState
 
 from .helpers import memory_shard
 from .test_rebucket import Landing, assert_matches, labels

@@ -15,16 +15,16 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from upsert_core.order_scope import OrderScope
 from upsert_core.errors import IngestError, InvalidUpsertState
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.engine import InProcessEngine
 from upsert_core.ingest.rehydrate import rehydrate_bucket
 from upsert_core.landing import SourceSchema
-from upsert_core.persist.append import AppendRequest
-from upsert_core.persist.consolidate import UPDATE_SCHEMA
-from upsert_core.persist.parts import write_parts
-from upsert_core.persist.state import HollowBatch
+from upsert_core.order_scope import OrderScope
+from upsert_core.persist.state.state import HollowBatch
+from upsert_core.persist.write.append import AppendRequest
+from upsert_core.persist.write.consolidate import UPDATE_SCHEMA
+from upsert_core.persist.write.parts import write_parts
 
 from .helpers import memory_shard, schema_of, write_jsonl
 

@@ -20,7 +20,7 @@ from upsert_core.columnar import ColumnarState, apply_changes, state_from_snapsh
 from upsert_core.errors import InvalidUpsertState
 from upsert_core.ingest import IngestRequest, InProcessEngine, ingest
 from upsert_core.ingest.replay import replay_bucket
-from upsert_core.persist.read import snapshot, unmerged_changes_after
+from upsert_core.persist.read.read import snapshot, unmerged_changes_after
 
 
 def _shard_with_history(tmp_path: Path):  # noqa: ANN202 - a test helper

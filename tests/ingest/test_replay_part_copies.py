@@ -16,7 +16,7 @@ from upsert_core.ingest.base_cache import PARTS, BaseCache
 from upsert_core.ingest.engine import InProcessEngine
 from upsert_core.persist.location.blob_local import LocalBlob
 from upsert_core.persist.location.consensus_memory import MemoryConsensus
-from upsert_core.persist.read import unmerged_changes_by_part
+from upsert_core.persist.read.read import unmerged_changes_by_part
 from upsert_core.persist.shard import Shard
 
 from .helpers import change_rows, snapshot_rows, write_jsonl
@@ -152,8 +152,8 @@ def test_copies_kept_by_the_writer_equal_reading_the_parts(
 ) -> None:
     """The bucket step keeps a copy of each part it writes; the copy holds exactly what
     decoding the part (its rows derived from its values) and its label give."""
-    from upsert_core.persist.parts import BUCKET_META, OpenPart
-    from upsert_core.persist.state import BlobPart
+    from upsert_core.persist.state.state import BlobPart
+    from upsert_core.persist.write.parts import BUCKET_META, OpenPart
 
     shard, _ = _history(tmp_path, seed)
     cache = BaseCache.for_blob(shard.blob, "s")

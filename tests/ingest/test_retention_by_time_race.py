@@ -22,7 +22,7 @@ from upsert_core.ingest.maintenance import maintain
 from upsert_core.persist.location.blob_memory import MemoryBlob
 from upsert_core.persist.location.consensus_memory import MemoryConsensus
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.state import ShardState
+from upsert_core.persist.state.state import ShardState
 from upsert_core.shard_table import ShardTable
 
 from .helpers import write_jsonl

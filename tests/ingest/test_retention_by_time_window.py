@@ -17,11 +17,11 @@ from tests.model import UpsertModel
 from upsert_core.errors import NotReadable
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.maintenance import maintain, retained
-from upsert_core.persist.commit_times import resolve_as_of_time
 from upsert_core.persist.location.blob_memory import MemoryBlob
 from upsert_core.persist.location.consensus_memory import MemoryConsensus
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.state import COMMIT_TIME_PREFIX
+from upsert_core.persist.state.commit_times import resolve_as_of_time
+from upsert_core.persist.state.state import COMMIT_TIME_PREFIX
 from upsert_core.shard_table import ShardTable
 
 from .helpers import write_jsonl

@@ -21,7 +21,7 @@ from upsert_core.landing import LogicalType, SourceSchema, decode_row, encode_ke
 from upsert_core.landing.debezium import DELETE_MARKER, Envelope
 from upsert_core.landing.schema import ENVELOPE_ORDER_PREFIX
 from upsert_core.order_scope import OrderScope
-from upsert_core.persist.consolidate import UPDATE_SCHEMA, is_sorted
+from upsert_core.persist.write.consolidate import UPDATE_SCHEMA, is_sorted
 from upsert_core.row_view import RowView
 from upsert_core.shard_table import ShardTable
 

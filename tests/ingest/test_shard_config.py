@@ -21,7 +21,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from upsert_core.order_scope import OrderScope
 from upsert_core.errors import ConfigError
 from upsert_core.ingest import IngestRequest, ingest, pipeline
 from upsert_core.ingest.options import resolve_options
@@ -34,10 +33,11 @@ from upsert_core.ingest.shard_config import (
 )
 from upsert_core.ingest.tasks import FileTask
 from upsert_core.landing import LogicalType, SourceSchema
-from upsert_core.persist.append import AppendRequest
-from upsert_core.persist.consolidate import UPDATE_SCHEMA
+from upsert_core.order_scope import OrderScope
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.state import BLOB_REF_PREFIX, ShardState
+from upsert_core.persist.state.state import BLOB_REF_PREFIX, ShardState
+from upsert_core.persist.write.append import AppendRequest
+from upsert_core.persist.write.consolidate import UPDATE_SCHEMA
 
 from .helpers import memory_shard, snapshot_rows, write_jsonl
 

@@ -16,8 +16,8 @@ from tests.e2e.helpers import Cli
 from upsert_core.ingest import IngestRequest, ingest, pipeline
 from upsert_core.ingest.shard_config import ShardIngestConfig, recorded_live_rows
 from upsert_core.landing.rows import encode_key, encode_row
-from upsert_core.persist.consolidate import UPDATE_SCHEMA
 from upsert_core.persist.shard import Shard
+from upsert_core.persist.write.consolidate import UPDATE_SCHEMA
 from upsert_core.shard_summary import shard_summary
 from upsert_core.stores import open_stores, resolve
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from upsert_core.order_scope import OrderScope
 from upsert_core.ingest import IngestRequest, InProcessEngine, ingest
 from upsert_core.ingest.checkpoint import new_state
 from upsert_core.ingest.pipeline import commit_history
@@ -21,14 +20,15 @@ from upsert_core.ingest.shard_config import (
 )
 from upsert_core.ingest.statecache import CachedState, StateCache
 from upsert_core.ingest.tasks import REPLAY_FRACTION, Base
-from upsert_core.persist.append import AppendRequest, AppendResult
-from upsert_core.persist.leases import DEFAULT_LEASE_DURATION_MS
+from upsert_core.order_scope import OrderScope
 from upsert_core.persist.location import Blob
 from upsert_core.persist.location.blob_memory import MemoryBlob
 from upsert_core.persist.location.consensus_memory import MemoryConsensus
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.state import ShardState
-from upsert_core.persist.writers import WriterLease
+from upsert_core.persist.state.leases import DEFAULT_LEASE_DURATION_MS
+from upsert_core.persist.state.state import ShardState
+from upsert_core.persist.write.append import AppendRequest, AppendResult
+from upsert_core.persist.write.writers import WriterLease
 
 from .helpers import change_rows, contents, memory_shard, snapshot_rows, write_jsonl
 

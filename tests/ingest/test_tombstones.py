@@ -16,9 +16,9 @@ from upsert_core.ingest.shard_config import (
     ShardIngestConfig,
 )
 from upsert_core.ingest.verify import compare_state
-from upsert_core.persist.append import AppendRequest
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.state import HollowBatch
+from upsert_core.persist.state.state import HollowBatch
+from upsert_core.persist.write.append import AppendRequest
 
 from .helpers import memory_shard, snapshot_rows, write_jsonl
 

@@ -1,4 +1,4 @@
-"""Typed reads with bases (``persist.typed_read``: a bucket's base replaces the history
+"""Typed reads with bases (``persist.read.typed_read``: a bucket's base replaces the history
 before it, and a batch compaction merged across its upper is read from a ``floor``),
 against the merged read (no base), on random histories.
 
@@ -23,8 +23,8 @@ import pytest
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.part_typer import part_typer
 from upsert_core.landing import decode_row
+from upsert_core.persist.read.typed_read import open_typed_snapshot
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.typed_read import open_typed_snapshot
 from upsert_core.shard_table import ShardTable, typed_bases
 
 from .helpers import memory_shard, schema_of, write_jsonl

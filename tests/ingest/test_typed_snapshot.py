@@ -1,4 +1,4 @@
-"""The typed snapshot (``persist.typed_read`` behind ``ShardTable``) against the merged read.
+"""The typed snapshot (``persist.read.typed_read`` behind ``ShardTable``) against the merged read.
 
 The ingest writes typed, bucket-labelled parts, and compaction keeps them so; the typed
 read must return, at every readable time, exactly the rows the merged read decodes
@@ -30,10 +30,10 @@ from upsert_core.ingest.part_typer import SchemaTyper, part_typer
 from upsert_core.ingest.verify import compare_state
 from upsert_core.persist.location.blob_local import LocalBlob
 from upsert_core.persist.location.consensus_sql import SqlConsensus
-from upsert_core.persist.parts import OpenPart
+from upsert_core.persist.read.typed_read import BUCKETS_AHEAD, open_typed_snapshot
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.testing import typed_parts
-from upsert_core.persist.typed_read import BUCKETS_AHEAD, open_typed_snapshot
+from upsert_core.persist.write.parts import OpenPart
 from upsert_core.shard_table import ShardTable
 
 from .helpers import write_jsonl
@@ -393,7 +393,7 @@ def test_a_typer_merge_reads_each_unlabelled_part_once(
 ) -> None:
     """Plain, unlabelled parts (older shards, ``Shard.append``) are decoded once each and
     split by bucket, not once per bucket; past the row cap the run stays plain."""
-    import upsert_core.persist.compact as compact
+    import upsert_core.persist.maintenance.compact as compact
 
     shard = _history_shard(tmp_path, 1, 40, 8)
     rows = shard.snapshot_table(0)

@@ -17,17 +17,17 @@ import pytest
 from upsert_core.ingest import IngestRequest, ingest
 from upsert_core.ingest.buckets import bucket_of_keys
 from upsert_core.ingest.verify import check_new_batch, compare_state
-from upsert_core.persist.check import STORAGE, CheckReport
-from upsert_core.persist.consolidate import UPDATE_SCHEMA
 from upsert_core.persist.location.blob_memory import MemoryBlob
-from upsert_core.persist.parts import (
+from upsert_core.persist.maintenance.check import STORAGE, CheckReport
+from upsert_core.persist.shard import Shard
+from upsert_core.persist.state.state import BlobPart
+from upsert_core.persist.write.consolidate import UPDATE_SCHEMA
+from upsert_core.persist.write.parts import (
     CONSOLIDATED_META,
     VALUE_PREFIX,
     OpenPart,
     write_part,
 )
-from upsert_core.persist.shard import Shard
-from upsert_core.persist.state import BlobPart
 
 from .helpers import memory_shard, schema_of, write_jsonl, write_parquet
 

@@ -21,7 +21,7 @@ from upsert_core.ingest.visible_counts import hidden_only_pairs
 from upsert_core.landing import LogicalType, SourceSchema, encode_key, encode_row
 from upsert_core.landing.debezium import DELETE_MARKER
 from upsert_core.landing.rows import decode_rows_to_table
-from upsert_core.persist.consolidate import UPDATE_SCHEMA
+from upsert_core.persist.write.consolidate import UPDATE_SCHEMA
 from upsert_core.row_view import RowView
 from upsert_core.shard_table import ShardTable
 

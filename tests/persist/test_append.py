@@ -9,16 +9,16 @@ import pytest
 
 from tests.persist.writer_helpers import compare_and_append, registered_writer
 from upsert_core.errors import InvalidUsage, UpsertPlatformError
-from upsert_core.persist.append import delete_uncommitted
 from upsert_core.persist.location import Blob, Consensus
 from upsert_core.persist.location.blob_memory import MemoryBlob
 from upsert_core.persist.location.consensus_memory import MemoryConsensus
 from upsert_core.persist.location.unreliable import FaultRates, UnreliableConsensus
-from upsert_core.persist.machine import Machine
-from upsert_core.persist.parts import read_error_part, write_batch, write_error_batch
-from upsert_core.persist.read import read_all, snapshot
-from upsert_core.persist.state import HollowBatch
-from upsert_core.persist.state_versions import StateVersions
+from upsert_core.persist.read.read import read_all, snapshot
+from upsert_core.persist.state.machine import Machine
+from upsert_core.persist.state.state import HollowBatch
+from upsert_core.persist.state.state_versions import StateVersions
+from upsert_core.persist.write.append import delete_uncommitted
+from upsert_core.persist.write.parts import read_error_part, write_batch, write_error_batch
 
 from .test_parts import key, rows_of, updates_table
 

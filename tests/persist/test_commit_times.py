@@ -12,9 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from upsert_core.errors import InvalidUsage, InvariantViolation, NotReadable
-from upsert_core.persist.append import AppendRequest
-from upsert_core.persist.codec_state import decode_rollup, decode_state, encode_rollup
-from upsert_core.persist.commit_times import (
+from upsert_core.persist.location.blob_memory import MemoryBlob
+from upsert_core.persist.location.consensus_memory import MemoryConsensus
+from upsert_core.persist.read.read import read_all
+from upsert_core.persist.shard import Shard
+from upsert_core.persist.state.codec_state import decode_rollup, decode_state, encode_rollup
+from upsert_core.persist.state.commit_times import (
     format_time_ms,
     last_commit_ms,
     resolve_as_of_time,
@@ -22,12 +25,9 @@ from upsert_core.persist.commit_times import (
     resolve_until_time,
     since_commit_ms,
 )
-from upsert_core.persist.location.blob_memory import MemoryBlob
-from upsert_core.persist.location.consensus_memory import MemoryConsensus
-from upsert_core.persist.read import read_all
-from upsert_core.persist.shard import Shard
-from upsert_core.persist.state import COMMIT_TIME_PREFIX, ShardState
-from upsert_core.persist.state_versions import StateVersions
+from upsert_core.persist.state.state import COMMIT_TIME_PREFIX, ShardState
+from upsert_core.persist.state.state_versions import StateVersions
+from upsert_core.persist.write.append import AppendRequest
 from upsert_core.read_times import require_time
 
 from .helpers_proc import key, rows_of, updates_table
@@ -242,7 +242,7 @@ def test_invariants_refuse_decreasing_or_malformed_times() -> None:
 
 def test_state_diff_of_a_commit_carries_one_small_time_entry() -> None:
     """The state stays small: an append adds one config entry to its diff."""
-    from upsert_core.persist.codec_state import decode_diff
+    from upsert_core.persist.state.codec_state import decode_diff
 
     clock = Clock()
     shard = new_shard(clock, "small")

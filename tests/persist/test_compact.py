@@ -12,7 +12,11 @@ from hypothesis import strategies as st
 
 from tests.persist.writer_helpers import compare_and_append
 from upsert_core.errors import InvalidUsage, LocationError
-from upsert_core.persist.compact import (
+from upsert_core.persist.location import Blob
+from upsert_core.persist.location.blob_memory import MemoryBlob
+from upsert_core.persist.location.consensus_memory import MemoryConsensus
+from upsert_core.persist.location.unreliable import FaultRates, UnreliableConsensus
+from upsert_core.persist.maintenance.compact import (
     batch_weight,
     commit_merge,
     compact,
@@ -20,16 +24,12 @@ from upsert_core.persist.compact import (
     plan_backlog,
     plan_merge,
 )
-from upsert_core.persist.consolidate import is_sorted
-from upsert_core.persist.location import Blob
-from upsert_core.persist.location.blob_memory import MemoryBlob
-from upsert_core.persist.location.consensus_memory import MemoryConsensus
-from upsert_core.persist.location.unreliable import FaultRates, UnreliableConsensus
-from upsert_core.persist.machine import Machine, Transition
-from upsert_core.persist.parts import read_part_table, write_batch
-from upsert_core.persist.read import changes, read_all, snapshot
-from upsert_core.persist.state import BlobPart, HollowBatch, ReaderState, ShardState
-from upsert_core.persist.state_versions import StateVersions
+from upsert_core.persist.read.read import changes, read_all, snapshot
+from upsert_core.persist.state.machine import Machine, Transition
+from upsert_core.persist.state.state import BlobPart, HollowBatch, ReaderState, ShardState
+from upsert_core.persist.state.state_versions import StateVersions
+from upsert_core.persist.write.consolidate import is_sorted
+from upsert_core.persist.write.parts import read_part_table, write_batch
 
 from .test_parts import Update, key, rows_of, updates_table
 from .test_read import model_changes, model_snapshot

@@ -14,7 +14,7 @@ import pytest
 
 from upsert_core.persist.keys import rollup_prefix
 from upsert_core.persist.location.urls import open_blob, open_consensus
-from upsert_core.persist.read import read_all
+from upsert_core.persist.read.read import read_all
 from upsert_core.persist.shard import Shard
 
 from .helpers_proc import (

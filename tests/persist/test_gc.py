@@ -16,21 +16,21 @@ import pytest
 
 from upsert_core.errors import CorruptData, InvalidUsage, NotReadable, WriterFenced
 from upsert_core.persist import keys
-from upsert_core.persist.append import AppendRequest
-from upsert_core.persist.gc import gc as run_gc
-from upsert_core.persist.gc import leak_candidates_key, truncation_point
 from upsert_core.persist.keys import rollup_key, rollup_prefix, writer_id_of
-from upsert_core.persist.leases import DEFAULT_LEASE_DURATION_MS
 from upsert_core.persist.location import Blob, Consensus
 from upsert_core.persist.location.blob_local import LocalBlob
 from upsert_core.persist.location.blob_memory import MemoryBlob
 from upsert_core.persist.location.consensus_memory import MemoryConsensus
 from upsert_core.persist.location.consensus_sql import SqlConsensus
-from upsert_core.persist.parts import write_batch
-from upsert_core.persist.read import read_all
+from upsert_core.persist.maintenance.gc import gc as run_gc
+from upsert_core.persist.maintenance.gc import leak_candidates_key, truncation_point
+from upsert_core.persist.read.read import read_all
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.state_versions import check_invariants
+from upsert_core.persist.state.leases import DEFAULT_LEASE_DURATION_MS
+from upsert_core.persist.state.state_versions import check_invariants
 from upsert_core.persist.testing import DelegatingBlob
+from upsert_core.persist.write.append import AppendRequest
+from upsert_core.persist.write.parts import write_batch
 
 from .helpers_proc import (
     RecordingBlob,
@@ -417,7 +417,7 @@ def _write_leak_in_process(blob_root: str, claim: bool) -> str:
         "import sys, pyarrow as pa\n"
         "from upsert_core.persist import keys\n"
         "from upsert_core.persist.location.blob_local import LocalBlob\n"
-        "from upsert_core.persist.parts import write_part\n"
+        "from upsert_core.persist.write.parts import write_part\n"
         f"if {claim!r}: keys.claim_writer_token()\n"
         "else:\n"
         "    import os; os.environ.pop(keys.WRITER_TOKEN_ENV, None)\n"

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from upsert_core.errors import InvalidUsage, LeaseExpired, NotReadable
-from upsert_core.persist import leases
-from upsert_core.persist.gc import advance_since, retained_since
 from upsert_core.persist.location.blob_memory import MemoryBlob
 from upsert_core.persist.location.consensus_memory import MemoryConsensus
-from upsert_core.persist.read import read_all
+from upsert_core.persist.maintenance.gc import advance_since, retained_since
+from upsert_core.persist.read.read import read_all
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.state import ShardState
+from upsert_core.persist.state import leases
+from upsert_core.persist.state.state import ShardState
 
 from .helpers_proc import data_blob_keys, key, rows_of, updates_table
 

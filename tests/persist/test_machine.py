@@ -25,9 +25,9 @@ from upsert_core.persist.location.blob_memory import MemoryBlob
 from upsert_core.persist.location.consensus_memory import MemoryConsensus
 from upsert_core.persist.location.consensus_sql import SqlConsensus
 from upsert_core.persist.location.unreliable import FaultRates, UnreliableBlob, UnreliableConsensus
-from upsert_core.persist.machine import Machine
-from upsert_core.persist.state import ErrorBatch, HollowBatch, InlinePart, ShardState
-from upsert_core.persist.state_versions import StateVersions, check_invariants
+from upsert_core.persist.state.machine import Machine
+from upsert_core.persist.state.state import ErrorBatch, HollowBatch, InlinePart, ShardState
+from upsert_core.persist.state.state_versions import StateVersions, check_invariants
 from upsert_core.persist.testing import DelegatingBlob
 
 Stores = tuple[Consensus, Blob]

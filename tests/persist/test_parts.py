@@ -11,15 +11,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from upsert_core.errors import CorruptData, InvalidUsage
-from upsert_core.persist.consolidate import (
+from upsert_core.persist.location.blob_memory import MemoryBlob
+from upsert_core.persist.state.state import BlobPart, InlinePart
+from upsert_core.persist.write.consolidate import (
     advance_ts,
     consolidate,
     consolidate_sorted,
     is_sorted,
     sort_updates,
 )
-from upsert_core.persist.location.blob_memory import MemoryBlob
-from upsert_core.persist.parts import (
+from upsert_core.persist.write.parts import (
     ERROR_SCHEMA,
     delete_parts,
     read_error_part,
@@ -30,7 +31,6 @@ from upsert_core.persist.parts import (
     write_part,
     write_parts,
 )
-from upsert_core.persist.state import BlobPart, InlinePart
 
 SHARD = "s1"
 

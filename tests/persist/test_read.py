@@ -12,19 +12,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from upsert_core.errors import NotReadable
-from upsert_core.persist.consolidate import (
+from upsert_core.persist.location import Blob
+from upsert_core.persist.location.blob_memory import MemoryBlob
+from upsert_core.persist.read.read import changes, changes_after, merge_sorted, read_all, snapshot
+from upsert_core.persist.state.state import HollowBatch, ShardState, initial_state
+from upsert_core.persist.testing import DelegatingBlob
+from upsert_core.persist.write.consolidate import (
     consolidate,
     is_sorted,
     merge_consolidate,
     merge_indices,
     sort_updates,
 )
-from upsert_core.persist.location import Blob
-from upsert_core.persist.location.blob_memory import MemoryBlob
-from upsert_core.persist.parts import write_parts
-from upsert_core.persist.read import changes, changes_after, merge_sorted, read_all, snapshot
-from upsert_core.persist.state import HollowBatch, ShardState, initial_state
-from upsert_core.persist.testing import DelegatingBlob
+from upsert_core.persist.write.parts import write_parts
 
 from .test_parts import Update, key, rows_of, updates_table
 

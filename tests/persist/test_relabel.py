@@ -1,4 +1,4 @@
-"""``persist.relabel``: a batch's labelled parts rewritten for another bucket count hold
+"""``persist.maintenance.relabel``: a batch's labelled parts rewritten for another bucket count hold
 exactly the same updates, each new part labelled ``b'/M`` with only keys of ``b'``, in
 the format and with the value columns its source had; unlabelled parts and parts
 already labelled for ``M`` are kept as they are. And the commit: only on the planned
@@ -14,21 +14,26 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from upsert_core.errors import WriterFenced
-from upsert_core.persist.append import AppendRequest
-from upsert_core.persist.buckets import bucket_of_keys
-from upsert_core.persist.consolidate import UPDATE_SCHEMA
 from upsert_core.persist.location.blob_memory import MemoryBlob
 from upsert_core.persist.location.consensus_memory import MemoryConsensus
-from upsert_core.persist.parts import (
+from upsert_core.persist.maintenance.relabel import (
+    RelabelStats,
+    Relayout,
+    commit_relayout,
+    relabel_batch,
+)
+from upsert_core.persist.shard import Shard
+from upsert_core.persist.state.state import BlobPart, HollowBatch, Part
+from upsert_core.persist.write.append import AppendRequest
+from upsert_core.persist.write.buckets import bucket_of_keys
+from upsert_core.persist.write.consolidate import UPDATE_SCHEMA
+from upsert_core.persist.write.parts import (
     VALUE_PREFIX,
     OpenPart,
     read_part_table,
     rows_of_values,
     write_parts,
 )
-from upsert_core.persist.relabel import RelabelStats, Relayout, commit_relayout, relabel_batch
-from upsert_core.persist.shard import Shard
-from upsert_core.persist.state import BlobPart, HollowBatch, Part
 
 SHARD = "s"
 FIELDS = [pa.field("a", pa.int64()), pa.field("b", pa.string()), pa.field("c", pa.string())]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from upsert_core.persist.location.urls import open_blob, open_consensus
-from upsert_core.persist.read import read_all
+from upsert_core.persist.read.read import read_all
 from upsert_core.persist.shard import Shard
 
 from .helpers_proc import data_blob_keys, live_referenced

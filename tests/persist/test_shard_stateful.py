@@ -26,16 +26,16 @@ from hypothesis.stateful import (
 )
 
 from upsert_core.errors import InvalidUsage
-from upsert_core.persist.append import AppendRequest, AppendResult, delete_uncommitted
-from upsert_core.persist.gc import rollup_current, truncation_point
 from upsert_core.persist.keys import rollup_prefix, writer_id_of
 from upsert_core.persist.location import Blob, Consensus
 from upsert_core.persist.location.blob_local import LocalBlob
 from upsert_core.persist.location.blob_memory import MemoryBlob
 from upsert_core.persist.location.consensus_memory import MemoryConsensus
 from upsert_core.persist.location.consensus_sql import SqlConsensus
-from upsert_core.persist.read import read_all
+from upsert_core.persist.maintenance.gc import rollup_current, truncation_point
+from upsert_core.persist.read.read import read_all
 from upsert_core.persist.shard import LeasedReader, Shard
+from upsert_core.persist.write.append import AppendRequest, AppendResult, delete_uncommitted
 
 from .helpers_proc import (
     RecordingBlob,
@@ -186,7 +186,7 @@ class ShardModel(RuleBasedStateMachine):
         rollups = live_rollup_keys(shard)
         assert not deleted & (referenced | rollups)
         # What is left beyond the referenced blobs belongs to a registered (live) writer
-        # and waits for its registration to end (see ``persist.gc``).
+        # and waits for its registration to end (see ``persist.maintenance.gc``).
         registered = set(shard.state().writers)
         left = data_blob_keys(self.blob, SHARD)
         assert referenced <= left

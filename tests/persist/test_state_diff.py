@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from upsert_core.errors import CorruptData, InvalidStateDiff
-from upsert_core.persist.codec_state import (
+from upsert_core.persist.state.codec_state import (
     decode_diff,
     decode_rollup,
     decode_state,
@@ -18,7 +18,7 @@ from upsert_core.persist.codec_state import (
     encode_rollup,
     encode_state,
 )
-from upsert_core.persist.state import (
+from upsert_core.persist.state.state import (
     BlobPart,
     ErrorBatch,
     HollowBatch,
@@ -30,7 +30,7 @@ from upsert_core.persist.state import (
     WriterState,
     initial_state,
 )
-from upsert_core.persist.state_diff import (
+from upsert_core.persist.state.state_diff import (
     Delete,
     FieldDiff,
     Insert,

@@ -20,8 +20,6 @@ from upsert_core.errors import (
     InvariantViolation,
     ShardNotFound,
 )
-from upsert_core.persist.codec_state import encode_diff
-from upsert_core.persist.gc import rollup_current
 from upsert_core.persist.keys import parse_rollup_seqno, rollup_prefix
 from upsert_core.persist.location import (
     Blob,
@@ -36,10 +34,12 @@ from upsert_core.persist.location.blob_memory import MemoryBlob
 from upsert_core.persist.location.consensus_memory import MemoryConsensus
 from upsert_core.persist.location.consensus_sql import SqlConsensus
 from upsert_core.persist.location.unreliable import FaultRates, UnreliableConsensus
-from upsert_core.persist.machine import Machine
-from upsert_core.persist.state import HollowBatch, InlinePart, ReaderState, ShardState
-from upsert_core.persist.state_diff import FieldDiff, StateDiff, Update
-from upsert_core.persist.state_versions import (
+from upsert_core.persist.maintenance.gc import rollup_current
+from upsert_core.persist.state.codec_state import encode_diff
+from upsert_core.persist.state.machine import Machine
+from upsert_core.persist.state.state import HollowBatch, InlinePart, ReaderState, ShardState
+from upsert_core.persist.state.state_diff import FieldDiff, StateDiff, Update
+from upsert_core.persist.state.state_versions import (
     StateMismatch,
     StateVersions,
     assert_invariants,

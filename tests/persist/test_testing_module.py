@@ -7,9 +7,9 @@ from upsert_core.persist.keys import shard_prefix
 from upsert_core.persist.location import RangedBlob
 from upsert_core.persist.location.blob_memory import MemoryBlob
 from upsert_core.persist.location.consensus_memory import MemoryConsensus
-from upsert_core.persist.parts import write_parts
 from upsert_core.persist.shard import Shard
 from upsert_core.persist.testing import DelegatingBlob, unreferenced_blobs
+from upsert_core.persist.write.parts import write_parts
 
 from .test_parts import key, updates_table
 

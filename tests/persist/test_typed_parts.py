@@ -10,11 +10,14 @@ import pyarrow as pa
 import pytest
 
 from upsert_core.errors import CorruptData, InvalidUsage
-from upsert_core.persist.append import AppendRequest
-from upsert_core.persist.buckets import bucket_of_keys
 from upsert_core.persist.location.blob_local import LocalBlob
 from upsert_core.persist.location.consensus_sql import SqlConsensus
-from upsert_core.persist.parts import (
+from upsert_core.persist.read.typed_read import open_typed_snapshot
+from upsert_core.persist.shard import Shard
+from upsert_core.persist.state.state import HollowBatch, InlinePart
+from upsert_core.persist.write.append import AppendRequest
+from upsert_core.persist.write.buckets import bucket_of_keys
+from upsert_core.persist.write.parts import (
     VALUE_PREFIX,
     OpenPart,
     encode_parquet,
@@ -23,9 +26,6 @@ from upsert_core.persist.parts import (
     write_part,
     write_parts,
 )
-from upsert_core.persist.shard import Shard
-from upsert_core.persist.state import HollowBatch, InlinePart
-from upsert_core.persist.typed_read import open_typed_snapshot
 
 N = 2
 FIELDS = [pa.field("v", pa.string()), pa.field("n", pa.int64())]
@@ -235,7 +235,7 @@ def test_read_ahead_is_bounded_by_rows(
     streaming reader holds about one bucket when buckets are big."""
     import threading
 
-    import upsert_core.persist.typed_read as typed_read
+    import upsert_core.persist.read.typed_read as typed_read
 
     monkeypatch.setattr(typed_read, "AHEAD_ROWS", budget)
     monkeypatch.setitem(globals(), "N", 3)
@@ -276,7 +276,7 @@ def _history(rows: list[tuple[bytes, int, int, object]]) -> tuple[list[pa.Table]
 
 
 def test_a_bucket_is_resolved_key_by_key_only_for_a_verified_upsert_history() -> None:
-    from upsert_core.persist.typed_read import _latest_per_key
+    from upsert_core.persist.read.typed_read import _latest_per_key
 
     k1, k2, k3 = b"\x01" * 16, b"\x02" * 16, b"\x01" * 8 + b"\x09" * 8  # k3 shares k1's hi
     nan = float("nan")

@@ -17,14 +17,14 @@ from upsert_core.errors import CorruptData, InvalidUsage
 from upsert_core.landing import LogicalType, SourceSchema
 from upsert_core.landing.rows import decode_rows_to_table, encode_key, encode_row
 from upsert_core.persist.location.blob_memory import MemoryBlob
-from upsert_core.persist.parts import (
+from upsert_core.persist.state.state import BlobPart, InlinePart
+from upsert_core.persist.write.parts import (
     FORMAT_META,
     OpenPart,
     read_part_table,
     rows_of_values,
     write_part,
 )
-from upsert_core.persist.state import BlobPart, InlinePart
 
 T = LogicalType
 SCHEMA = SourceSchema(columns=(

@@ -19,17 +19,17 @@ from tests.ingest.helpers import snapshot_rows, write_jsonl
 from tests.model import UpsertModel
 from upsert_core.errors import WriterFenced
 from upsert_core.ingest import IngestRequest, ingest
-from upsert_core.persist import leases
-from upsert_core.persist.append import AppendRequest
 from upsert_core.persist.keys import is_writer_id, new_writer_id, writer_id_of
 from upsert_core.persist.location import Blob, CasResult, VersionedData
 from upsert_core.persist.location.blob_memory import MemoryBlob
 from upsert_core.persist.location.consensus_memory import MemoryConsensus
 from upsert_core.persist.location.unreliable import FaultRates, UnreliableConsensus
-from upsert_core.persist.read import read_all
+from upsert_core.persist.read.read import read_all
 from upsert_core.persist.shard import Shard
+from upsert_core.persist.state import leases
 from upsert_core.persist.testing import unreferenced_blobs
-from upsert_core.persist.writers import WriterLease, expire_dead_local_writers
+from upsert_core.persist.write.append import AppendRequest
+from upsert_core.persist.write.writers import WriterLease, expire_dead_local_writers
 
 from .test_parts import key, rows_of, updates_table
 
@@ -153,7 +153,7 @@ def test_compaction_by_a_fenced_writer_commits_nothing() -> None:
         assert shard.append(updates_table([(key(ts), b"v", ts, 1)]), ts).committed
     batches = shard.state().batches
     with pytest.raises(WriterFenced):
-        from upsert_core.persist.compact import compact
+        from upsert_core.persist.maintenance.compact import compact
 
         compact(shard.machine, shard.blob, merge_all=True, writer_id=new_writer_id())
     assert shard.state().batches == batches
@@ -322,7 +322,7 @@ def test_gc_killed_between_truncation_and_deletion_leaves_no_dangling_reference(
     """GC truncates the diffs below its point before deleting the blobs only they
     referenced, so a crash at either step leaves every live state's blobs in place
     (``check`` passes), and the next GC removes what the crash left over."""
-    from upsert_core.persist import gc as gc_module
+    from upsert_core.persist.maintenance import gc as gc_module
 
     shard = Shard.open(MemoryConsensus(), MemoryBlob(), "w", inline_threshold=0)
     for i in range(6):  # each file rewrites the bucket's checkpoint: older ones get replaced

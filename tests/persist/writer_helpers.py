@@ -1,16 +1,16 @@
 """Tests that drive ``append.compare_and_append`` on a bare Machine act as one registered
-writer per Machine (the append refuses unregistered writers, see ``persist.writers``)."""
+writer per Machine (the append refuses unregistered writers, see ``persist.write.writers``)."""
 
 from __future__ import annotations
 
 from typing import Any
 from weakref import WeakKeyDictionary
 
-from upsert_core.persist import leases
-from upsert_core.persist.append import AppendRequest, AppendResult
-from upsert_core.persist.append import compare_and_append as _compare_and_append
 from upsert_core.persist.keys import new_writer_id
-from upsert_core.persist.machine import Machine
+from upsert_core.persist.state import leases
+from upsert_core.persist.state.machine import Machine
+from upsert_core.persist.write.append import AppendRequest, AppendResult
+from upsert_core.persist.write.append import compare_and_append as _compare_and_append
 
 _WRITERS: WeakKeyDictionary[Machine, str] = WeakKeyDictionary()
 

@@ -26,7 +26,7 @@ from upsert_core.errors import ConfigError, IngestError, InvalidUsage
 from upsert_core.landing import check_name, landing_file, list_landing
 from upsert_core.persist import keys
 from upsert_core.persist.location.blob_local import LocalBlob
-from upsert_core.persist.state import validate_shard_name
+from upsert_core.persist.state.state import validate_shard_name
 
 PIECES = [
     "..",

@@ -22,9 +22,9 @@ from upsert_core.errors import IngestError
 from upsert_core.ingest import FileOutcome, FileTask, IngestRequest, ingest
 from upsert_core.ingest.shard_api import IngestShard
 from upsert_core.ingest.statecache import StateCache
-from upsert_core.persist.codec_state import encode_state
 from upsert_core.persist.location.urls import open_blob, open_consensus
 from upsert_core.persist.shard import Shard
+from upsert_core.persist.state.codec_state import encode_state
 from upsert_core.persist.testing import unreferenced_blobs
 
 pytestmark = pytest.mark.spark

@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from upsert_core.codec_columns import decode_columns
 from upsert_core.errors import CodecError
-from upsert_core.persist.parts import rows_of_values
+from upsert_core.persist.write.parts import rows_of_values
 
 ROW_TYPE = pa.large_binary()
 

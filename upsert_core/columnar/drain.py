@@ -57,7 +57,7 @@ from upsert_core.columnar.state import (
 )
 from upsert_core.errors import InvalidUpsertState
 from upsert_core.order_keys import from_arrow, is_order_keys
-from upsert_core.persist.consolidate import UPDATE_SCHEMA
+from upsert_core.persist.write.consolidate import UPDATE_SCHEMA
 
 
 @dataclass(frozen=True)

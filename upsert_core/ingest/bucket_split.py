@@ -2,7 +2,7 @@
 
 A shard rebucketed from ``N`` to ``M`` buckets (``ingest.rebucket``) needs, for every new
 bucket ``b'``, its upsert state as of the shard's upper: exactly the keys of the old
-states whose bucket of ``M`` is ``b'`` (``persist.buckets``), with their rows and, in the
+states whose bucket of ``M`` is ``b'`` (``persist.write.buckets``), with their rows and, in the
 global scope, their orders, tombstones included. The keys of ``b'`` all lie in old
 buckets ``b`` with ``b = b' (mod gcd(N, M))``, so the caller loads the old buckets of one
 residue at a time and hands them here with the new buckets of that residue.
@@ -46,7 +46,7 @@ from upsert_core.order_keys import concat_orders
 from upsert_core.order_scope import OrderScope
 from upsert_core.persist.keys import current_writer_id, writing_as
 from upsert_core.persist.location import Blob
-from upsert_core.persist.relabel import WRITE_THREADS
+from upsert_core.persist.maintenance.relabel import WRITE_THREADS
 
 
 @dataclass

@@ -6,7 +6,7 @@ each), like Materialize exchanging updates by the hashed upsert key.
 
 Invariants:
 
-- The key-to-bucket map is :mod:`upsert_core.persist.buckets` (re-exported here):
+- The key-to-bucket map is :mod:`upsert_core.persist.write.buckets` (re-exported here):
   ``bucket = (first 8 bytes of the key, big-endian) mod N``, the same in every process.
 - :func:`split_rows` and :func:`bucket_indices` keep file order within a bucket and lose
   no row.
@@ -19,7 +19,7 @@ from collections.abc import Iterable
 import numpy as np
 import pyarrow as pa
 
-from upsert_core.persist.buckets import IntArray, bucket_of, bucket_of_keys
+from upsert_core.persist.write.buckets import IntArray, bucket_of, bucket_of_keys
 
 __all__ = [
     "IntArray", "bucket_indices", "bucket_of", "bucket_of_keys", "bucket_tables", "split_rows",

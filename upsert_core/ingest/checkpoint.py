@@ -59,7 +59,7 @@ from upsert_core.ingest.legacy_values import decode_finalized
 from upsert_core.order_scope import OrderScope
 from upsert_core.persist.keys import checkpoint_prefix, unique_name
 from upsert_core.persist.location import Blob
-from upsert_core.persist.parts import (
+from upsert_core.persist.write.parts import (
     BUCKET_META,
     CONSOLIDATED_META,
     FORMAT_META,

@@ -22,7 +22,7 @@ Invariants:
   as validation would have) and drains as always.
 - The insertions, their values, the counts and the state equal, key for key, what the
   general drain gives for the same rows once encoded, and the part written from them
-  (``persist.parts.write_insertions_part``) is byte for byte the encoded path's
+  (``persist.write.parts.write_insertions_part``) is byte for byte the encoded path's
   (``tests/ingest/test_first_drain.py``), so the shard cannot tell which one ran.
 """
 
@@ -40,7 +40,7 @@ from upsert_core.columnar.state import join_keys, split_keys
 from upsert_core.landing import SourceSchema
 from upsert_core.landing.schema import ARROW_TYPES
 from upsert_core.order_keys import from_arrow
-from upsert_core.persist.parts import VALUE_PREFIX, rows_of_values
+from upsert_core.persist.write.parts import VALUE_PREFIX, rows_of_values
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def has_values(rows: pa.Table, schema: SourceSchema) -> bool:
 
 def with_encoded_rows(rows: pa.Table, schema: SourceSchema) -> pa.Table:
     """``rows`` with their encoded rows when validation deferred them (as validation
-    would have encoded them: ``persist.parts.rows_of_values`` of the values, trailing
+    would have encoded them: ``persist.write.parts.rows_of_values`` of the values, trailing
     nulls dropped), else ``rows`` unchanged."""
     if not rows_deferred(rows):
         return rows

@@ -57,9 +57,9 @@ from upsert_core.landing.schema import LogicalType
 from upsert_core.order_keys import OrderArray
 from upsert_core.persist.keys import late_part_key
 from upsert_core.persist.location import Blob
-from upsert_core.persist.parts import VALUE_PREFIX
 from upsert_core.persist.shard import READ_ATTEMPTS
-from upsert_core.persist.state import ShardState
+from upsert_core.persist.state.state import ShardState
+from upsert_core.persist.write.parts import VALUE_PREFIX
 
 LATE_FORMAT = 1
 """The late part layout above; a part of another format is refused, never guessed."""

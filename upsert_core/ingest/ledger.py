@@ -34,8 +34,8 @@ from dataclasses import dataclass, replace
 from upsert_core.errors import IngestError
 from upsert_core.ingest.shard_config import CONFIG_REWRITTEN, file_record_name
 from upsert_core.landing import LandingFile
-from upsert_core.persist.append import AppendRequest
-from upsert_core.persist.state import ShardState
+from upsert_core.persist.state.state import ShardState
+from upsert_core.persist.write.append import AppendRequest
 
 
 @dataclass(frozen=True)

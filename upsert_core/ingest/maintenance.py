@@ -3,7 +3,7 @@ a shard's reads and storage to stay in shape.
 
 After a run that committed files, :func:`maintain`:
 
-1. applies the shard's stored retention (``persist.retention``: a count of times, or a
+1. applies the shard's stored retention (``persist.maintenance.retention``: a count of times, or a
    duration resolved from commit times): ``since`` moves to ``upper - keep``, so
    compaction may fold the history before it;
 2. once the shard holds :data:`AUTO_COMPACT_BATCHES` batches or more, runs one GC pass:
@@ -39,11 +39,11 @@ from upsert_core.ingest.part_typer import part_typer
 from upsert_core.ingest.shard_config import ShardIngestConfig
 from upsert_core.ingest.tasks import MAX_REPLAY_BATCHES, Base
 from upsert_core.order_scope import OrderScope
-from upsert_core.persist.commit_times import with_since
-from upsert_core.persist.gc import GcReport, retained_since
-from upsert_core.persist.retention import retention_keep
+from upsert_core.persist.maintenance.gc import GcReport, retained_since
+from upsert_core.persist.maintenance.retention import retention_keep
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.state import ShardState
+from upsert_core.persist.state.commit_times import with_since
+from upsert_core.persist.state.state import ShardState
 
 AUTO_MAINTENANCE_ENV = "UPSERT_AUTO_MAINTENANCE"
 

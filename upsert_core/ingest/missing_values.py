@@ -41,7 +41,7 @@ from upsert_core.landing.missing import MISSING_COLUMN, unpack
 from upsert_core.landing.rows import decode_rows_to_table, encode_row
 from upsert_core.landing.schema import ARROW_TYPES, SourceSchema
 from upsert_core.order_keys import from_arrow, is_order_keys
-from upsert_core.persist.parts import VALUE_PREFIX
+from upsert_core.persist.write.parts import VALUE_PREFIX
 
 _EMPTY_ROW = encode_datums([])
 """The encoded row of no values: decodes as every column null."""

@@ -56,8 +56,8 @@ from upsert_core.landing.missing import (
 )
 from upsert_core.landing.schema import normal_order, parse_order
 from upsert_core.order_scope import OrderScope
-from upsert_core.persist.leases import DEFAULT_LEASE_DURATION_MS
-from upsert_core.persist.parts import DEFAULT_INLINE_THRESHOLD
+from upsert_core.persist.state.leases import DEFAULT_LEASE_DURATION_MS
+from upsert_core.persist.write.parts import DEFAULT_INLINE_THRESHOLD
 
 DEFAULT_KEY: tuple[str, ...] = ("key",)
 DEFAULT_ORDER = "offset"
@@ -71,7 +71,7 @@ class IngestRequest:
 
     ``buckets`` is the number of upsert state buckets (fixed per shard like the other
     options). ``inline_threshold``, ``max_attempts`` and ``writer_lease_ms`` (how long
-    the run's writer registration lives without a heartbeat, see ``persist.writers``)
+    the run's writer registration lives without a heartbeat, see ``persist.write.writers``)
     tune this run only.
 
     ``value_checks`` (:class:`~upsert_core.landing.ValueCheck`, e.g. from
@@ -111,7 +111,7 @@ class IngestRequest:
     """Maintain the shard after the run's commits (``ingest.maintenance``); None: as
     ``UPSERT_AUTO_MAINTENANCE`` says (default on)."""
     """With ``typed_parts``: write format-3 parts, each row stored once as its values
-    (``persist.parts``); False keeps the encoded row beside them (format 2)."""
+    (``persist.write.parts``); False keeps the encoded row beside them (format 2)."""
 
 
 TYPED_PARTS_ENV = "UPSERT_TYPED_PARTS"
@@ -153,7 +153,7 @@ def typed_parts_from_env(env: Mapping[str, str] | None = None) -> bool:
     """Whether ingests write typed parts (value columns: part format 2 or 3).
 
     Typed parts carry the rows' decoded values, so snapshots read them without decoding
-    (``persist.typed_read``). Releases before them refuse a part with extra columns, so
+    (``persist.read.typed_read``). Releases before them refuse a part with extra columns, so
     a deployment whose readers are not all upgraded yet sets ``UPSERT_TYPED_PARTS=0``
     (or ``UPSERT_PART_FORMAT=1``) until they are; its snapshots then take the merged read.
     """

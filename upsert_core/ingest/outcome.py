@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from upsert_core.errors import CorruptData
-from upsert_core.persist.state import BlobPart, ErrorBatch, InlinePart, Part
+from upsert_core.persist.state.state import BlobPart, ErrorBatch, InlinePart, Part
 
 
 def part_to_json(part: Part) -> dict[str, Any]:

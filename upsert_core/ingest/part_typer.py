@@ -1,4 +1,4 @@
-"""The ingest's :class:`~upsert_core.persist.compact.PartTyper`: lets compaction write
+"""The ingest's :class:`~upsert_core.persist.maintenance.compact.PartTyper`: lets compaction write
 typed, bucket-labelled parts from plain ones (parts written before typed parts, or with
 ``UPSERT_TYPED_PARTS=0``), so GC upgrades an older shard to the layout snapshots read
 without a merge.
@@ -27,9 +27,9 @@ from upsert_core.ingest.options import part_format_from_env, typed_parts_from_en
 from upsert_core.ingest.shard_config import ShardIngestConfig
 from upsert_core.landing import ARROW_TYPES, SourceSchema
 from upsert_core.landing.rows import decode_rows_to_table
-from upsert_core.persist.parts import OpenPart
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.state import ShardState
+from upsert_core.persist.state.state import ShardState
+from upsert_core.persist.write.parts import OpenPart
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,7 @@ Invariants:
   ``rewritten_files``; such a file is never ingested again.
 - Hidden files (``_temporary/``, ``.crc``, ...) are never listed, so never ingested;
   a file with a bad name is listed with its problem and stops the run at that file.
-- The run is a registered writer (``persist.writers``): it registers a fresh writer id
+- The run is a registered writer (``persist.write.writers``): it registers a fresh writer id
   before the first file and heartbeats it while it works; every blob its steps write
   names that id. If the registration is gone at commit time (the run stalled past its
   lease and GC removed it, and may have deleted its blobs), the append is refused
@@ -101,11 +101,11 @@ from upsert_core.ingest.shard_api import IngestShard
 from upsert_core.ingest.shard_config import ShardIngestConfig, ShardOptions, recent_history
 from upsert_core.ingest.tasks import FileTask
 from upsert_core.landing import LandingFile, SourceSchema, list_landing, pending, read_counter
-from upsert_core.persist.append import AppendRequest, AppendResult
 from upsert_core.persist.location import Blob
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.state import HollowBatch, ShardState
-from upsert_core.persist.writers import WriterLease
+from upsert_core.persist.state.state import HollowBatch, ShardState
+from upsert_core.persist.write.append import AppendRequest, AppendResult
+from upsert_core.persist.write.writers import WriterLease
 
 Progress = Callable[[ProgressEvent], None]
 

@@ -22,7 +22,7 @@ from upsert_core.ingest.options import IngestRequest
 from upsert_core.ingest.shard_config import ShardIngestConfig, ShardOptions
 from upsert_core.ingest.tasks import FileTask
 from upsert_core.landing import LandingFile
-from upsert_core.persist.state import ShardState
+from upsert_core.persist.state.state import ShardState
 
 
 def plan_file(

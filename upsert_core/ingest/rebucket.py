@@ -1,15 +1,15 @@
 """Rebucketing: change the bucket count of an existing shard (``upsertctl rebucket``).
 
-A shard's keys are spread over N upsert-state buckets (``persist.buckets``: a key's
+A shard's keys are spread over N upsert-state buckets (``persist.write.buckets``: a key's
 bucket is the first 8 bytes of its digest mod N). N is chosen at the shard's first
 ingest (``options.buckets_for_first_file``); as the table grows its buckets outgrow
 memory and a Spark job runs at most N drain tasks, so N must be able to grow (and
 shrink). :func:`rebucket` changes it to M, as one writer, in one commit:
 
-1. it registers as a writer (``persist.writers``) and plans on the current state at
+1. it registers as a writer (``persist.write.writers``) and plans on the current state at
    upper ``u``;
 2. it rewrites every bucket-labelled part of every retained batch for M
-   (``persist.relabel``: same updates, same times, labels ``b'/M``), so every
+   (``persist.maintenance.relabel``: same updates, same times, labels ``b'/M``), so every
    retained time reads as before and every state stays labelled with one count;
 3. it loads each old bucket's state at ``u`` as an ingest would (checkpoint and replay,
    or a rebuild with the recorded tombstones), the old buckets of one residue modulo
@@ -17,7 +17,7 @@ shrink). :func:`rebucket` changes it to M, as one writer, in one commit:
    bucket step would write (``ingest.bucket_split``), tombstone sets included;
 4. it commits all of it with the new bucket count, checkpoint references, bases,
    ``checkpoint.upper = u``, the live row count and a fresh commit nonce in ONE
-   transition (``persist.relabel.commit_relayout``), only if the upper and the spine
+   transition (``persist.maintenance.relabel.commit_relayout``), only if the upper and the spine
    are still those it planned on, and fencing every other writer in it.
 
 Invariants:
@@ -89,12 +89,17 @@ from upsert_core.ingest.shard_config import (
 from upsert_core.ingest.tasks import Base, load_bucket_state
 from upsert_core.landing import LandingFile
 from upsert_core.order_scope import OrderScope
-from upsert_core.persist.compact import provably_unreferenced
 from upsert_core.persist.keys import writing_as
-from upsert_core.persist.relabel import RelabelStats, Relayout, commit_relayout, relabel_batch
+from upsert_core.persist.maintenance.compact import provably_unreferenced
+from upsert_core.persist.maintenance.relabel import (
+    RelabelStats,
+    Relayout,
+    commit_relayout,
+    relabel_batch,
+)
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.state import HollowBatch, ShardState
-from upsert_core.persist.writers import WriterLease
+from upsert_core.persist.state.state import HollowBatch, ShardState
+from upsert_core.persist.write.writers import WriterLease
 
 DEFAULT_ATTEMPTS = 3
 """Plans a rebucket makes before it gives up on writers that keep committing first."""

@@ -35,8 +35,8 @@ from upsert_core.landing.rows import decode_rows_to_table
 from upsert_core.order_keys import empty_orders, order_keys
 from upsert_core.order_scope import OrderScope
 from upsert_core.persist.location import Blob
-from upsert_core.persist.read import snapshot
-from upsert_core.persist.state import ShardState
+from upsert_core.persist.read.read import snapshot
+from upsert_core.persist.state.state import ShardState
 
 GLOBAL_REHYDRATION_WARNING = (
     "order scope global: bucket {bucket} was rehydrated from the shard's snapshot, and "

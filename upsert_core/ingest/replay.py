@@ -23,7 +23,7 @@ Invariants:
   those would apply that history twice (an insert over a live key, a retraction of a
   value already gone).
 - Reads are cheap and shared: the changes are read without the k-way merge
-  (:func:`~upsert_core.persist.read.unmerged_changes_by_part`, one decode per part, on
+  (:func:`~upsert_core.persist.read.read.unmerged_changes_by_part`, one decode per part, on
   a few threads; a part labelled with a bucket goes to that bucket whole; a part this
   machine replayed before is mapped from its local copy, ``ingest.base_cache``), once
   per shard contents and ``(lower, upper)`` for all the buckets a process replays (a
@@ -47,9 +47,9 @@ from upsert_core.ingest.base_cache import PARTS, BaseCache
 from upsert_core.ingest.buckets import bucket_of_keys, bucket_tables, split_rows
 from upsert_core.persist.keys import PART_DIR, shard_prefix
 from upsert_core.persist.location import Blob
-from upsert_core.persist.parts import BUCKET_META, conform_updates, format_bucket
-from upsert_core.persist.read import changes_after, unmerged_changes_by_part
-from upsert_core.persist.state import BlobPart, HollowBatch, Part, ShardState
+from upsert_core.persist.read.read import changes_after, unmerged_changes_by_part
+from upsert_core.persist.state.state import BlobPart, HollowBatch, Part, ShardState
+from upsert_core.persist.write.parts import BUCKET_META, conform_updates, format_bucket
 
 _MemoKey = tuple[str, int, int, int, int, tuple[HollowBatch, ...]]
 _memo: dict[_MemoKey, dict[int, list[pa.Table]]] = {}

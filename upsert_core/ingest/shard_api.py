@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from upsert_core.persist.append import AppendRequest, AppendResult
 from upsert_core.persist.location import Blob
-from upsert_core.persist.state import ShardState
-from upsert_core.persist.writers import WriterLease
+from upsert_core.persist.state.state import ShardState
+from upsert_core.persist.write.append import AppendRequest, AppendResult
+from upsert_core.persist.write.writers import WriterLease
 
 
 class IngestShard(Protocol):

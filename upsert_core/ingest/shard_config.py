@@ -19,7 +19,7 @@ The entries (what existing shards hold; names and formats never change):
   previous ones (``landing.missing``), with ``ingest.unavailable``, the placeholder
   text; both absent mean ``null`` (never written for it, as for ``ingest.envelope``).
 - ``blobref.checkpoint.<b>``: the blob key of bucket ``b``'s checkpoint, "" for an empty
-  state. The :data:`~upsert_core.persist.state.BLOB_REF_PREFIX` is how the persist
+  state. The :data:`~upsert_core.persist.state.state.BLOB_REF_PREFIX` is how the persist
   layer (GC, checks) finds the blobs a state references.
 - ``checkpoint.base.<b>``: where bucket ``b``'s checkpoint stands
   (:meth:`~upsert_core.ingest.tasks.Base.encode`; kept opaque here, since decoding it
@@ -33,7 +33,7 @@ The entries (what existing shards hold; names and formats never change):
 - ``blobref.late.<ts>.<b>`` (order scope ``global``): the blob key of bucket ``b``'s
   late part of the batch at ``ts`` (its late rows: ``ingest.late`` reads and writes
   them), committed with the batch; absent when the bucket had no late rows then. GC
-  drops the entries of batches before the shard's since (``persist.state``).
+  drops the entries of batches before the shard's since (``persist.state.state``).
 - ``stats.live_rows``: live rows at the shard's upper, in decimal (absent for shards
   first ingested before it was kept). Written by the same commits as
   ``checkpoint.upper``, so it is the count at THAT upper: a commit made outside the
@@ -86,7 +86,7 @@ from upsert_core.landing.missing import (
     parse_missing,
 )
 from upsert_core.order_scope import OrderScope
-from upsert_core.persist.state import BLOB_REF_PREFIX, LATE_REF_PREFIX, late_ref_ts
+from upsert_core.persist.state.state import BLOB_REF_PREFIX, LATE_REF_PREFIX, late_ref_ts
 
 CONFIG_SCHEMA = "ingest.schema"
 CONFIG_ORDER_SCOPE = "ingest.order_scope"

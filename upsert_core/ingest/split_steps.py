@@ -59,7 +59,7 @@ from upsert_core.landing.splits import Split, line_offsets, read_split
 from upsert_core.landing.validate import ERRORS_ARROW_SCHEMA
 from upsert_core.persist.keys import writing_as
 from upsert_core.persist.location import Blob
-from upsert_core.persist.parts import VALUE_PREFIX
+from upsert_core.persist.write.parts import VALUE_PREFIX
 
 
 @dataclass

@@ -117,11 +117,12 @@ from upsert_core.landing.missing import (
 )
 from upsert_core.landing.rows import decode_rows_to_table
 from upsert_core.order_scope import OrderScope
-from upsert_core.persist.codec_state import decode_state
-from upsert_core.persist.consolidate import UPDATE_SCHEMA
 from upsert_core.persist.keys import writing_as
 from upsert_core.persist.location import Blob
-from upsert_core.persist.parts import (
+from upsert_core.persist.state.codec_state import decode_state
+from upsert_core.persist.state.state import BlobPart, Part, ShardState
+from upsert_core.persist.write.consolidate import UPDATE_SCHEMA
+from upsert_core.persist.write.parts import (
     DEFAULT_PART_ROWS,
     VALUE_PREFIX,
     delete_parts,
@@ -130,7 +131,6 @@ from upsert_core.persist.parts import (
     write_error_batch,
     write_parts,
 )
-from upsert_core.persist.state import BlobPart, Part, ShardState
 
 ROWS_SCHEMA = pa.schema(
     [
@@ -724,7 +724,7 @@ def _run_bucket(
             )]
         elif table.num_rows:
             # Typed, bucket-labelled parts: a snapshot reads their value columns bucket
-            # by bucket, with neither a merge nor a decode (persist.typed_read).
+            # by bucket, with neither a merge nor a decode (persist.read.typed_read).
             values = (
                 part_values(row_schema, rows, table, drained.sources)
                 if task.typed_parts else None

@@ -40,7 +40,7 @@ from upsert_core.landing.rows import decode_rows_to_table
 from upsert_core.landing.schema import ARROW_TYPES
 from upsert_core.persist.keys import checkpoint_prefix, unique_name
 from upsert_core.persist.location import Blob
-from upsert_core.persist.parts import (
+from upsert_core.persist.write.parts import (
     BUCKET_META,
     CONSOLIDATED_META,
     FORMAT_META,

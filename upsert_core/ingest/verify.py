@@ -22,7 +22,7 @@ back and compares them with the shard's own consolidated snapshot at ``upper - 1
   but the bucket's recorded tombstone set (``ingest.tombstones``) must load and hold
   exactly the state's tombstones, keys and orders, since a rebuild relies on it;
 - every typed part of the shard keeps what its footer promises, since the typed
-  snapshot (``persist.typed_read``) trusts it (``verify_typed``): its bucket label's N is
+  snapshot (``persist.read.typed_read``) trusts it (``verify_typed``): its bucket label's N is
   the shard's bucket count and its keys lie in its bucket, its value columns are columns
   of the shard's schema with their types and equal the decoded rows, and a part that
   says ``consolidated`` is. Read part by part, one row group at a time.
@@ -34,7 +34,7 @@ table and the shard's history.
 
 Batch-scoped checks (the blocking Dagster checks after every ingest run):
 :func:`check_new_batch` checks what one run committed, ``start_upper <= ts < upper``,
-and nothing else. On top of ``persist.check_batch`` (the run's parts exist, decode and
+and nothing else. On top of ``persist.maintenance.check_batch`` (the run's parts exist, decode and
 consolidate; kinds ``storage`` and ``consolidation``), the run's typed parts keep their
 footers' promises as in the full check (``verify_typed``; kind ``storage``; a part that
 does not even open is left to ``check_batch``), and :func:`compare_touched_buckets`
@@ -91,16 +91,16 @@ from upsert_core.ingest.verify_typed import verify_typed_parts
 from upsert_core.landing import SourceSchema
 from upsert_core.order_keys import describe, is_order_keys
 from upsert_core.order_scope import OrderScope
-from upsert_core.persist.check import CONSOLIDATION, STORAGE, CheckReport
-from upsert_core.persist.check_batch import (
+from upsert_core.persist.keys import checkpoint_prefix
+from upsert_core.persist.maintenance.check import CONSOLIDATION, STORAGE, CheckReport
+from upsert_core.persist.maintenance.check_batch import (
     check_batch_consolidated,
     configs_at_uppers,
     read_new_updates,
 )
-from upsert_core.persist.keys import checkpoint_prefix
-from upsert_core.persist.read import check_catch_up_readable
+from upsert_core.persist.read.read import check_catch_up_readable
 from upsert_core.persist.shard import Shard
-from upsert_core.persist.state import ShardState
+from upsert_core.persist.state.state import ShardState
 
 MAX_LISTED = 10
 

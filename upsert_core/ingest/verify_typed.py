@@ -1,6 +1,6 @@
-"""Verify what a typed part's footer promises (``persist.parts``), since reads trust it.
+"""Verify what a typed part's footer promises (``persist.write.parts``), since reads trust it.
 
-The typed snapshot (``persist.typed_read``) reads a part's value columns instead of
+The typed snapshot (``persist.read.typed_read``) reads a part's value columns instead of
 decoding its ``row``, treats differently bucket-labelled parts as sharing no key, and
 reads a lone part whose footer says ``consolidated`` without consolidating it. A writer
 bug in any of these would silently give wrong snapshots, so the checks verify, for each
@@ -8,7 +8,7 @@ part (:func:`verify_typed_parts`; the full check ``verify.compare_state`` on eve
 of the shard, the batch check ``verify.check_new_batch`` on the parts a run committed):
 
 - bucket label ``b/N``: ``N`` is the shard's bucket count (``ingest.buckets``) and every
-  key lies in bucket ``b`` (``persist.buckets.bucket_of_keys``);
+  key lies in bucket ``b`` (``persist.write.buckets.bucket_of_keys``);
 - value columns (``v:<column>``): each names a column of the shard's source schema, once,
   with its type ``ARROW_TYPES[type]``; row for row, its values equal those
   ``landing.rows.decode_rows_to_table`` decodes from ``row`` with the shard's schema
@@ -46,8 +46,8 @@ from upsert_core.ingest.buckets import bucket_of_keys
 from upsert_core.ingest.shard_config import ShardOptions
 from upsert_core.landing import ARROW_TYPES, decode_rows_to_table
 from upsert_core.persist.location import Blob
-from upsert_core.persist.parts import KEY_BYTES, VALUE_PREFIX, OpenPart
-from upsert_core.persist.state import HollowBatch, InlinePart, Part
+from upsert_core.persist.state.state import HollowBatch, InlinePart, Part
+from upsert_core.persist.write.parts import KEY_BYTES, VALUE_PREFIX, OpenPart
 
 MAX_EXAMPLES = 5
 """Example keys listed per problem."""

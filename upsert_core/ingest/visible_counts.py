@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from upsert_core.landing import SourceSchema, decode_rows_to_table
-from upsert_core.persist.parts import rows_of_values
+from upsert_core.persist.write.parts import rows_of_values
 
 
 def hidden_only_pairs(

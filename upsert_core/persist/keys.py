@@ -12,7 +12,7 @@ Every module that names a blob builds the name here, so the layout has one defin
 - ``{shard}/checkpoint/...``: upsert state checkpoints.
 
 Writer identity. A process that writes blobs it will commit first registers a *writer
-id* in the shard's state (``persist.writers``): ``<host id>.<pid>.<nonce>`` from
+id* in the shard's state (``persist.write.writers``): ``<host id>.<pid>.<nonce>`` from
 :func:`new_writer_id`, fresh for every registration. While it writes, every generated key
 names it: the unique part starts with it, ``{shard}/part/<writer id>-<uuid>.parquet``
 (:func:`writing_as` sets it for the current thread or task; ingest tasks set it from
@@ -20,7 +20,7 @@ names it: the unique part starts with it, ``{shard}/part/<writer id>-<uuid>.parq
 registration of the driver that will commit them). GC deletes an unreferenced blob
 naming a writer id only once that id is not registered in the shard; a writer whose
 registration is gone is fenced (``append`` refuses its commits), so such a blob can never
-become referenced (see ``persist.gc`` and ``persist.writers``).
+become referenced (see ``persist.maintenance.gc`` and ``persist.write.writers``).
 
 Older keys carry a *legacy token* ``<host id>.<pid>`` (no nonce; from
 :func:`claim_writer_token` and ``UPSERT_WRITER_TOKEN``) or nothing. They are never
@@ -45,7 +45,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-from upsert_core.persist.state import validate_shard_name
+from upsert_core.persist.state.state import validate_shard_name
 
 ROLLUP_DIR = "rollup"
 PART_DIR = "part"

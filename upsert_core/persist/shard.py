@@ -21,7 +21,7 @@ Invariants:
   lease (:meth:`Shard.register_reader`), which GC honours.
 - ``append`` deletes its parts when its compare-and-append did not commit, so a lost
   race leaves no blobs behind.
-- A handle that writes is a registered writer (``persist.writers``): its first write
+- A handle that writes is a registered writer (``persist.write.writers``): its first write
   registers a fresh writer id before any blob is written, every blob it writes names
   that id, and its commits are refused (:class:`WriterFenced`) once the registration
   is gone; the next write then registers a new id. :meth:`release_writer` ends it.
@@ -38,38 +38,38 @@ from itertools import chain
 import pyarrow as pa
 
 from upsert_core.errors import CorruptData, InvalidUsage, NotReadable, WriterFenced
-from upsert_core.persist import leases
-from upsert_core.persist.append import AppendRequest, AppendResult, delete_uncommitted
-from upsert_core.persist.append import compare_and_append as _compare_and_append
-from upsert_core.persist.check import CheckReport, check_shard
-from upsert_core.persist.commit_times import format_time_ms, last_commit_ms, since_commit_ms
-from upsert_core.persist.compact import CompactionResult, PartTyper
-from upsert_core.persist.compact import compact as _compact
-from upsert_core.persist.gc import DEFAULT_LEAK_GRACE_MS, GcReport, check_retain
-from upsert_core.persist.gc import gc as _gc
 from upsert_core.persist.keys import new_writer_id, shard_prefix, writing_as
 from upsert_core.persist.location import Blob, Consensus
-from upsert_core.persist.machine import DEFAULT_ROLLUP_EVERY, Machine
-from upsert_core.persist.parts import (
-    DEFAULT_BATCH_ROWS,
-    DEFAULT_INLINE_THRESHOLD,
-    read_error_part,
-    write_batch,
-    write_error_batch,
-)
-from upsert_core.persist.read import changes as _changes
-from upsert_core.persist.read import read_all
-from upsert_core.persist.read import snapshot as _snapshot
-from upsert_core.persist.retention import (
+from upsert_core.persist.maintenance.check import CheckReport, check_shard
+from upsert_core.persist.maintenance.compact import CompactionResult, PartTyper
+from upsert_core.persist.maintenance.compact import compact as _compact
+from upsert_core.persist.maintenance.gc import DEFAULT_LEAK_GRACE_MS, GcReport, check_retain
+from upsert_core.persist.maintenance.gc import gc as _gc
+from upsert_core.persist.maintenance.retention import (
     retention_keep,
     stored_keep_for,
     stored_retention,
     with_retention,
     with_retention_for,
 )
-from upsert_core.persist.state import ErrorBatch, HollowBatch, ShardState
-from upsert_core.persist.state_versions import StateVersions
-from upsert_core.persist.writers import WriterLease
+from upsert_core.persist.read.read import changes as _changes
+from upsert_core.persist.read.read import read_all
+from upsert_core.persist.read.read import snapshot as _snapshot
+from upsert_core.persist.state import leases
+from upsert_core.persist.state.commit_times import format_time_ms, last_commit_ms, since_commit_ms
+from upsert_core.persist.state.machine import DEFAULT_ROLLUP_EVERY, Machine
+from upsert_core.persist.state.state import ErrorBatch, HollowBatch, ShardState
+from upsert_core.persist.state.state_versions import StateVersions
+from upsert_core.persist.write.append import AppendRequest, AppendResult, delete_uncommitted
+from upsert_core.persist.write.append import compare_and_append as _compare_and_append
+from upsert_core.persist.write.parts import (
+    DEFAULT_BATCH_ROWS,
+    DEFAULT_INLINE_THRESHOLD,
+    read_error_part,
+    write_batch,
+    write_error_batch,
+)
+from upsert_core.persist.write.writers import WriterLease
 from upsert_core.read_times import format_duration, require_ts
 
 READ_ATTEMPTS = 5

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from upsert_core.persist.keys import shard_prefix
 from upsert_core.persist.location import Blob, BlobMetadata
-from upsert_core.persist.parts import OpenPart, PartLayout
+from upsert_core.persist.write.parts import OpenPart, PartLayout
 
 if TYPE_CHECKING:
     from upsert_core.persist.shard import Shard

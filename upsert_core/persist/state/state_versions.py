@@ -62,12 +62,6 @@ from upsert_core.errors import (
     ShardError,
     ShardNotFound,
 )
-from upsert_core.persist.codec_state import (
-    decode_diff,
-    decode_rollup,
-    encode_diff,
-    encode_rollup,
-)
 from upsert_core.persist.keys import consensus_key, parse_rollup_seqno, rollup_key
 from upsert_core.persist.location import (
     Blob,
@@ -77,8 +71,19 @@ from upsert_core.persist.location import (
     Consensus,
     VersionedData,
 )
-from upsert_core.persist.state import RollupRef, ShardState, initial_state, validate_shard_name
-from upsert_core.persist.state_diff import Insert, StateDiff, Update, apply_all
+from upsert_core.persist.state.codec_state import (
+    decode_diff,
+    decode_rollup,
+    encode_diff,
+    encode_rollup,
+)
+from upsert_core.persist.state.state import (
+    RollupRef,
+    ShardState,
+    initial_state,
+    validate_shard_name,
+)
+from upsert_core.persist.state.state_diff import Insert, StateDiff, Update, apply_all
 
 log = logging.getLogger(__name__)
 

@@ -16,11 +16,11 @@ Invariants:
   "applied", exactly once.
 - A mismatch is an outcome, not an exception: the result says ``committed=False`` and
   gives the actual upper. The CALLER then owns the batch's parts and deletes them
-  (:func:`~upsert_core.persist.parts.delete_parts`, :func:`delete_uncommitted`).
+  (:func:`~upsert_core.persist.write.parts.delete_parts`, :func:`delete_uncommitted`).
 - An append that already committed (e.g. the caller retries after an indeterminate
   failure) is recognised and reported as committed, never applied twice and never
   reported as a mismatch, so its parts are never deleted by mistake.
-- The writer must be registered (``persist.writers``) in the state the append commits
+- The writer must be registered (``persist.write.writers``) in the state the append commits
   on, checked in the same transition; otherwise :class:`~upsert_core.errors.WriterFenced`
   is raised and nothing is committed; so is every blob the append starts to reference
   (parts, error parts, ``blobref.`` config) whose key names a writer id the state does
@@ -29,7 +29,7 @@ Invariants:
   transition also refreshes the writer's heartbeat.
 - The transition records the batch's commit time (``now_ms``, never below the last
   recorded one) and drops the commit times wholly below ``since``
-  (``persist.commit_times``).
+  (``persist.state.commit_times``).
 """
 
 from __future__ import annotations
@@ -38,12 +38,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from upsert_core.errors import InvalidUsage
-from upsert_core.persist.commit_times import record_commit
 from upsert_core.persist.location import Blob
-from upsert_core.persist.machine import Machine
-from upsert_core.persist.parts import delete_parts
-from upsert_core.persist.state import ErrorBatch, HollowBatch, ShardState
-from upsert_core.persist.writers import refresh_in, require_new_references_registered
+from upsert_core.persist.state.commit_times import record_commit
+from upsert_core.persist.state.machine import Machine
+from upsert_core.persist.state.state import ErrorBatch, HollowBatch, ShardState
+from upsert_core.persist.write.parts import delete_parts
+from upsert_core.persist.write.writers import refresh_in, require_new_references_registered
 from upsert_core.read_times import require_ts
 
 
@@ -141,7 +141,7 @@ def compare_and_append(
     :class:`~upsert_core.errors.WriterFenced` when ``writer_id`` is not registered.
     Races with other writers are retried by the machine; a real mismatch is returned,
     not raised. ``now_ms`` refreshes the writer's heartbeat (never moves it back) and is
-    the batch's commit time (``persist.commit_times``; never below the last one).
+    the batch's commit time (``persist.state.commit_times``; never below the last one).
     """
     _check_request(request)
     batch, files = request.batch, request.ingested_files

@@ -23,7 +23,7 @@ Invariants:
   hold a whole part (the typed snapshot and bucket-preserving compaction read whole
   parts of one bucket).
 
-Typed parts (the layout :mod:`~upsert_core.persist.typed_read` reads without merging):
+Typed parts (the layout :mod:`~upsert_core.persist.read.typed_read` reads without merging):
 
 - A batch part may carry, after the four update columns, *value columns* named
   :data:`VALUE_PREFIX` + a row column's name: row ``i``'s values, decoded from its
@@ -66,10 +66,10 @@ import pyarrow.parquet as pq
 
 from upsert_core.codec import encode_columns, encode_datums
 from upsert_core.errors import CodecError, CorruptData, InvalidUsage
-from upsert_core.persist.consolidate import UPDATE_SCHEMA, as_table, sort_updates
 from upsert_core.persist.keys import error_part_key, part_key
 from upsert_core.persist.location import Blob, BlobReader, RangedBlob, open_blob_reader
-from upsert_core.persist.state import BlobPart, ErrorBatch, HollowBatch, InlinePart, Part
+from upsert_core.persist.state.state import BlobPart, ErrorBatch, HollowBatch, InlinePart, Part
+from upsert_core.persist.write.consolidate import UPDATE_SCHEMA, as_table, sort_updates
 
 KEY_BYTES = 16
 """Length of an upsert key (an xxh3-128 digest)."""

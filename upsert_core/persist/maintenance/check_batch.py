@@ -1,11 +1,11 @@
 """Batch-scoped checks: the storage and consolidation invariants of the changes one
 ingest run committed, ``lower <= ts < upper``, read without the shard's history.
 
-:func:`check_shard` (``persist/check.py``) reads every readable time and lists every
+:func:`check_shard` (``persist/maintenance/check.py``) reads every readable time and lists every
 blob, so its cost grows with the shard's age. The checks here read only what the run
 added, so their cost follows the batch:
 
-Storage (kind :data:`~upsert_core.persist.check.STORAGE`), :func:`read_new_updates`:
+Storage (kind :data:`~upsert_core.persist.maintenance.check.STORAGE`), :func:`read_new_updates`:
 
 - every part of the batches in ``[lower, upper)`` (blob or inline) exists, decodes as
   Parquet with the update schema and as many rows as the state says, holds only
@@ -14,7 +14,7 @@ Storage (kind :data:`~upsert_core.persist.check.STORAGE`), :func:`read_new_updat
 - every error part committed at a time in ``[lower, upper)`` exists and decodes with
   the error schema and the recorded number of rows.
 
-Consolidation (kind :data:`~upsert_core.persist.check.CONSOLIDATION`),
+Consolidation (kind :data:`~upsert_core.persist.maintenance.check.CONSOLIDATION`),
 :func:`check_batch_consolidated`: after summing the diffs of equal
 ``(key, row, ts)`` the diffs are +1 or -1, and per ``(key, ts)`` there is at most one
 retraction and at most one insertion. Whether each retraction retracts the row that
@@ -47,13 +47,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from upsert_core.errors import CorruptData, ShardError
-from upsert_core.persist.check import CONSOLIDATION, MAX_PROBLEMS, STORAGE, CheckReport
-from upsert_core.persist.codec_state import decode_diff
-from upsert_core.persist.consolidate import UPDATE_SCHEMA, consolidate, key_words
 from upsert_core.persist.keys import consensus_key
-from upsert_core.persist.parts import KEY_BYTES, OpenPart, read_error_part
-from upsert_core.persist.state import HollowBatch, InlinePart, Part, ShardState
-from upsert_core.persist.state_diff import Delete, Insert, Update
+from upsert_core.persist.maintenance.check import CONSOLIDATION, MAX_PROBLEMS, STORAGE, CheckReport
+from upsert_core.persist.state.codec_state import decode_diff
+from upsert_core.persist.state.state import HollowBatch, InlinePart, Part, ShardState
+from upsert_core.persist.state.state_diff import Delete, Insert, Update
+from upsert_core.persist.write.consolidate import UPDATE_SCHEMA, consolidate, key_words
+from upsert_core.persist.write.parts import KEY_BYTES, OpenPart, read_error_part
 
 if TYPE_CHECKING:
     from upsert_core.persist.location import Blob

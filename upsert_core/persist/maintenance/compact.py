@@ -44,7 +44,7 @@ Invariants:
   deletes blobs once no live state does.
 - With a ``writer_id`` (every production caller: GC and ``Shard.compact`` register one),
   the new parts name that writer and the replace transition requires it to be
-  registered (``persist.writers``), so a compactor stalled past its lease, whose parts
+  registered (``persist.write.writers``), so a compactor stalled past its lease, whose parts
   GC may have deleted, can never commit them. Without one the parts are unnamed and
   GC's grace period protects them (kept for callers that write no other blobs).
 """
@@ -64,12 +64,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from upsert_core.errors import InvalidUsage, UpsertPlatformError
-from upsert_core.persist.buckets import bucket_of_keys
-from upsert_core.persist.consolidate import UPDATE_SCHEMA, advance_ts, consolidate
 from upsert_core.persist.keys import part_key, writing_as
 from upsert_core.persist.location import Blob
-from upsert_core.persist.machine import Machine
-from upsert_core.persist.parts import (
+from upsert_core.persist.read.read import Transform, consolidated, part_sources
+from upsert_core.persist.state.machine import Machine
+from upsert_core.persist.state.state import BlobPart, HollowBatch, InlinePart, Part, ShardState
+from upsert_core.persist.write.buckets import bucket_of_keys
+from upsert_core.persist.write.consolidate import UPDATE_SCHEMA, advance_ts, consolidate
+from upsert_core.persist.write.parts import (
     DEFAULT_BATCH_ROWS,
     DEFAULT_INLINE_THRESHOLD,
     DEFAULT_PART_ROWS,
@@ -80,9 +82,7 @@ from upsert_core.persist.parts import (
     value_table,
     write_parts,
 )
-from upsert_core.persist.read import Transform, consolidated, part_sources
-from upsert_core.persist.state import BlobPart, HollowBatch, InlinePart, Part, ShardState
-from upsert_core.persist.writers import require_new_references_registered, require_registered
+from upsert_core.persist.write.writers import require_new_references_registered, require_registered
 
 log = logging.getLogger(__name__)
 

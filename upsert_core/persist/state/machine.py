@@ -36,8 +36,8 @@ from collections.abc import Callable
 
 from upsert_core.errors import ConcurrentModification, InvalidUsage, UpsertPlatformError
 from upsert_core.persist.location import CasCommitted
-from upsert_core.persist.state import ShardState
-from upsert_core.persist.state_versions import StateVersions
+from upsert_core.persist.state.state import ShardState
+from upsert_core.persist.state.state_versions import StateVersions
 
 log = logging.getLogger(__name__)
 

@@ -47,7 +47,7 @@ never become referenced, decided without clocks:
   commit seen late), and no live state up to it references the blob. Registration
   precedes the writing of any blob naming the id, a removed registration never
   returns, and no state may start to reference a blob naming an unregistered id
-  (``persist.writers``), so such a blob is either referenced already or never will be.
+  (``persist.write.writers``), so such a blob is either referenced already or never will be.
   The blobs of a live, registered writer are never deleted, however long it stalls;
   GC removes a stalled writer's registration only by compare-and-set (lease expiry in
   step 1, or its process being dead on this host), and deletes its blobs on a LATER
@@ -89,8 +89,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from upsert_core.errors import CorruptData, InvalidUsage, WriterFenced
-from upsert_core.persist.commit_times import with_since
-from upsert_core.persist.compact import PartTyper, compact, has_work
 from upsert_core.persist.keys import (
     CHECKPOINT_DIR,
     ERRORS_DIR,
@@ -103,12 +101,14 @@ from upsert_core.persist.keys import (
     writer_id_of,
     writer_is_dead,
 )
-from upsert_core.persist.leases import expire_leases, min_held_seqno, min_reader_since
 from upsert_core.persist.location import Blob
-from upsert_core.persist.machine import Machine
-from upsert_core.persist.state import RollupRef, ShardState
-from upsert_core.persist.state_versions import StateVersions
-from upsert_core.persist.writers import WriterLease, expire_dead_local_writers
+from upsert_core.persist.maintenance.compact import PartTyper, compact, has_work
+from upsert_core.persist.state.commit_times import with_since
+from upsert_core.persist.state.leases import expire_leases, min_held_seqno, min_reader_since
+from upsert_core.persist.state.machine import Machine
+from upsert_core.persist.state.state import RollupRef, ShardState
+from upsert_core.persist.state.state_versions import StateVersions
+from upsert_core.persist.write.writers import WriterLease, expire_dead_local_writers
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from upsert_core.errors import CorruptData
-from upsert_core.persist.state import (
+from upsert_core.persist.state.state import (
     BlobPart,
     ErrorBatch,
     HollowBatch,
@@ -37,7 +37,7 @@ from upsert_core.persist.state import (
     ShardState,
     WriterState,
 )
-from upsert_core.persist.state_diff import (
+from upsert_core.persist.state.state_diff import (
     ALL_FIELDS,
     SCALAR_FIELDS,
     Delete,

@@ -44,7 +44,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from upsert_core.errors import InvalidUsage, NotReadable
-from upsert_core.persist.consolidate import (
+from upsert_core.persist.location import Blob
+from upsert_core.persist.state.state import BlobPart, HollowBatch, Part, ShardState
+from upsert_core.persist.write.consolidate import (
     UPDATE_SCHEMA,
     advance_ts,
     as_table,
@@ -53,15 +55,13 @@ from upsert_core.persist.consolidate import (
     merge_indices,
     with_constant_ts,
 )
-from upsert_core.persist.location import Blob
-from upsert_core.persist.parts import (
+from upsert_core.persist.write.parts import (
     BUCKET_META,
     DEFAULT_BATCH_ROWS,
     OpenPart,
     format_bucket,
     parse_bucket,
 )
-from upsert_core.persist.state import BlobPart, HollowBatch, Part, ShardState
 from upsert_core.read_times import require_ts
 
 Transform = Callable[[pa.Table], pa.Table]

@@ -1,7 +1,7 @@
 """When each ts was committed, and the ts a wall-clock time stands for.
 
 Storage. The state's ``config`` holds one entry ``commit_time.<lower>`` = ``<UTC ms>``
-per committed batch (:data:`~upsert_core.persist.state.COMMIT_TIME_PREFIX`): every ts of
+per committed batch (:data:`~upsert_core.persist.state.state.COMMIT_TIME_PREFIX`): every ts of
 the batch ``[lower, upper)`` was committed at that time. The entries form a step
 function over ts: an entry covers the ts from its ``lower`` up to the next entry's
 ``lower`` (the last one: up to the shard's upper). Config entries are plain strings
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from upsert_core.errors import InvalidUsage, NotReadable
-from upsert_core.persist.state import COMMIT_TIME_PREFIX, ShardState, late_ref_ts
+from upsert_core.persist.state.state import COMMIT_TIME_PREFIX, ShardState, late_ref_ts
 from upsert_core.read_times import require_time
 
 
@@ -123,7 +123,7 @@ def pruned_config(config: Mapping[str, str], since: int) -> dict[str, str]:
 
 def with_since(state: ShardState, since: int) -> ShardState:
     """``state`` with ``since`` moved to ``since`` and the commit times below it dropped,
-    and the late parts of batches before it (``persist.state``: nothing reads them)."""
+    and the late parts of batches before it (``persist.state.state``: nothing reads them)."""
     config = pruned_config(state.config, since)
     for name in list(config):
         late = late_ref_ts(name)

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from upsert_core.errors import InvalidStateDiff, InvalidUsage, InvariantViolation
-from upsert_core.persist.state import ErrorBatch, HollowBatch, ShardState
+from upsert_core.persist.state.state import ErrorBatch, HollowBatch, ShardState
 
 SCALAR_FIELDS: tuple[str, ...] = ("since", "upper", "walltime_ms")
 MAP_FIELDS: tuple[str, ...] = (

@@ -31,11 +31,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from upsert_core.errors import ShardError
-from upsert_core.persist.consolidate import UPDATE_SCHEMA
 from upsert_core.persist.keys import shard_prefix
 from upsert_core.persist.location import Blob
-from upsert_core.persist.state import ShardState
-from upsert_core.persist.state_versions import StateVersions, check_invariants
+from upsert_core.persist.state.state import ShardState
+from upsert_core.persist.state.state_versions import StateVersions, check_invariants
+from upsert_core.persist.write.consolidate import UPDATE_SCHEMA
 
 STORAGE = "storage"
 CONSOLIDATION = "consolidation"

@@ -9,7 +9,7 @@ Invariants:
 - A writer is registered under an id with a heartbeat time and a lease duration; it is
   expired (removed) by :func:`expire_leases` once ``now > last_heartbeat + duration``.
   A writer's registration is what fences it: an append or compaction from a writer
-  that is not registered is refused (``persist.writers``), so GC may delete the
+  that is not registered is refused (``persist.write.writers``), so GC may delete the
   unreferenced blobs of a writer it has removed.
 - A leased reader holds a ``since`` (the earliest time it may still read) and a
   ``seqno`` (the oldest state version it may still be reading). While the lease lives:
@@ -27,7 +27,7 @@ Invariants:
 from __future__ import annotations
 
 from upsert_core.errors import InvalidUsage, LeaseExpired
-from upsert_core.persist.state import ReaderState, ShardState, WriterState
+from upsert_core.persist.state.state import ReaderState, ShardState, WriterState
 
 DEFAULT_LEASE_DURATION_MS = 15 * 60 * 1000
 """How long a lease lives without a heartbeat (15 minutes)."""

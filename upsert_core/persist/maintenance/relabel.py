@@ -1,6 +1,6 @@
 """Relabelling: a shard's bucket-labelled parts rewritten for another bucket count.
 
-The key-to-bucket map (``persist.buckets``) has one parameter, the bucket count, and a
+The key-to-bucket map (``persist.write.buckets``) has one parameter, the bucket count, and a
 part labelled ``b/N`` promises that every key in it lies in bucket ``b`` of ``N``
 (``parts``). Changing a shard's bucket count from ``N`` to ``M`` (``ingest.rebucket``)
 rewrites every labelled part of every batch the shard holds as parts labelled for
@@ -36,7 +36,7 @@ Invariants:
   and removes the registration of every OTHER writer: the fence. A writer that planned
   on the old labels (an ingest) gets :class:`~upsert_core.errors.WriterFenced` at its
   next commit, nothing of it committed, and redoes its work on the new layout; GC may
-  delete its blobs at once (``persist.writers``). Anything else changed meanwhile:
+  delete its blobs at once (``persist.write.writers``). Anything else changed meanwhile:
   nothing is committed, and the result says so.
 """
 
@@ -51,13 +51,14 @@ from types import MappingProxyType
 import numpy as np
 import pyarrow as pa
 
-from upsert_core.persist.buckets import bucket_of_keys
-from upsert_core.persist.compact import extending_fields
-from upsert_core.persist.consolidate import UPDATE_SCHEMA
 from upsert_core.persist.keys import current_writer_id, writing_as
 from upsert_core.persist.location import Blob
-from upsert_core.persist.machine import Machine
-from upsert_core.persist.parts import (
+from upsert_core.persist.maintenance.compact import extending_fields
+from upsert_core.persist.state.machine import Machine
+from upsert_core.persist.state.state import BlobPart, HollowBatch, Part, ShardState
+from upsert_core.persist.write.buckets import bucket_of_keys
+from upsert_core.persist.write.consolidate import UPDATE_SCHEMA
+from upsert_core.persist.write.parts import (
     DEFAULT_INLINE_THRESHOLD,
     DEFAULT_PART_ROWS,
     VALUE_PREFIX,
@@ -66,8 +67,7 @@ from upsert_core.persist.parts import (
     value_table,
     write_parts,
 )
-from upsert_core.persist.state import BlobPart, HollowBatch, Part, ShardState
-from upsert_core.persist.writers import refresh_in, require_new_references_registered
+from upsert_core.persist.write.writers import refresh_in, require_new_references_registered
 
 WRITE_THREADS = 8
 """New parts written at once (as typed reads open parts: latency-bound on S3)."""
@@ -252,7 +252,7 @@ class Relayout:
 class RelayoutResult:
     """The outcome of :func:`commit_relayout`: ``committed``, the current ``state``, and
     the seqnos at which a state holding the layout was proposed (for
-    :func:`~upsert_core.persist.compact.provably_unreferenced`)."""
+    :func:`~upsert_core.persist.maintenance.compact.provably_unreferenced`)."""
 
     committed: bool
     state: ShardState

@@ -17,7 +17,7 @@ Invariants:
 - A duration keeps readable every ts an as-of-time read within it needs: the ts
   committed in the last S seconds and the last ts committed before them (the answer
   for ``now - S``), so it resolves to a count (:func:`retention_keep`) from the commit
-  times (``persist.commit_times``) at the moment it is applied; ts without a recorded
+  times (``persist.state.commit_times``) at the moment it is applied; ts without a recorded
   time were committed before every recorded one. At least the newest ts stays.
   Resolve it against the very state a transition changes (``ingest.maintenance``),
   never an earlier read: a commit in between would move the window's start.
@@ -30,8 +30,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from upsert_core.errors import CorruptData, InvalidUsage
-from upsert_core.persist.commit_times import readable_steps
-from upsert_core.persist.state import ShardState
+from upsert_core.persist.state.commit_times import readable_steps
+from upsert_core.persist.state.state import ShardState
 from upsert_core.read_times import parse_ts_text
 
 RETENTION_KEEP = "retention.keep"

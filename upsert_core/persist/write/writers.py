@@ -1,7 +1,7 @@
 """Writer registrations: the fence that lets GC delete blobs no one can commit any more.
 
 A process that will commit blobs (an ingest, a compaction) first registers a fresh writer
-id in the shard's state (:func:`~upsert_core.persist.leases.register_writer`, a
+id in the shard's state (:func:`~upsert_core.persist.state.leases.register_writer`, a
 compare-and-set), names every blob it writes after that id
 (:func:`~upsert_core.persist.keys.writing_as`) and heartbeats the registration while it
 works (:class:`WriterLease`). Every transition that makes a writer's blobs referenced
@@ -14,11 +14,11 @@ Invariants:
   :func:`~upsert_core.persist.keys.new_writer_id` (fresh per call), before any blob
   naming it is written; heartbeats never re-create one that is gone (``LeaseExpired``).
 - A registration is removed only by compare-and-set: released by its holder, expired by
-  GC once ``now > last heartbeat + lease`` (:func:`~upsert_core.persist.leases.expire_leases`),
-  or removed by GC because it names a process on GC's host that is not running
-  (:func:`expire_dead_local_writers`), or fenced by a change of the shard's bucket
-  layout (``persist.relabel.commit_relayout`` removes every registration but its own
-  writer's: whatever the others planned was for the old layout).
+  GC once ``now > last heartbeat + lease``
+  (:func:`~upsert_core.persist.state.leases.expire_leases`), or removed by GC because it names a
+  process on GC's host that is not running (:func:`expire_dead_local_writers`), or fenced by a
+  change of the shard's bucket layout (``persist.maintenance.relabel.commit_relayout`` removes every
+  registration but its own writer's: whatever the others planned was for the old layout).
 - A state may only start to reference a blob naming a writer id that the same state
   registers (:func:`require_new_references_registered`, checked in the transition that
   adds the reference: ``append``, compaction's replace). So once an id is removed, no
@@ -28,7 +28,7 @@ Invariants:
   :class:`~upsert_core.errors.WriterFenced`, determinately). Hence a blob naming an id
   that a state shown to be current after listing the blob does not register is either
   referenced by a live state already or never will be, and GC may delete it if
-  unreferenced (``persist.gc``).
+  unreferenced (``persist.maintenance.gc``).
 - Safety does not depend on clocks. A skewed or paused clock only decides WHEN a lease
   expires: a live writer expired too early is fenced and redoes its work under a new
   id; it never commits a blob GC deleted.
@@ -43,11 +43,11 @@ from collections.abc import Callable
 from types import TracebackType
 
 from upsert_core.errors import LeaseExpired, UpsertPlatformError, WriterFenced
-from upsert_core.persist import leases
 from upsert_core.persist.keys import new_writer_id, process_is_dead, writer_id_of
-from upsert_core.persist.machine import Machine
-from upsert_core.persist.state import ShardState
-from upsert_core.persist.state_versions import StateVersions
+from upsert_core.persist.state import leases
+from upsert_core.persist.state.machine import Machine
+from upsert_core.persist.state.state import ShardState
+from upsert_core.persist.state.state_versions import StateVersions
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ Invariants of a well-formed state (checked by :func:`ShardState.check_invariants
 - ``config`` entries ``commit_time.<lower>`` (:data:`COMMIT_TIME_PREFIX`) record when
   the batch starting at ``lower`` was committed (UTC milliseconds): each ``lower`` is
   in ``[0, upper)`` and the times never decrease as ``lower`` grows
-  (``persist.commit_times`` writes and reads them).
+  (``persist.state.commit_times`` writes and reads them).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ LATE_REF_PREFIX = f"{BLOB_REF_PREFIX}late."
 ``ts`` (``ingest.late`` writes and reads them; :func:`late_ref_ts` parses the ts)."""
 
 COMMIT_TIME_PREFIX = "commit_time."
-"""Config entries ``commit_time.<lower>`` = ``<UTC ms>``: see ``persist.commit_times``."""
+"""Config entries ``commit_time.<lower>`` = ``<UTC ms>``: see ``persist.state.commit_times``."""
 
 def late_ref_ts(name: str) -> tuple[int, int] | None:
     """``(ts, bucket)`` of a ``blobref.late.<ts>.<bucket>`` entry name (each written as
@@ -233,7 +233,7 @@ class ShardState:
 
     def commit_times(self) -> tuple[tuple[int, int], ...]:
         """The recorded ``(lower, commit time in UTC ms)`` entries, ordered by ``lower``
-        (``persist.commit_times``); :class:`InvariantViolation` for a malformed one."""
+        (``persist.state.commit_times``); :class:`InvariantViolation` for a malformed one."""
         out: list[tuple[int, int]] = []
         for name, value in self.config.items():
             if not name.startswith(COMMIT_TIME_PREFIX):

@@ -59,11 +59,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from upsert_core.errors import CorruptData
-from upsert_core.persist.consolidate import UPDATE_SCHEMA, key_words, merge_consolidation
 from upsert_core.persist.location import Blob
-from upsert_core.persist.parts import VALUE_PREFIX, LoadedPart, OpenPart, value_table
-from upsert_core.persist.read import check_snapshot_readable
-from upsert_core.persist.state import BlobPart, HollowBatch, ShardState
+from upsert_core.persist.read.read import check_snapshot_readable
+from upsert_core.persist.state.state import BlobPart, HollowBatch, ShardState
+from upsert_core.persist.write.consolidate import UPDATE_SCHEMA, key_words, merge_consolidation
+from upsert_core.persist.write.parts import VALUE_PREFIX, LoadedPart, OpenPart, value_table
 
 BUCKETS_AHEAD = 4
 """Buckets read concurrently (decoding releases the GIL)."""
