@@ -22,11 +22,25 @@ FILES = 40
 KEYS = 2000
 
 
+ATTEMPTS = 3
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("scope", ["batch", "global"])
 def test_an_ingest_and_rebuckets_racing_as_processes(tmp_path: Path, scope: str) -> None:
+    """Every attempt must end right; at least one must show the race (on a busy machine
+    an ingest can finish before a rebucket commits, which races nothing)."""
+    evidence: list[tuple[list[int], str] | None] = []
+    while not any(evidence) and len(evidence) < ATTEMPTS:
+        evidence.append(_race_once(tmp_path / f"attempt-{len(evidence)}", scope))
+    assert any(evidence), f"no attempt of {ATTEMPTS} raced"
+
+
+def _race_once(tmp_path: Path, scope: str) -> tuple[list[int], str] | None:
+    """One race; its evidence (the rebuckets' exit codes and the ingest's last output)
+    when it raced, else None. Every read is checked either way."""
     landing_dir, home = tmp_path / "landing", tmp_path / "home"
-    landing_dir.mkdir()
+    landing_dir.mkdir(parents=True)
     landing = Landing(landing_dir, scope)
     cli = Cli(home)
     landing.add(_rows(0, keys=KEYS))
@@ -40,18 +54,24 @@ def test_an_ingest_and_rebuckets_racing_as_processes(tmp_path: Path, scope: str)
     while ingest.poll() is None and shard.upper < 3:  # files go on
         time.sleep(0.02)
     outcomes: list[int] = []
+    committed_mid_run = 0  # rebuckets that committed with files still to go after them
     counts = itertools.cycle(["8", "16", "2", "4"])
     while ingest.poll() is None:  # rebucket after rebucket while the ingest runs
         result = cli.run("rebucket", "--shard", "s", "--buckets", next(counts), rc=None)
         assert result.rc == 0 or "concurrently modified" in result.error_line(), result
         outcomes.append(result.rc)
+        if result.rc == 0 and ingest.poll() is None and shard.upper < FILES:
+            committed_mid_run += 1
     _out, err = ingest.communicate(timeout=600)
     assert ingest.returncode == 0, err
-    # The race happened: the ingest redid a file a rebucket fenced, or a rebucket lost
-    # (to the ingest's commits) and said so.
-    assert "redoing it as a new writer" in err or 1 in outcomes, (outcomes, err[-3000:])
+    # The race happened: the ingest redid a file a rebucket fenced, a rebucket lost (to
+    # the ingest's commits) and said so, or a rebucket committed while the ingest still
+    # had files to plan on the new count. (A fast ingest on a busy machine may finish
+    # after one rebucket that committed between two of its files: that is the third.)
+    raced = "redoing it as a new writer" in err or 1 in outcomes or committed_mid_run > 0
     cli.ingest(landing_dir)  # nothing left: a second run changes nothing
     assert_matches(shard, landing)
     assert labels(shard) <= {2, 4, 8, 16} and len(labels(shard)) == 1
     cli.run("gc", "--shard", "s", "--leak-grace", "0")
     assert unreferenced_blobs(shard) == set()
+    return (outcomes, err[-3000:]) if raced else None
