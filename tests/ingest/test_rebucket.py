@@ -22,7 +22,11 @@ from hypothesis import given, settings
 
 import upsert_core.ingest.rebucket as rebucket_module
 from tests.model import UpsertModel
-from upsert_core.errors import ConcurrentModification, ConfigError, CorruptData
+from upsert_core.errors import (
+    ConcurrentModification,
+    ConfigError,
+    CorruptData,
+)
 from upsert_core.ingest import IngestRequest, InProcessEngine, ingest
 from upsert_core.ingest.engine import Engine
 from upsert_core.ingest.rebucket import rebucket
@@ -32,6 +36,7 @@ from upsert_core.ingest.shard_config import (
     TOMBSTONES_REF_PREFIX,
     ShardIngestConfig,
 )
+from upsert_core.ingest.tombstones import TombstonesLost
 from upsert_core.ingest.verify import compare_state
 from upsert_core.persist.location.urls import open_blob, open_consensus
 from upsert_core.persist.read.typed_read import open_typed_snapshot
@@ -339,6 +344,45 @@ def test_a_part_gone_under_a_moving_shard_makes_it_plan_again(
 
     monkeypatch.setattr(rebucket_module, "relabel_batch", always_lost)
     with pytest.raises(CorruptData, match="missing"):
+        rebucket(shard, 8)
+    assert labels(shard) == {4} and not shard.state().writers
+    assert unreferenced_blobs(shard) == set()
+
+
+def test_tombstones_gone_under_a_moving_shard_make_it_plan_again(
+    landing: Landing, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As an ingest that replaced a bucket's tombstone set, and a GC that deleted the old
+    # one, while the rebucket loaded it (CI caught it with real processes racing): the
+    # shard has moved, so the rebucket plans again; on a shard that did not move the
+    # same loss is reported, never taken for an empty set.
+    shard = memory_shard()
+    landing.add()
+    landing.ingest(shard, buckets=2)
+    landing.add([{"key": k, "offset": 10_000 + k, "__deleted": True} for k in range(40)])
+    landing.ingest(shard)
+    real = rebucket_module.load_bucket_state
+    calls: list[int] = []
+
+    def moved_then_lost(task: Any, bucket: int, blob: Any) -> Any:
+        calls.append(bucket)
+        if len(calls) == 1:
+            landing.add([{"key": k, "offset": 20_000 + k, "__deleted": True}
+                         for k in range(40, 80)])
+            landing.ingest(shard)  # the shard moves on
+            raise TombstonesLost(f"shard s: the tombstones of bucket {bucket} are missing")
+        return real(task, bucket, blob)
+
+    monkeypatch.setattr(rebucket_module, "load_bucket_state", moved_then_lost)
+    report = rebucket(shard, 4)
+    assert report.changed and report.attempts == 2 and labels(shard) == {4}
+    assert_matches(shard, landing)
+
+    def lost(task: Any, bucket: int, blob: Any) -> Any:
+        raise TombstonesLost(f"shard s: the tombstones of bucket {bucket} are missing")
+
+    monkeypatch.setattr(rebucket_module, "load_bucket_state", lost)
+    with pytest.raises(TombstonesLost, match="tombstones of bucket"):
         rebucket(shard, 8)
     assert labels(shard) == {4} and not shard.state().writers
     assert unreferenced_blobs(shard) == set()

@@ -347,7 +347,10 @@ def test_a_backlog_reaches_the_pairwise_tiers_in_fewer_merges(
     pairwise, pairwise_merges = _run_planner(weights, "pairwise")
     backlog, backlog_merges = _run_planner(weights, "backlog", fan_in)
     assert plan_merge([_FakeBatch(n) for n in backlog]) is None  # type: ignore[misc]
-    if fan_in == 64:  # never capped here: the very same tiers
+    # Never capped here, and every batch weighs its updates (an empty batch weighs 1 to
+    # the planner but adds 0 to a merge, so with empty batches the tiers may differ):
+    # the very same tiers.
+    if fan_in == 64 and all(weights):
         assert backlog == pairwise
         assert backlog_merges <= pairwise_merges
 

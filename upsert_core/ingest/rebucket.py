@@ -87,6 +87,7 @@ from upsert_core.ingest.shard_config import (
     tombstones_ref_name,
 )
 from upsert_core.ingest.tasks import Base, load_bucket_state
+from upsert_core.ingest.tombstones import TombstonesLost
 from upsert_core.landing import LandingFile
 from upsert_core.order_scope import OrderScope
 from upsert_core.persist.keys import writing_as
@@ -219,10 +220,11 @@ def _attempts(
             return
         try:
             plan = _plan(shard, state, options, buckets, request, lease, done, report)
-        except (CorruptData, NotReadable, CheckpointUnusable):
+        except (CorruptData, NotReadable, CheckpointUnusable, TombstonesLost):
             # SUBTLE: a GC that compacted (or truncated) since this plan began may have
-            # deleted parts only older states reference: plan again on the fresh state,
-            # as an ingest's bucket step does; on an unchanged shard it is real.
+            # deleted parts, and an ingest's maintenance the tombstone sets it replaced,
+            # that only older states reference: plan again on the fresh state, as an
+            # ingest's bucket step does; on an unchanged shard it is real.
             fresh = shard.state()
             if fresh.seqno == state.seqno or attempt == attempts:
                 raise
