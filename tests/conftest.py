@@ -48,6 +48,13 @@ if not os.environ.get("UPSERT_CACHE_DIR"):
 
 # The suite's processes run Spark as before unless a test asks for the warm server.
 os.environ["UPSERT_SPARK_SERVER"] = "off"
+# Each upsertctl runs in its own process unless a test asks for a warm one
+# (orchestration.warm); a warm process a test starts anyway lives in a directory of
+# the session's, removed at exit, which makes it exit (its socket is gone).
+os.environ["UPSERT_LOCAL_SERVER"] = "off"
+if not os.environ.get("UPSERT_LOCAL_SERVER_DIR"):
+    os.environ["UPSERT_LOCAL_SERVER_DIR"] = tempfile.mkdtemp(prefix="upsert-test-warm-")
+    atexit.register(shutil.rmtree, os.environ["UPSERT_LOCAL_SERVER_DIR"], ignore_errors=True)
 os.environ.setdefault("TESTS_SESSION_TAG", uuid.uuid4().hex)
 
 from tests.services import *  # noqa: E402,F403  (service fixtures: PostgreSQL, moto S3)

@@ -1,5 +1,5 @@
 """``python -m orchestration.cli``: the same as the ``upsertctl`` console script."""
 
-from orchestration.cli.main import entry
+from orchestration.upsertctl import entry
 
 entry()

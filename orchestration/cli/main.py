@@ -374,8 +374,22 @@ def main(argv: Sequence[str] | None = None, *, defer_pandas: bool = False) -> in
         return EXIT_ERROR
 
 
+def run_command(argv: Sequence[str]) -> int:
+    """Run ``upsertctl argv`` as the console script does and flush its output; the exit
+    status (a reader of stdout that went away makes a success a failure)."""
+    status = main(argv, defer_pandas=True)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BrokenPipeError:
+        status = status or EXIT_ERROR
+    return status
+
+
 def entry() -> NoReturn:
-    """The console script: run, flush, and leave without interpreter teardown.
+    """Run the command in this process (the console script, ``orchestration.upsertctl``,
+    comes here where no warm process runs it), flush, and leave without interpreter
+    teardown.
 
     SUBTLE: by the time ``main`` returns, every result is committed and flushed below.
     Native thread pools (pyarrow's, the Py4J gateway's) have been seen to abort the
@@ -383,13 +397,7 @@ def entry() -> NoReturn:
     exception", exit -6) after a successful run, which would turn success into a
     failure exit status; ``os._exit`` skips that teardown.
     """
-    status = main(defer_pandas=True)
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except BrokenPipeError:
-        status = status or EXIT_ERROR
-    os._exit(status)
+    os._exit(run_command(sys.argv[1:]))
 
 
 if __name__ == "__main__":

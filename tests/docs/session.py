@@ -33,7 +33,9 @@ Invariants:
   that cluster's, and its ``AWS_*`` settings as the reader's credentials.
 - Every process a block starts carries ``DOCS_TEST_TAG``; when the session closes none
   may be left running. A warm local Spark server (the reader's default, since
-  ``UPSERT_SPARK_SERVER`` is a chooser too) is stopped first, as its idle period would.
+  ``UPSERT_SPARK_SERVER`` is a chooser too) and the warm ``upsertctl`` process (its
+  sockets in the session's directory, ``UPSERT_LOCAL_SERVER_DIR``) are stopped first, as
+  their idle periods would.
 """
 
 from __future__ import annotations
@@ -169,6 +171,10 @@ class DocSession:
                 (self.root / entry.name).symlink_to(entry)
         given(doc, self.root)
         self.env = reader_env(self.tag)
+        # The reader's warm upsertctl (on by default), with its sockets in the session's
+        # directory so that close() can stop it (its socket removed: it exits).
+        self.warm_dir = tmp / "warm-upsertctl"
+        self.env["UPSERT_LOCAL_SERVER_DIR"] = str(self.warm_dir)
         self.cluster_exports: dict[str, str] = {}  # what cluster blocks changed
         self.cwd = self.root
         self.done: set[int] = set()
@@ -383,6 +389,8 @@ class DocSession:
                 drop_database(self.cluster_db)
             self._stack.close()
             self._stop_local_spark()
+            for socket_file in self.warm_dir.glob("*.sock"):
+                socket_file.unlink()  # the warm upsertctl exits within its tick (5 s)
         deadline = time.monotonic() + 30
         while (left := tagged_processes(self.tag)) and time.monotonic() < deadline:
             time.sleep(0.5)

@@ -60,6 +60,9 @@ def base_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("UPSERT_")}
     # The suite's choice (tests/conftest.py: off); a test's ``extra`` may ask for the server.
     env["UPSERT_SPARK_SERVER"] = os.environ.get("UPSERT_SPARK_SERVER", "off")
+    for name in ("UPSERT_LOCAL_SERVER", "UPSERT_LOCAL_SERVER_DIR"):
+        if name in os.environ:
+            env[name] = os.environ[name]
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
