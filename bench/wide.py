@@ -6,9 +6,11 @@ in-batch duplicates), each one Parquet landing file. Columns: ``key``, ``offset`
 order column), ``__deleted``, ``v_int`` int64, ``v_str`` (random, 50-70 ASCII
 characters), ``v_float`` float64. Measured in one run:
 
-(1) ours, the user path: one fresh ``upsertctl ingest --engine local`` process per file
-    (``python -m orchestration.cli``, SQLite consensus and a local blob directory), wall
-    clock from launch to exit; the initial load and the median batch;
+(1) ours, the user path: one fresh ``upsertctl ingest --engine local`` command per file
+    (``python -m orchestration.upsertctl``, SQLite consensus and a local blob directory),
+    wall clock from launch to exit; the initial load and the median batch; ``--modes``:
+    warm (the default: forks of the warm upsertctl process) and/or cold
+    (``UPSERT_LOCAL_SERVER=off``), each into a shard of its own;
 (2) delta-rs: ``write_deltalake`` of the initial file, then per batch the batch
     de-duplicated (greatest offset per key) and one MERGE with a delete clause, all in
     ONE worker process (its memory apart from ours), each step timed inside the worker
@@ -250,8 +252,23 @@ def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def measure(n_keys: int, rows: int, batches: int, root: Path) -> dict[str, Any]:
-    figures: dict[str, Any] = {"keys": n_keys, "batch_rows": rows, "batches": batches}
+def wait_for_warm_process(directory: Path, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not list(directory.glob("*.sock")):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"no warm upsertctl process started in {directory}")
+        time.sleep(0.1)
+
+
+def stop_warm_process(directory: Path) -> None:
+    for socket_file in directory.glob("*.sock"):
+        socket_file.unlink()  # the warm process exits within its tick
+
+
+def measure(n_keys: int, rows: int, batches: int, root: Path,
+            modes: tuple[str, ...] = ("warm", "cold")) -> dict[str, Any]:
+    figures: dict[str, Any] = {"keys": n_keys, "batch_rows": rows, "batches": batches,
+                               "modes": list(modes)}
     log(f"workload: {n_keys} keys, {batches} batches of {rows} rows")
     started = time.perf_counter()
     initial, batch_files = write_wide_workload(root / "files", n_keys, rows, batches)
@@ -260,38 +277,57 @@ def measure(n_keys: int, rows: int, batches: int, root: Path) -> dict[str, Any]:
     figures["landing_bytes_batch"] = batch_files[0].stat().st_size if batch_files else 0
     log(f"  written in {figures['workload_gen_s']:.1f}s")
 
-    ours_dir = root / "ours"
-    landing = ours_dir / "landing"
-    landing.mkdir(parents=True)
-    consensus_url = f"sqlite:///{ours_dir / 'consensus.db'}"
-    blob_url = f"file://{ours_dir / 'blob'}"
     env = {**os.environ}
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # a user's Python caches bytecode
-    our_env = {**env, "UPSERT_CONSENSUS_URL": consensus_url, "UPSERT_BLOB_URL": blob_url}
-    cli = [sys.executable, "-m", "orchestration.cli"]
-
-    log("warm-up (untimed): upsertctl --help, import deltalake")
-    run([*cli, "--help"], our_env)
     run([sys.executable, "-c", "import deltalake, pyarrow.parquet"], env)
+    cli = [sys.executable, "-m", "orchestration.upsertctl"]  # what the console script runs
 
-    # (1) ours: one upsertctl process per file
-    log("ours: upsertctl ingest --engine local, a fresh process per file")
-    ingest = [*cli, "ingest", "--shard", SHARD, "--engine", "local", "--no-progress",
-              str(landing)]
-    our_runs: list[Proc] = []
-    for i, path in enumerate([initial, *batch_files]):
-        os.link(path, landing / path.name)
-        proc = run(ingest, our_env)
-        our_runs.append(proc)
-        log(f"  {path.name}: {proc.seconds:.3f}s, peak RSS {proc.peak_mb:.0f} MB")
-        if i == 1:
-            figures["ours_bytes_after_batch1"] = our_bytes(ours_dir, consensus_url, blob_url)
-    figures["ours_bytes_end"] = our_bytes(ours_dir, consensus_url, blob_url)
-    figures["ours_initial_s"] = our_runs[0].seconds
-    figures["ours_batch_s_list"] = [p.seconds for p in our_runs[1:]]
-    figures["ours_batch_s"] = median(figures["ours_batch_s_list"])
-    figures["ours_peak_initial_mb"] = our_runs[0].peak_mb
-    figures["ours_peak_batches_mb"] = max((p.peak_mb for p in our_runs[1:]), default=None)
+    # (1) ours: one upsertctl per file; warm (the default: forks of the warm upsertctl
+    # process) and cold (UPSERT_LOCAL_SERVER=off: every command imports everything)
+    for mode in modes:
+        prefix = "ours" if mode == modes[0] else f"ours_{mode}"
+        ours_dir = root / f"ours-{mode}"
+        landing = ours_dir / "landing"
+        landing.mkdir(parents=True)
+        consensus_url = f"sqlite:///{ours_dir / 'consensus.db'}"
+        blob_url = f"file://{ours_dir / 'blob'}"
+        our_env = {**env, "UPSERT_CONSENSUS_URL": consensus_url, "UPSERT_BLOB_URL": blob_url,
+                   "UPSERT_LOCAL_SERVER": "auto" if mode == "warm" else "off",
+                   "UPSERT_LOCAL_SERVER_DIR": str(root / "warm-upsertctl")}
+        log(f"ours ({mode}) warm-up (untimed): upsertctl --help")
+        run([*cli, "--help"], our_env)
+        if mode == "warm":
+            wait_for_warm_process(root / "warm-upsertctl")
+        log(f"ours ({mode}): upsertctl ingest --engine local per file")
+        ingest = [*cli, "ingest", "--shard", SHARD, "--engine", "local", "--no-progress",
+                  str(landing)]
+        our_runs: list[Proc] = []
+        for i, path in enumerate([initial, *batch_files]):
+            os.link(path, landing / path.name)
+            proc = run(ingest, our_env)
+            our_runs.append(proc)
+            log(f"  {path.name}: {proc.seconds:.3f}s, peak RSS {proc.peak_mb:.0f} MB")
+            if i == 1:
+                figures[f"{prefix}_bytes_after_batch1"] = our_bytes(
+                    ours_dir, consensus_url, blob_url)
+        figures[f"{prefix}_bytes_end"] = our_bytes(ours_dir, consensus_url, blob_url)
+        figures[f"{prefix}_initial_s"] = our_runs[0].seconds
+        figures[f"{prefix}_batch_s_list"] = [p.seconds for p in our_runs[1:]]
+        figures[f"{prefix}_batch_s"] = median(figures[f"{prefix}_batch_s_list"])
+        # A warm command runs in a fork of the warm process: this process's peak RSS is
+        # the client's, not the command's, so peaks come from the cold run only.
+        cold = mode == "cold"
+        figures[f"{prefix}_peak_initial_mb"] = our_runs[0].peak_mb if cold else None
+        figures[f"{prefix}_peak_batches_mb"] = max(
+            (p.peak_mb for p in our_runs[1:]), default=None) if cold else None
+        if mode == modes[0]:
+            main_env, main_dir = our_env, ours_dir
+            main_urls = (consensus_url, blob_url)
+    our_env, ours_dir = main_env, main_dir
+    consensus_url, blob_url = main_urls
+    if "cold" in modes and modes[0] != "cold":
+        figures["ours_peak_initial_mb"] = figures["ours_cold_peak_initial_mb"]
+        figures["ours_peak_batches_mb"] = figures["ours_cold_peak_batches_mb"]
 
     # (2) delta-rs: one worker process
     log("delta-rs: write_deltalake + MERGE per batch, one worker process")
@@ -333,7 +369,8 @@ def measure(n_keys: int, rows: int, batches: int, root: Path) -> dict[str, Any]:
     delta_export = exports / "delta.parquet"
     proc = run([*cli, "snapshot", "--shard", SHARD, "--format", "parquet", "--out",
                 str(ours_export)], our_env)
-    figures["ours_export_s"], figures["ours_export_peak_mb"] = proc.seconds, proc.peak_mb
+    figures["ours_export_s"] = proc.seconds
+    figures["ours_export_peak_mb"] = proc.peak_mb if modes[0] == "cold" else None
     # The export is complete before teardown; see worker_main for a teardown abort.
     proc = run([sys.executable, "-c", DELTA_EXPORT, delta_path, str(delta_export)], env,
                check=False)
@@ -351,6 +388,7 @@ def measure(n_keys: int, rows: int, batches: int, root: Path) -> dict[str, Any]:
     figures["final_rows"] = {"ours": ours_final.num_rows, "delta": delta_final.num_rows}
     figures["snapshots_equal"] = ours_final.equals(delta_final)
     figures["ours_export_equal"] = wide_canonical(pq.read_table(ours_export)).equals(ours_final)
+    stop_warm_process(root / "warm-upsertctl")
     return figures
 
 
@@ -373,8 +411,14 @@ def table_lines(f: dict[str, Any]) -> list[str]:
 
     lines = ["| figure | delta-rs | ours | ratio ours/delta |", "|---|---:|---:|---:|"]
     lines += [
-        row("initial load, s", f["delta_initial_s"], f["ours_initial_s"]),
-        row("batch, median s", f["delta_batch_s"], f["ours_batch_s"]),
+        row(f"initial load, s ({f['modes'][0]} upsertctl)", f["delta_initial_s"],
+            f["ours_initial_s"]),
+        row(f"batch, median s ({f['modes'][0]} upsertctl)", f["delta_batch_s"],
+            f["ours_batch_s"]),
+        *([row("initial load, s (cold upsertctl)", f["delta_initial_s"],
+                f["ours_cold_initial_s"]),
+            row("batch, median s (cold upsertctl)", f["delta_batch_s"],
+                f["ours_cold_batch_s"])] if "ours_cold_batch_s" in f else []),
         row("snapshot read, warm process, s", f.get("delta_snapshot_s"),
             f.get("ours_snapshot_s")),
         row("as-of read (ts / version 1), warm process, s", f.get("delta_as_of_s"),
@@ -408,9 +452,13 @@ def report(f: dict[str, Any]) -> list[str]:
              "v_float)")
     lines = [f"### Wide workload: {title}", "", *table_lines(f), ""]
     lines += [
-        f"Batches, s: ours {fmt(f['ours_batch_s_list'])}; delta-rs "
-        f"{fmt(f['delta_batch_s_list'])}.",
-        "Ours: a fresh `upsertctl ingest --engine local` process per file, launch to exit. "
+        f"Batches, s: ours {fmt(f['ours_batch_s_list'])}"
+        + (f" (cold: {fmt(f['ours_cold_batch_s_list'])})" if "ours_cold_batch_s_list" in f
+           else "") + f"; delta-rs {fmt(f['delta_batch_s_list'])}.",
+        "Ours: a fresh `upsertctl ingest --engine local` command per file, launch to exit; "
+        "warm: run by a fork of the warm upsertctl process (the default), cold: "
+        "`UPSERT_LOCAL_SERVER=off`, every command imports everything (peak RSS figures "
+        "are the cold commands': a warm command's memory is its fork's). "
         "delta-rs: timed inside one worker (read + de-duplicate + MERGE); its start "
         f"(interpreter and imports, launch to ready: {f['delta_startup_s']:.2f} s) is not "
         "in its figures.",
@@ -442,11 +490,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-rows", type=int, default=100_000, help="rows per batch")
     parser.add_argument("--batches", type=int, default=5, help="change batches (5)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="markdown output")
+    parser.add_argument("--modes", default="warm,cold",
+                        help="our runs, the first one's shard read after: warm (the warm"
+                             " upsertctl process), cold (UPSERT_LOCAL_SERVER=off); default"
+                             " warm,cold")
     args = parser.parse_args(argv)
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    if not modes or any(m not in ("warm", "cold") for m in modes):
+        parser.error("--modes: warm, cold or both")
     if args.batches < 1:
         parser.error("--batches must be at least 1")
     with tempfile.TemporaryDirectory(prefix="bench-wide-") as tmp:
-        figures = measure(args.keys, args.batch_rows, args.batches, Path(tmp))
+        figures = measure(args.keys, args.batch_rows, args.batches, Path(tmp), modes)
     lines = report(figures)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
