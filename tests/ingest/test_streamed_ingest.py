@@ -163,7 +163,9 @@ def test_which_files_stream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert not streams(a) and not streams(b)  # under the default 256 MiB
     monkeypatch.setenv(STREAM_BYTES_ENV, "0")
     assert streams(a) and streams(b)  # plain JSON Lines streams too (landing.text_chunks)
-    assert not streams(b, "debezium")  # Debezium JSON Lines and CSV are read whole
+    assert not streams(b, "debezium")  # Debezium JSON Lines are read whole
+    (tmp_path / "c.csv").write_bytes(b"key,offset\n1,1\n")
+    assert streams(list_landing(str(tmp_path))[2])  # CSV streams (landing.csv_chunks)
     monkeypatch.setenv(STREAM_BYTES_ENV, "-1")
     with pytest.raises(ConfigError, match=STREAM_BYTES_ENV):
         streams(a)
@@ -341,5 +343,57 @@ def test_json_lines_whose_types_change_after_the_first_block_are_read_whole(
         env.setenv("UPSERT_STREAM_BLOCK_BYTES", "40")
         streamed = _ingest_all(tmp_path, True, monkeypatch)
     assert wholes == ["a.jsonl"]  # refused by the chunks, then read whole
+    _assert_same_shard(streamed, whole)
+    assert '["w","float64"]' in streamed.state().config["ingest.schema"]
+
+
+def _csv(root: Path, name: str, rows: list[str]) -> None:
+    (root / name).write_bytes(("\r\n".join(rows) + "\r\n").encode())
+
+
+@pytest.fixture
+def small_csv_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Arrow's CSV block (1 MiB: one block per small file) at 64 bytes, for the whole
+    and the chunked reads alike, so that small files are cut into many chunks."""
+    from upsert_core.landing import readers
+
+    monkeypatch.setattr(readers, "CSV_BLOCK_BYTES", 64)
+
+
+@pytest.mark.usefixtures("small_csv_blocks")
+@pytest.mark.parametrize("memory_mb", ["", "0"], ids=["held", "spilled"])
+def test_streamed_csv_gives_the_whole_file_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, memory_mb: str
+) -> None:
+    # Quoted newlines (a CRLF among them), a doubled quote, a row with too few fields
+    # and a null key, in files cut into many chunks.
+    values = ['"a\nb"', '"c\r\nd"', '"q""z"', "plain", "", '"é,日"']
+    rows = [f"{(i * 5) % 11},{i},{values[i % 6]},{str(i % 5 == 4).lower()}" for i in range(40)]
+    _csv(tmp_path, "a.csv", ['"key","offset","v","__deleted"'] + rows[:25])
+    _csv(tmp_path, "b.csv", ["key,offset,v,__deleted"] + rows[25:] + ["7,7", ",99,x,false"])
+    whole = _ingest_all(tmp_path, False, monkeypatch)
+    wholes = _count_whole_reads(monkeypatch)
+    with monkeypatch.context() as env:
+        env.setenv("UPSERT_STREAM_BLOCK_BYTES", "60")
+        streamed = _ingest_all(tmp_path, True, monkeypatch, memory_mb)
+    assert wholes == []  # both files streamed
+    _assert_same_shard(streamed, whole)
+    errors = [(e["file"], e["row"], e["reason"]) for e in streamed.errors()]
+    assert errors == [("b.csv", 16, "CSV row has 2 fields, expected 4"),
+                      ("b.csv", 17, "null key column 'key'")]
+
+
+@pytest.mark.usefixtures("small_csv_blocks")
+def test_csv_whose_types_change_after_the_first_chunk_is_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _csv(tmp_path, "a.csv", ["key,offset,w"] + [f"{i},{i},{i}" for i in range(30)]
+         + ["30,30,2.5"])
+    whole = _ingest_all(tmp_path, False, monkeypatch)
+    wholes = _count_whole_reads(monkeypatch)
+    with monkeypatch.context() as env:
+        env.setenv("UPSERT_STREAM_BLOCK_BYTES", "40")
+        streamed = _ingest_all(tmp_path, True, monkeypatch)
+    assert wholes == ["a.csv"]  # refused by the chunks, then read whole
     _assert_same_shard(streamed, whole)
     assert '["w","float64"]' in streamed.state().config["ingest.schema"]

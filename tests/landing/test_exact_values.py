@@ -171,6 +171,18 @@ def test_json_and_csv_numbers_beyond_float64_are_row_errors_not_infinity() -> No
     assert error_rows(b) == [1] and _decoded(b)[0]["f"] == float("inf")
 
 
+@pytest.mark.parametrize("text", ["1e400", "-1e400", "12345678901234567891"])
+def test_a_new_csv_column_is_not_typed_float_by_text_no_float_holds(text: str) -> None:
+    # Inference said float64 when Arrow's cast read the text (1e400 as infinity, a long
+    # integer rounded), then conversion refused the value: a row lost to a type its own
+    # values chose. As for calendar overflow above, such a column stays a string. (The
+    # chunked CSV read relies on it too: inference must mean "every value converts" so
+    # chunks can be combined; landing.stream_types.)
+    b = validate_csv(f"key,offset,f\n1,1,1.5\n2,2,{text}\n".encode(), name="c.csv")
+    assert b.schema.type_of("f") is T.STRING and not b.errors
+    assert [r["f"] for r in _decoded(b)] == ["1.5", text]
+
+
 def test_uint64_above_int64_is_a_row_error() -> None:
     v = pa.array([2**64 - 1, 5], pa.uint64())
     b = validate_parquet(pa.table({"key": [1, 2], "offset": [1, 2], "u": v}))

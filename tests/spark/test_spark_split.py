@@ -19,7 +19,7 @@ from pyspark.sql import SparkSession
 
 from resources.spark_ingest import SparkEngine
 from resources.spark_split import slot_keys, spark_hash_int
-from tests.ingest.helpers import contents, memory_shard, write_jsonl
+from tests.ingest.helpers import contents, memory_shard, snapshot_rows, write_jsonl
 from upsert_core.errors import ConfigError
 from upsert_core.ingest import IngestReport, IngestRequest, ingest
 from upsert_core.landing import list_landing
@@ -213,6 +213,39 @@ def test_csv_and_diverging_splits_take_the_one_stage_path(
     ingest(local, str(landing), IngestRequest(buckets=4))
     assert contents(shard) == contents(local)
     assert unreferenced_blobs(shard) == set()
+
+
+def test_a_csv_streamed_in_process_equals_the_spark_engines_read(
+    spark: SparkSession, tmp_path: Path, split_on: pytest.MonkeyPatch
+) -> None:
+    # The in-process engine streams a large CSV (landing.csv_chunks); Spark reads it
+    # whole in its one-stage tasks (CSV does not split: quoted newlines). Both must hold
+    # the same rows, also a quoted CRLF across Arrow's 1 MiB block, whose "\n" Arrow
+    # itself drops (apache/arrow#51368; readers.ArrowTextSource).
+    from upsert_core.landing.readers import CSV_BLOCK_BYTES
+
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    head = b'key,offset,v\r\n0,0,"'
+    pad = b"p" * (CSV_BLOCK_BYTES - len(head) - 1)  # the quoted "\r" ends Arrow's block
+    rows = [b'%d,%d,"line %d\r\nstill\n%d"' % (i, i, i, i) for i in range(1, 30000)]
+    rows += [b"7,7", b',9,"null key"']  # a row with too few fields, a null key
+    (landing / "00.csv").write_bytes(head + pad + b'\r\nb"\r\n' + b"\r\n".join(rows) + b"\r\n")
+    shard = _shard(tmp_path)
+    engine = SparkEngine(spark, slices=2)
+    report = ingest(shard, str(landing), IngestRequest(buckets=4), engine=engine)
+    assert report.files[0].read_tasks == 2  # one-stage: CSV is not split
+    split_on.setenv("UPSERT_STREAM_BYTES", "0")
+    split_on.setenv("UPSERT_STREAM_BLOCK_BYTES", str(1 << 18))
+    local = memory_shard("local")
+    local_report = ingest(local, str(landing), IngestRequest(buckets=4))
+    assert _counts(report) == _counts(local_report)
+    assert contents(shard) == contents(local)
+    assert list(shard.errors()) == list(local.errors())
+    assert [(e["row"], e["reason"]) for e in local.errors()] == [
+        (30001, "CSV row has 2 fields, expected 3"), (30002, "null key column 'key'")]
+    values = {dict(row)["key"]: dict(row)["v"] for row in snapshot_rows(local, 0)}
+    assert values[0] == pad.decode() + "\r\nb" and values[5] == "line 5\r\nstill\n5"
 
 
 def test_ingest_json_reports_the_landing_bytes(

@@ -167,8 +167,8 @@ class InProcessEngine:
             try:
                 return self._run_streamed(task, shard.blob)
             except StreamNotExact:
-                # Chunks of a JSON Lines file typed a column otherwise than the whole
-                # file does, or met a file-level problem: read it whole, exactly as a
+                # Chunks of a JSON Lines or CSV file typed a column otherwise than the
+                # whole file does, or met a file-level problem: read it whole, exactly as a
                 # smaller file (nothing was written; the spill is gone).
                 pass
         return self._run_whole(task, shard.blob)

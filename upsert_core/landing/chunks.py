@@ -24,9 +24,9 @@ Invariants:
   the caller never commits rows of a file that was being rewritten and leaves it
   pending. A file deleted or moved meanwhile is changed too.
 - :func:`streams` decides by suffix, envelope and listed size only (no read): Parquet
-  files, and plain JSON Lines files (``landing.text_chunks``), of at least
-  ``UPSERT_STREAM_BYTES`` (default 256 MiB; 0 streams every such file). CSV files and
-  Debezium JSON Lines files are read whole.
+  files, plain JSON Lines files (``landing.text_chunks``) and plain CSV files
+  (``landing.csv_chunks``), of at least ``UPSERT_STREAM_BYTES`` (default 256 MiB; 0
+  streams every such file). Debezium JSON Lines files are read whole.
 """
 
 from __future__ import annotations
@@ -69,9 +69,9 @@ def chunk_rows() -> int:
 
 
 def streams(file: LandingFile, envelope: str = "plain") -> bool:
-    """Whether ``file`` is read in chunks (module docstring): Parquet, and JSON Lines of
-    the plain envelope (``landing.text_chunks``)."""
-    if file.suffix == ".jsonl" and envelope == "plain":
+    """Whether ``file`` is read in chunks (module docstring): Parquet, and JSON Lines and
+    CSV of the plain envelope (``landing.text_chunks``, ``landing.csv_chunks``)."""
+    if file.suffix in (".jsonl", ".csv") and envelope == "plain":
         return file.size >= stream_threshold()
     return file.suffix == ".parquet" and file.size >= stream_threshold()
 

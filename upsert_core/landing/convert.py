@@ -175,10 +175,8 @@ def _infer(
 ) -> LogicalType:
     if kind is SourceKind.TEXT:
         text = cast(pa.Array, column)
-        candidates = [LogicalType.INT64, LogicalType.FLOAT64, LogicalType.BOOL]
-        candidates += [LogicalType.DATE, LogicalType.TIMESTAMP]
         present = [v for v in values if v is not None]
-        for candidate in candidates:
+        for candidate in TEXT_CANDIDATES:
             if _all_text_converts(text, present, candidate):
                 return candidate
         return LogicalType.STRING
@@ -429,7 +427,9 @@ def _inexact_float_text(text: pa.Array, floats: pa.Array) -> Conversion:
 
 
 def _all_text_converts(column: pa.Array, present: list[object], target: LogicalType) -> bool:
-    """Whether every non-null text value converts (stops at the first that does not)."""
+    """Whether every non-null text value converts (stops at the first that does not):
+    exactly whether :func:`convert` finds none bad, so the answer for a column is the
+    answer for all of its parts (:func:`text_fits`)."""
     if target is LogicalType.BOOL:
         return not _convert_text(column, target)[1].any()
     parse = _TEXT_PARSERS[target]
@@ -444,7 +444,49 @@ def _all_text_converts(column: pa.Array, present: list[object], target: LogicalT
             return all(parse(v) is not None for v in present)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return all(parse(v) is not None for v in present)
-    return not _within_calendar(fast, np.zeros(len(fast), dtype=np.bool_), target)[1].any()
+    bad = np.zeros(len(fast), dtype=np.bool_)
+    if target is LogicalType.FLOAT64:
+        # As convert: Arrow reads "1e400" as infinity and rounds a long integer; neither
+        # converts, so neither may make a new column float64.
+        fast, bad = _inexact_float_text(column, fast)
+        if bad.any():
+            return False
+    return not _within_calendar(fast, bad, target)[1].any()
+
+
+TEXT_CANDIDATES = (
+    LogicalType.INT64, LogicalType.FLOAT64, LogicalType.BOOL, LogicalType.DATE,
+    LogicalType.TIMESTAMP,
+)
+"""The types a new text column may be inferred as, in order of preference (the first
+every value converts to; else ``string``)."""
+
+
+def text_fits(column: pa.Array, candidates: Sequence[LogicalType]) -> list[bool]:
+    """For each of ``candidates``, whether every non-null text value of ``column``
+    converts to it (True when there is none). Of consecutive parts of a column, the
+    answer for the whole is the AND of the parts' (it is :func:`convert`'s, value by
+    value), so a file read in chunks infers what the whole file would
+    (``landing.stream_types``)."""
+    valid = pc.is_valid(column)
+    if not pc.any(valid).as_py():
+        return [True] * len(candidates)
+    first = int(pc.index(valid, True).as_py())
+    out: list[bool] = []
+    for target in candidates:
+        # The first value alone rejects most candidates without reading the rest.
+        if _convert_text(column.slice(first, 1), target)[1].any():
+            out.append(False)
+        else:
+            out.append(not _convert_text(column, target)[1].any())
+    return out
+
+
+def infer_text(fits: Sequence[bool]) -> LogicalType:
+    """The type of a new text column: the first of :data:`TEXT_CANDIDATES` that
+    ``fits`` (:func:`text_fits` of ``TEXT_CANDIDATES``) marks, else ``string``."""
+    return next((t for t, ok in zip(TEXT_CANDIDATES, fits, strict=True) if ok),
+                LogicalType.STRING)
 
 
 # What the per-value parsers accept, as RE2 patterns: Arrow's own text casts also read

@@ -25,12 +25,15 @@ Invariants:
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 import json
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -211,36 +214,79 @@ def _keys_utf8(value: object) -> bool:
     return not isinstance(value, dict) or all(is_utf8(k) for k in value)
 
 
-def read_csv(name: str, data: bytes) -> RawBatch:
-    """CSV with a header row; every value is read as text and typed by validation."""
-    if data.startswith(_BOM):
-        data = data[len(_BOM) :]
-    if not data.strip():
+CSV_BLOCK_BYTES = 1 << 20
+"""Arrow's CSV block: a row longer than this is a file error ("straddling object"), so a
+CSV file read in chunks (``landing.csv_chunks``) parses with this same block."""
+
+
+def read_csv(name: str, data: bytes, *, block_size: int | None = None) -> RawBatch:
+    """CSV with a header row; every value is read as text and typed by validation.
+    ``block_size``: Arrow's CSV block, :data:`CSV_BLOCK_BYTES` when not given (tests
+    only: the same file parsed in smaller blocks, as ``landing.csv_chunks`` may be)."""
+    start = len(_BOM) if data.startswith(_BOM) else 0
+    if not data[start:].strip():
         return RawBatch(name, SourceKind.TEXT, {}, np.zeros(0, dtype=np.int64))
     try:
-        text = data.decode("utf-8")
+        text = data[start:].decode("utf-8")
         utf8 = True
     except UnicodeDecodeError:
         # Undecodable bytes become lone surrogates: only the header must be UTF-8 here;
         # a value that is not is a row error (validation finds it).
-        text, utf8 = data.decode("utf-8", "surrogateescape"), False
+        text, utf8 = data[start:].decode("utf-8", "surrogateescape"), False
+    header = csv_header(name, iter(io.StringIO(text, newline="")))
+    del text
+    bad_rows: list[tuple[int, str]] = []
+    try:
+        with nullcontext() if utf8 else unraisable_ignored():
+            table = pacsv.read_csv(
+                pa.PythonFile(ArrowTextSource(data, start), mode="r"),
+                **csv_options(header, bad_rows, block_size),
+            )
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for bad files
+        raise IngestError(f"{name}: unreadable CSV file: {exc}") from exc
+    total = table.num_rows + len(bad_rows)
+    skipped = {row for row, _ in bad_rows}
+    positions = np.array([row for row in range(1, total + 1) if row not in skipped], dtype=np.int64)
+    check_csv_names(name, table.schema, header)
+    columns: dict[str, Column] = {col: table.column(col).combine_chunks() for col in header}
+    errors = [RowError(name, row, reason) for row, reason in bad_rows]
+    return RawBatch(name, SourceKind.TEXT, columns, positions, errors)
+
+
+def csv_header(name: str, lines: Iterator[str]) -> list[str]:
+    """The header of a CSV file whose text (decoded, ``surrogateescape``) is ``lines``:
+    its first non-empty row; raises ``IngestError`` for a header that is unreadable,
+    not UTF-8 or names a column twice."""
     try:
         # SUBTLE: the header is the first non-empty line, as pyarrow (which skips empty
         # lines) reads it; taking a blank first line for it would let pyarrow use an
         # unchecked line as the column names.
-        header = next(row for row in csv.reader(io.StringIO(text, newline="")) if row)
+        header = next(row for row in csv.reader(lines) if row)
     except (csv.Error, StopIteration) as exc:
         raise IngestError(f"{name}: unreadable CSV file: {exc or 'no header row'}") from exc
     for col in header:
         if not is_utf8(col):
             raise IngestError(f"{name}: unreadable CSV file: a column name is not valid UTF-8")
     _check_unique(name, header)
-    bad_rows: list[tuple[int, str]] = []
+    return header
+
+
+def csv_options(
+    header: list[str], bad_rows: list[tuple[int, str]], block_size: int | None = None
+) -> dict[str, Any]:
+    """Arrow's CSV options for a file with ``header``: every column text, a row with
+    the wrong number of fields appended to ``bad_rows`` (its data row number, the
+    reason) and skipped, blocks of ``block_size`` (default :data:`CSV_BLOCK_BYTES`, read
+    when called: tests shrink it for both reads). The whole read and the chunked one use
+    exactly these."""
+    if block_size is None:
+        block_size = CSV_BLOCK_BYTES
 
     def on_invalid(row: pacsv.InvalidRow) -> str:
         if row.number is None:
             return "error"
-        # ``number`` counts the header as row 1; data rows count from 1.
+        # ``number`` counts the header as row 1 (and blank lines not at all); data rows
+        # count from 1.
         bad_rows.append(
             (
                 row.number - 1,
@@ -249,51 +295,137 @@ def read_csv(name: str, data: bytes) -> RawBatch:
         )
         return "skip"
 
+    return {
+        "read_options": pacsv.ReadOptions(use_threads=False, block_size=block_size),
+        "parse_options": pacsv.ParseOptions(
+            newlines_in_values=True, invalid_row_handler=on_invalid
+        ),
+        "convert_options": pacsv.ConvertOptions(
+            column_types={col: pa.string() for col in header},
+            strings_can_be_null=True,
+            null_values=[""],
+            check_utf8=False,
+        ),
+    }
+
+
+def check_csv_names(name: str, schema: pa.Schema, header: list[str]) -> None:
+    """``IngestError`` unless Arrow read the columns ``header`` names."""
     try:
-        with nullcontext() if utf8 else _unraisable_ignored():
-            table = pacsv.read_csv(
-                pa.BufferReader(data),
-                read_options=pacsv.ReadOptions(use_threads=False),
-                parse_options=pacsv.ParseOptions(
-                    newlines_in_values=True, invalid_row_handler=on_invalid
-                ),
-                convert_options=pacsv.ConvertOptions(
-                    column_types={col: pa.string() for col in header},
-                    strings_can_be_null=True,
-                    null_values=[""],
-                    check_utf8=False,
-                ),
-            )
-    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for bad files
-        raise IngestError(f"{name}: unreadable CSV file: {exc}") from exc
-    total = table.num_rows + len(bad_rows)
-    skipped = {row for row, _ in bad_rows}
-    positions = np.array([row for row in range(1, total + 1) if row not in skipped], dtype=np.int64)
-    try:
-        names = table.column_names
+        names = schema.names
     except UnicodeDecodeError:
         raise IngestError(
             f"{name}: unreadable CSV file: a column name is not valid UTF-8"
         ) from None
     if names != header:
         raise IngestError(f"{name}: unreadable CSV file: cannot tell which line is the header")
-    columns: dict[str, Column] = {col: table.column(col).combine_chunks() for col in names}
-    errors = [RowError(name, row, reason) for row, reason in bad_rows]
-    return RawBatch(name, SourceKind.TEXT, columns, positions, errors)
+
+
+class ArrowTextSource(io.RawIOBase):
+    """Bytes for Arrow's CSV reader: ``head`` from ``start``, then the pieces ``more``
+    returns (``b""``: the end). A read returns all it is asked for (but at the end),
+    except that it never ends between a "\\r" and a "\\n".
+
+    SUBTLE: Arrow drops a "\\n" that starts a block read after one that ended in
+    "\\r", taking the two for one line end even inside a quoted value, whose "\\r\\n"
+    then silently loses its "\\n" (apache/arrow#51368, open at pyarrow 26). A block cut
+    there is one byte shorter instead; a block of one byte is not (none is that small).
+
+    ``on_not_utf8`` is called once, before the first byte that is not UTF-8 is handed
+    out (``landing.csv_chunks``: Arrow's "unraisable" noise, as :func:`unraisable_ignored`).
+    """
+
+    def __init__(self, head: bytes, start: int = 0, more: Callable[[], bytes] | None = None,
+                 on_not_utf8: Callable[[], object] | None = None) -> None:
+        super().__init__()
+        self._buf = head
+        self._pos = start
+        self._more = more
+        self._utf8 = codecs.getincrementaldecoder("utf-8")()
+        self._on_not_utf8 = on_not_utf8
+
+    def readable(self) -> bool:
+        return True
+
+    def _fill(self) -> bool:
+        """Whether an unread byte is at ``_pos`` (reading the next piece if needed)."""
+        while self._pos >= len(self._buf):
+            piece = self._more() if self._more is not None else b""
+            if not piece:
+                return False
+            self._buf, self._pos = piece, 0
+        return True
+
+    def read(self, size: int | None = -1) -> bytes:
+        want = None if size is None or size < 0 else size
+        parts: list[bytes] = []
+        got = 0
+        while (want is None or got < want) and self._fill():
+            end = len(self._buf) if want is None else self._pos + want - got
+            part = self._buf[self._pos : end]
+            self._pos += len(part)
+            got += len(part)
+            parts.append(part)
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        if len(data) > 1 and data.endswith(b"\r") and self._fill() and (
+                self._buf[self._pos] == 0x0A):
+            data = data[:-1]  # the "\r" starts the next block, with its "\n"
+            if self._pos:
+                self._pos -= 1
+            else:  # it ended the piece before (rare): put it before this one
+                self._buf = b"\r" + self._buf
+        self._check_utf8(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def _check_utf8(self, data: bytes) -> None:
+        if self._on_not_utf8 is None:
+            return
+        final = not data
+        if data.isascii() and not self._utf8.getstate()[0] and not final:
+            return  # ASCII after whole characters: nothing to decode
+        try:
+            self._utf8.decode(data, final)
+        except UnicodeDecodeError:
+            self._on_not_utf8()
+            self._on_not_utf8 = None
+
+
+_unraisable_lock = threading.Lock()
+_unraisable_users = 0
+_unraisable_saved: Callable[[Any], object] | None = None
 
 
 @contextmanager
-def _unraisable_ignored() -> Iterator[None]:
+def unraisable_ignored() -> Iterator[None]:
     """SUBTLE: pyarrow decodes a malformed CSV row's text as UTF-8 before calling the
     invalid-row handler; when that fails it reports the exception as "unraisable" (a
     traceback on stderr) and the read then fails: one file error, nothing lost. The
-    traceback is noise, so it is dropped while such a file is read."""
-    previous = sys.unraisablehook
-    sys.unraisablehook = lambda unraisable: None
+    traceback is noise, so it is dropped while such a file is read. The hook is the
+    process's: reads in several threads share one swap (the first in installs it, the
+    last out restores the original), so none restores another's no-op for good."""
+    global _unraisable_users, _unraisable_saved
+    with _unraisable_lock:
+        if _unraisable_users == 0:
+            _unraisable_saved = sys.unraisablehook
+            sys.unraisablehook = _ignore_unraisable
+        _unraisable_users += 1
     try:
         yield
     finally:
-        sys.unraisablehook = previous
+        with _unraisable_lock:
+            _unraisable_users -= 1
+            if _unraisable_users == 0 and _unraisable_saved is not None:
+                sys.unraisablehook = _unraisable_saved
+                _unraisable_saved = None
+
+
+def _ignore_unraisable(unraisable: Any) -> None:
+    return None
 
 
 def _object(pairs: list[tuple[str, object]]) -> dict[str, object]:

@@ -22,9 +22,9 @@ Invariants:
   them). Bytes read are counted once each (``landing.read_counter``, by
   ``read_range``).
 - A line longer than a block is read whole (the block grows to its end).
-- CSV is not read in blocks: a quoted value may hold a newline (the CSV reader allows
-  it), so a line end is not known to end a row without parsing from the start; CSV
-  files are read whole.
+- CSV is not cut here: a quoted value may hold a newline (the CSV reader allows it),
+  so a line end is not known to end a row without parsing from the start; CSV files
+  are read in chunks by Arrow's streaming reader (``landing.csv_chunks``).
 
 Column types are not decided here: a chunk's columns are what its own lines hold.
 ``landing.validate.validate_text_chunks`` checks that validating chunk by chunk typed
@@ -43,8 +43,8 @@ from upsert_core.landing.readers import read_jsonl
 
 BLOCK_BYTES_ENV = "UPSERT_STREAM_BLOCK_BYTES"
 DEFAULT_BLOCK_BYTES = 64 << 20
-TEXT_STREAM_SUFFIXES = (".jsonl",)
-"""Text formats read in blocks (module docstring: not CSV)."""
+TEXT_STREAM_SUFFIXES = (".jsonl", ".csv")
+"""Text formats read in chunks: JSON Lines here, CSV by ``landing.csv_chunks``."""
 
 
 def block_bytes() -> int:

@@ -84,6 +84,7 @@ from upsert_core.landing.convert import (
     file_type,
     split_invalid_utf8,
 )
+from upsert_core.landing.csv_chunks import csv_chunks
 from upsert_core.landing.debezium import Envelope, parse_envelope
 from upsert_core.landing.debezium_parquet import debezium_chunks, read_debezium
 from upsert_core.landing.listing import LandingFile
@@ -92,7 +93,7 @@ from upsert_core.landing.readers import read_batch
 from upsert_core.landing.rows import encode_row
 from upsert_core.landing.schema import ARROW_TYPES, LogicalType, SourceSchema
 from upsert_core.landing.stream_types import StreamNotExact, StreamTypes
-from upsert_core.landing.text_chunks import jsonl_chunks
+from upsert_core.landing.text_chunks import TEXT_STREAM_SUFFIXES, jsonl_chunks
 from upsert_core.landing.value_checks import ValueCheck, value_check_problems
 from upsert_core.order_keys import OrderArray
 
@@ -236,13 +237,13 @@ def validate_chunks(
     encode_rows: bool = True,
 ) -> Iterator[ValidatedBatch]:
     """:func:`validate_file` for a Parquet file read in chunks (``landing.chunks``), or a
-    plain JSON Lines file (:func:`validate_text_chunks`, which may raise
+    plain JSON Lines or CSV file (:func:`validate_text_chunks`, which may raise
     :class:`StreamNotExact`): each
     chunk validated against the schema the one before left, its events first translated
     with ``envelope`` ``debezium`` (each batch's ``skipped`` counts its chunk's). Row
     numbers count over the whole file; a file-level problem raises from the chunk where
     it is found (the caller discards what it made of the earlier ones)."""
-    if file.suffix == ".jsonl" and parse_envelope(envelope) is Envelope.PLAIN:
+    if file.suffix in TEXT_STREAM_SUFFIXES and parse_envelope(envelope) is Envelope.PLAIN:
         yield from validate_text_chunks(file, schema, value_checks, missing, encode_rows)
         return
     if parse_envelope(envelope) is Envelope.DEBEZIUM:
@@ -266,9 +267,12 @@ def validate_text_chunks(
     missing: MissingPolicy | None = None,
     encode_rows: bool = True,
     block_size: int | None = None,
+    csv_block: int | None = None,
 ) -> Iterator[ValidatedBatch]:
     """:func:`validate_file` for a JSON Lines file read in blocks (``landing.text_chunks``;
-    plain envelope): each chunk validated against the schema the one before left.
+    plain envelope) or a CSV file read in chunks (``landing.csv_chunks``): each chunk
+    validated against the schema the one before left. ``block_size``: bytes per ranged
+    read (``UPSERT_STREAM_BLOCK_BYTES``); ``csv_block``: Arrow's CSV block (tests only).
 
     Exact or refused: after the last chunk, the schema the whole file would leave
     (``landing.stream_types``) must be the one every chunk with rows was validated
@@ -279,7 +283,12 @@ def validate_text_chunks(
     types = StreamTypes(schema, file.name)
     used: list[SourceSchema] = []
     try:
-        for raw in jsonl_chunks(file, block_size, track_missing=missing is not None):
+        chunks = (
+            csv_chunks(file, block_size, arrow_block=csv_block)
+            if file.suffix == ".csv"
+            else jsonl_chunks(file, block_size, track_missing=missing is not None)
+        )
+        for raw in chunks:
             raw = types.align(raw)
             batch = validate_batch(raw, schema, value_checks, missing, encode_rows, types=types)
             schema = batch.schema
