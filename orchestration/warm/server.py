@@ -53,6 +53,11 @@ PRELOAD = (
     "upsert_core.persist.state.commit_times", "upsert_core.persist.location.urls",
     "upsert_core.shard_table", "upsert_core.shard_summary", "upsert_core.landing",
     "upsert_core.row_view",
+    # The Spark engine's driver side (the default engine): pyspark's Connect client,
+    # about half a second of imports. No channel or session is made here: a child makes
+    # its own after the fork.
+    "pyspark.sql.connect.session", "resources.local_session", "resources.local_spark",
+    "resources.spark_ingest", "resources.spark_group", "resources.spark_split",
 )
 """Modules a command of the embedded defaults imports (a missing one is a test failure,
 ``tests/e2e/test_cli_warm.py``); anything else a command needs it imports itself."""
