@@ -82,13 +82,21 @@ class StreamTypes:
         if kind is not SourceKind.JSON or not isinstance(column, list):
             self.exact = False
             return
+        current = self.start.type_of(name)
+        # Only what :meth:`schema` reads is gathered: a value column the shard types
+        # keeps that type whatever its values, and a key or order column keeps it once
+        # one value converts; their kinds (a Python pass over every value) are not
+        # needed then.
+        if current is not None and (self.start.role(name) == "value" or seen.converts):
+            return
         if not any(v is not None for v in column):
             return
         seen.present = True
-        current = self.start.type_of(name)
-        if current is not None and self.start.role(name) != "value" and not seen.converts:
+        if current is not None:
             _, bad = convert(column, kind, current)
             seen.converts = any(v is not None and not b for v, b in zip(column, bad, strict=True))
+            if seen.converts:
+                return
         seen.kinds = seen.kinds.merged(JsonKinds.of(column))
 
     def schema(self) -> SourceSchema:
