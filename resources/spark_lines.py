@@ -32,14 +32,18 @@ def task_memory(results: list[str]) -> tuple[int, int, int]:
     """From the ``task:`` lines: the largest peak resident set of a Python worker over
     the tasks that read or drained the file, and the most one grew (its peak minus its
     resident set at the task's start) by the end of a read, and by the end of a bucket's
-    drain (0s without any figures)."""
+    drain (0s without any figures). Growth comes only from exact figures with a known
+    start (``resources.task_memory``): a peak that could not be reset for the task is
+    the worker's lifetime peak, an upper bound that still counts as a peak, but minus
+    the task's start it is no growth of the task."""
     peak, grew = 0, {"read": 0, "bucket": 0}
     for line in lines_of(results, TASK):
         info = json.loads(line)
         if "peak_rss" in info and info.get("kind") in grew:
             peak = max(peak, int(info["peak_rss"]))
-            added = int(info["peak_rss"]) - int(info["rss_start"])
-            grew[info["kind"]] = max(grew[info["kind"]], added)
+            start = int(info["rss_start"])
+            if info.get("exact") is True and start > 0:
+                grew[info["kind"]] = max(grew[info["kind"]], int(info["peak_rss"]) - start)
     return peak, grew["read"], grew["bucket"]
 
 

@@ -16,13 +16,15 @@ Invariants: on Linux the peak is reset at the task's start (writing ``5`` to
 peak of this task alone; where that is not possible (another OS, a kernel that refuses)
 the peak is the process's (``VmHWM`` since its start or a last reset, else
 ``getrusage``), an upper bound, and ``exact`` says so. Measuring costs a write and two
-small reads of ``/proc`` per task, and never raises.
+small reads of ``/proc`` per task, and never raises (a figure that cannot be read is 0;
+where there is no ``resource`` module, which is POSIX only, the module still imports).
+Only exact figures give a task's growth (``resources.spark_lines.task_memory``): an
+inexact peak may be an earlier task's.
 """
 
 from __future__ import annotations
 
 import os
-import resource
 import sys
 from dataclasses import dataclass, field
 
@@ -49,6 +51,11 @@ def current_rss() -> int:
 
 
 def _lifetime_peak() -> int:
+    """The process's peak resident set in bytes by ``getrusage`` (0 where there is none)."""
+    try:
+        import resource  # POSIX only: imported here so the module loads everywhere
+    except ImportError:
+        return 0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # bytes there, KiB on Linux
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from tests.debezium_events import event, write_events_parquet
 from upsert_core.columnar import ColumnarState, drain_to_upper
 from upsert_core.columnar.derived_rows import as_row_array
-from upsert_core.ingest import IngestRequest, ingest
+from upsert_core.ingest import IngestReport, IngestRequest, ingest
 from upsert_core.ingest import tasks as tasks_module
 from upsert_core.ingest.first_drain import drain_into_empty, rows_deferred, with_encoded_rows
 from upsert_core.ingest.tasks import FileTask, bucketed, part_values
@@ -108,7 +108,8 @@ def _landing(root: Path) -> None:
         }), root / f"{i:03d}.parquet", row_group_size=40)
 
 
-def _ingest(root: Path, monkeypatch: pytest.MonkeyPatch, *, defer: bool, streamed: bool) -> Shard:
+def _ingest(root: Path, monkeypatch: pytest.MonkeyPatch, *, defer: bool, streamed: bool,
+            reports: list[IngestReport] | None = None) -> Shard:
     with monkeypatch.context() as env:
         if not defer:
             env.setattr(FileTask, "defers_rows", property(lambda self: False))
@@ -116,7 +117,9 @@ def _ingest(root: Path, monkeypatch: pytest.MonkeyPatch, *, defer: bool, streame
         env.setenv(CHUNK_ROWS_ENV, "50")
         env.setenv("UPSERT_INGEST_MEMORY_MB", "0")
         shard = memory_shard()
-        ingest(shard, root.as_uri(), IngestRequest(buckets=3))
+        report = ingest(shard, root.as_uri(), IngestRequest(buckets=3))
+    if reports is not None:
+        reports.append(report)
     return shard
 
 
@@ -159,7 +162,8 @@ def test_a_chunk_that_must_be_encoded_reads_the_file_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _landing(tmp_path)
-    plain = _ingest(tmp_path, monkeypatch, defer=False, streamed=True)
+    reports: list[IngestReport] = []
+    plain = _ingest(tmp_path, monkeypatch, defer=False, streamed=True, reports=reports)
     calls: list[bool] = []
     real = validate_module.encodes_in_bulk
 
@@ -176,8 +180,12 @@ def test_a_chunk_that_must_be_encoded_reads_the_file_again(
         original(self, *args)
 
     monkeypatch.setattr(tasks_module.RowsNotDeferred, "__init__", noting)
-    deferred = _ingest(tmp_path, monkeypatch, defer=True, streamed=True)
+    deferred = _ingest(tmp_path, monkeypatch, defer=True, streamed=True, reports=reports)
     assert retried == [True]
+    # The report counts every read: the discarded attempt's chunks too.
+    once, again = (r.files[0].landing_bytes_read - r.files[0].digest_bytes_read
+                   for r in reports)
+    assert again > once
     for ts in range(3):
         assert snapshot_rows(deferred, ts) == snapshot_rows(plain, ts)
         assert change_rows(deferred, ts) == change_rows(plain, ts)

@@ -397,3 +397,50 @@ def test_csv_whose_types_change_after_the_first_chunk_is_read_whole(
     assert wholes == ["a.csv"]  # refused by the chunks, then read whole
     _assert_same_shard(streamed, whole)
     assert '["w","float64"]' in streamed.state().config["ingest.schema"]
+def test_json_lines_with_a_value_check_the_first_block_cannot_apply_are_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The check's column w first appears after the first block: the first block alone
+    # has no column w (a ConfigError there), the whole file has it.
+    from upsert_core.landing import parse_value_checks
+
+    write_jsonl(tmp_path, "a.jsonl", [{"key": i, "offset": i} for i in range(5)]
+                + [{"key": 5, "offset": 5, "w": 3}, {"key": 6, "offset": 6, "w": -1}])
+    checks = parse_value_checks({"w": {"min": 0}})
+
+    def run(streamed: bool) -> Shard:
+        with monkeypatch.context() as env:
+            env.setenv(STREAM_BYTES_ENV, "0" if streamed else str(1 << 40))
+            env.setenv("UPSERT_STREAM_BLOCK_BYTES", "40")
+            shard = memory_shard()
+            ingest(shard, str(tmp_path), IngestRequest(buckets=3, value_checks=checks))
+        return shard
+
+    whole = run(False)
+    wholes = _count_whole_reads(monkeypatch)
+    streamed = run(True)
+    assert wholes == ["a.jsonl"]  # refused by the chunks, then read whole
+    _assert_same_shard(streamed, whole)
+    assert [(e["row"], e["reason"]) for e in streamed.errors()] == [
+        (7, "value check w min(0) failed")]
+
+
+def test_a_refused_stream_counts_its_reads_in_the_landing_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The report's landing_bytes_read is every read of the run (docs/architecture.md;
+    # the Spark engine adds a refused split attempt's): the blocks read before the
+    # stream was refused count beside the whole read that follows.
+    path = write_jsonl(tmp_path, "a.jsonl",
+                       [{"key": i, "offset": i, "w": 1} for i in range(9)]
+                       + [{"key": 9, "offset": 9, "w": 2.5}])
+    size = path.stat().st_size
+    wholes = _count_whole_reads(monkeypatch)
+    with monkeypatch.context() as env:
+        env.setenv(STREAM_BYTES_ENV, "0")
+        env.setenv("UPSERT_STREAM_BLOCK_BYTES", "40")
+        report = ingest(memory_shard(), str(tmp_path), IngestRequest(buckets=3))
+    assert wholes == ["a.jsonl"]
+    (file,) = report.files
+    assert file.digest_bytes_read == 0  # the whole read's digest is remembered
+    assert file.landing_bytes_read == 2 * size  # every block, then the whole file

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -66,14 +68,45 @@ def test_without_a_peak_reset_the_peak_is_the_process_lifetime_peak(
 
 def test_task_lines_give_the_largest_peak_and_growth() -> None:
     lines = [
-        'task:{"kind": "read", "of": 0, "rss_start": 100, "peak_rss": 400}',
-        'task:{"kind": "read", "of": 1, "rss_start": 100, "peak_rss": 200}',
-        'task:{"kind": "bucket", "of": 3, "rss_start": 350, "peak_rss": 500}',
+        'task:{"kind": "read", "of": 0, "rss_start": 100, "peak_rss": 400, "exact": true}',
+        'task:{"kind": "read", "of": 1, "rss_start": 100, "peak_rss": 200, "exact": true}',
+        'task:{"kind": "bucket", "of": 3, "rss_start": 350, "peak_rss": 500, "exact": true}',
         'task:{"kind": "bucket", "of": 1}',  # no memory figures: ignored
         'bucket:{"bucket": 3}',
     ]
     assert memory_of_lines(lines) == (500, 300, 150)
     assert memory_of_lines(['bucket:{"bucket": 3}']) == (0, 0, 0)
+
+
+def test_growth_is_taken_only_from_exact_figures() -> None:
+    # A worker whose peak could not be reset reports its lifetime peak (exact false),
+    # which may come from an earlier task, even of another file: its peak minus this
+    # task's start is no growth of this task (the docs call growth a lower bound), so
+    # it is left out; its peak still counts, as the upper bound it is. A start of 0
+    # (the resident set could not be read) gives no growth either.
+    lines = [
+        'task:{"kind": "read", "of": 0, "rss_start": 100, "peak_rss": 900, "exact": false}',
+        'task:{"kind": "read", "of": 1, "rss_start": 100, "peak_rss": 200, "exact": true}',
+        'task:{"kind": "bucket", "of": 3, "rss_start": 0, "peak_rss": 700, "exact": true}',
+        'task:{"kind": "bucket", "of": 2, "rss_start": 300, "peak_rss": 350, "exact": true}',
+    ]
+    assert memory_of_lines(lines) == (900, 100, 50)
+
+
+def test_a_worker_without_the_resource_module_still_measures(tmp_path: Path) -> None:
+    # ``resource`` is POSIX only: the module must import and measure without it (and
+    # without /proc), not fail the task that imports the Spark engine.
+    code = (
+        "import sys; sys.modules['resource'] = None\n"
+        "import resources.task_memory as tm\n"
+        f"tm._STATUS = {str(tmp_path / 'no-status')!r}\n"
+        "m = tm.TaskMemory()\n"
+        "print(m.figures())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[2], timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "{'rss_start': 0, 'peak_rss': 0, 'exact': False}"
 
 
 def _shard(root: Path) -> Shard:

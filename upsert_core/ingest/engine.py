@@ -51,7 +51,7 @@ from upsert_core.ingest.tasks import (
     read_file_streamed,
     run_bucket,
 )
-from upsert_core.landing import LandingFile
+from upsert_core.landing import LandingFile, read_counter
 from upsert_core.landing.chunks import chunk_rows, stream_threshold, streams
 from upsert_core.landing.stream_types import StreamNotExact
 from upsert_core.landing.text_chunks import block_bytes
@@ -163,15 +163,19 @@ class InProcessEngine:
         self.threads = default_threads() if threads is None else max(1, threads)
 
     def run_file(self, task: FileTask, shard: IngestShard) -> FileOutcome:
-        if streams(task.file, task.envelope):
-            try:
-                return self._run_streamed(task, shard.blob)
-            except StreamNotExact:
-                # Chunks of a JSON Lines or CSV file typed a column otherwise than the
-                # whole file does, or met a file-level problem: read it whole, exactly as a
-                # smaller file (nothing was written; the spill is gone).
-                pass
-        return self._run_whole(task, shard.blob)
+        if not streams(task.file, task.envelope):
+            return self._run_whole(task, shard.blob)
+        before = read_counter.bytes_read(task.file.url)
+        try:
+            return self._run_streamed(task, shard.blob)
+        except StreamNotExact:
+            # Chunks of a JSON Lines or CSV file typed a column otherwise than the whole
+            # file does, or met a file-level problem: read it whole, exactly as a
+            # smaller file (nothing was written; the spill is gone).
+            refused = read_counter.bytes_read(task.file.url) - before
+        outcome = self._run_whole(task, shard.blob)
+        outcome.read.landing_bytes += refused  # the report counts every read
+        return outcome
 
     def _run_whole(self, task: FileTask, blob: Blob) -> FileOutcome:
         read, rows = read_file(task, blob)
@@ -195,13 +199,17 @@ class InProcessEngine:
         each bucket's read back when its drain starts: memory follows a chunk while
         reading and the buckets in flight while draining, whose number the memory
         budget bounds (:func:`memory_budget`)."""
+        before = read_counter.bytes_read(task.file.url)
         try:
             return self._run_spilled(task, blob)
         except RowsNotDeferred:
             # A chunk of the shard's first file needed its rows encoded, or changed the
             # columns: read it again with every chunk encoded, so all are of one kind
             # (nothing was written).
-            return self._run_spilled(replace(task, may_defer_rows=False), blob)
+            discarded = read_counter.bytes_read(task.file.url) - before
+        outcome = self._run_spilled(replace(task, may_defer_rows=False), blob)
+        outcome.read.landing_bytes += discarded  # the report counts every read
+        return outcome
 
     def _run_spilled(self, task: FileTask, blob: Blob) -> FileOutcome:
         with BucketSpill(task.rows_schema, memory_limit=memory_budget() // SPILL_SHARE) as spill:

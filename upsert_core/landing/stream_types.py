@@ -107,9 +107,16 @@ class StreamTypes:
         if current is not None and role != "value" and not seen.converts:
             _, bad = convert(column, kind, current)
             seen.converts = bool(len(column) - _null_count(column) - int(bad.sum()))
+        settled = current is not None and (role == "value" or seen.converts)
+        # Only what :meth:`schema` reads is gathered: a value column the shard types
+        # keeps that type whatever its values, and a key or order column keeps it once
+        # one value converts; their kinds or candidates (a pass over every value) are
+        # not needed then.
+        if settled:
+            return
         if json:
             seen.kinds = seen.kinds.merged(JsonKinds.of(column))
-        elif not (current is not None and (role == "value" or seen.converts)):
+        else:
             # Only a column the whole file may still infer needs the candidates; one
             # already ruled out stays out (the whole file's answer is their AND).
             todo = [t for t, ok in zip(TEXT_CANDIDATES, seen.fits, strict=True) if ok]

@@ -72,7 +72,7 @@ from upsert_core.codec import (
     key_digest,
     key_digest_array,
 )
-from upsert_core.errors import CodecError, IngestError, LandingFileChanged
+from upsert_core.errors import CodecError, IngestError, LandingFileChanged, UpsertPlatformError
 from upsert_core.landing.batch import Column, RawBatch, RowError
 from upsert_core.landing.chunks import parquet_chunks
 from upsert_core.landing.convert import (
@@ -277,9 +277,11 @@ def validate_text_chunks(
     Exact or refused: after the last chunk, the schema the whole file would leave
     (``landing.stream_types``) must be the one every chunk with rows was validated
     into, so each value was converted to the type the whole read gives it; otherwise,
-    or when a chunk raises a file-level problem (``IngestError``, but not
-    ``LandingFileChanged``), :class:`StreamNotExact` is raised and the caller reads the
-    file whole."""
+    or when a chunk raises any platform error but ``LandingFileChanged`` (a file-level
+    ``IngestError``, or the ``ConfigError`` of a value check that a chunk alone cannot
+    apply: its column not yet seen, or typed otherwise so far),
+    :class:`StreamNotExact` is raised and the caller reads the file whole, which
+    raises the error again if the whole file has it too."""
     types = StreamTypes(schema, file.name)
     used: list[SourceSchema] = []
     try:
@@ -297,7 +299,9 @@ def validate_text_chunks(
             yield batch
     except LandingFileChanged:
         raise
-    except IngestError as exc:
+    except UpsertPlatformError as exc:
+        # SUBTLE: not only IngestError: a value check raises ConfigError for what a
+        # chunk alone has (a column first seen in a later chunk), not the file.
         raise StreamNotExact(f"{file.name}: {exc}") from exc
     try:
         whole = types.schema()
