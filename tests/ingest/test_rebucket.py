@@ -349,6 +349,40 @@ def test_a_part_gone_under_a_moving_shard_makes_it_plan_again(
     assert unreferenced_blobs(shard) == set()
 
 
+def test_parts_gone_under_a_shard_that_keeps_moving_is_a_lost_race(
+    landing: Landing, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Real processes caught it (an ingest, `gc` in a loop, rebuckets): every attempt
+    # found a part a concurrent GC had rightly deleted, the last one too. The shard
+    # moved under each of them, so nothing is corrupt: it is a race the rebucket lost
+    # ("concurrently modified"), not "missing from the blob store", which tells an
+    # operator to restore a backup of a healthy shard.
+    shard = memory_shard()
+    landing.add()
+    landing.ingest(shard, buckets=2)
+    landing.add()
+    landing.ingest(shard)
+    real = rebucket_module.relabel_batch
+    calls: list[int] = []
+
+    def moved_then_lost(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) % 2 == 0:  # the second batch of each attempt
+            landing.add()
+            landing.ingest(shard)  # the shard moves on
+            raise CorruptData("part p is referenced by the state but missing")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rebucket_module, "relabel_batch", moved_then_lost)
+    with pytest.raises(ConcurrentModification, match="concurrently modified"):
+        rebucket(shard, 4, max_attempts=2)
+    monkeypatch.undo()
+    assert labels(shard) == {2} and not shard.state().writers
+    assert_matches(shard, landing)
+    # What its attempts relabelled is gone already, as for any lost race.
+    assert unreferenced_blobs(shard) == set()
+
+
 def test_tombstones_gone_under_a_moving_shard_make_it_plan_again(
     landing: Landing, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -224,9 +224,13 @@ def _attempts(
             # SUBTLE: a GC that compacted (or truncated) since this plan began may have
             # deleted parts, and an ingest's maintenance the tombstone sets it replaced,
             # that only older states reference: plan again on the fresh state, as an
-            # ingest's bucket step does; on an unchanged shard it is real.
+            # ingest's bucket step does; on an unchanged shard it is real. The last
+            # attempt on a moved shard lost a race, as a lost commit does, and says so
+            # below (reporting the part or set as lost would send an operator to a
+            # backup of a healthy shard).
             fresh = shard.state()
-            if fresh.seqno == state.seqno or attempt == attempts:
+            if fresh.seqno == state.seqno:
+                done.forget(shard)  # no plan committed: none of it is referenced
                 raise
             done.keep_only(shard, set(fresh.batches))
             continue
