@@ -129,3 +129,31 @@ def test_a_bad_setting_is_refused_before_anything_is_ingested(
     with pytest.raises(ConfigError, match=AUTO_REBUCKET_ENV):
         land.ingest(shard)
     assert shard.upper == 0
+
+
+def test_growth_that_fails_is_tried_once_per_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A rebucket can rewrite all the retained history (three times when it loses races):
+    # one that failed is not tried again after every later file of the same run.
+    from upsert_core.errors import ConcurrentModification
+    from upsert_core.ingest import pipeline
+
+    monkeypatch.setattr(options, "TARGET_BUCKET_BYTES", 2000)
+    attempts: list[int] = []
+
+    def failing(*args: object, **kwargs: object) -> None:
+        attempts.append(1)
+        raise ConcurrentModification("shard s was concurrently modified")
+
+    monkeypatch.setattr(pipeline, "rebucket", failing)
+    land = Landing(tmp_path, "batch")
+    for n in range(6):
+        land.add([{"key": 100 * n + k, "offset": 1, "v": f"{n}-{k}" * 4} for k in range(100)])
+    shard = memory_shard()
+    report = land.ingest(shard)
+    assert [f.ts for f in report.files] == list(range(6))
+    assert len(attempts) == 1
+    grow_warnings = [w for w in report.warnings if "outgrew" in w]
+    assert len(grow_warnings) == 1 and "the next ingest tries again" in grow_warnings[0]
+    assert_matches(shard, land)

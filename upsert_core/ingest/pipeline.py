@@ -356,6 +356,7 @@ class _Run:
     todo: list[LandingFile]
     next: int = 0  # the index in ``todo`` of the next file to settle
     alone_until: int = 0  # files before this index in ``todo`` run one by one
+    growth_failed: bool = False  # a failed growth is not tried again in this run
 
     def notify_started(self, file: LandingFile) -> None:
         self.notify(ProgressEvent("file_started", self.next + 1, len(self.todo), file.name))
@@ -459,17 +460,19 @@ def _grown(run: _Run, state: ShardState) -> ShardState:
     """Between two of the run's files (nothing planned): when the shard's buckets
     outgrew the target state per bucket, double them as the run's own writer
     (``ingest.rebucket``); returns the shard's state. A rebucket that fails is a
-    warning: the run goes on with the count it has."""
+    warning: the run goes on with the count it has, and does not try again (a rebucket
+    may rewrite all the retained history, three times when it loses races)."""
     grown = grown_buckets(state)
-    if grown is None or not isinstance(run.shard, Shard):
+    if grown is None or run.growth_failed or not isinstance(run.shard, Shard):
         return state
     try:
         done = rebucket(run.shard, grown, request=run.request, lease=run.lease)
     except UpsertPlatformError as exc:
+        run.growth_failed = True
         run.report.warnings.append(
             f"shard {run.shard.shard_id}: its buckets outgrew the target state per bucket,"
-            f" but growing them to {grown} failed ({exc}); run `upsertctl rebucket --shard"
-            f" {run.shard.shard_id} --buckets {grown}`"
+            f" but growing them to {grown} failed ({exc}); the next ingest tries again, or"
+            f" run `upsertctl rebucket --shard {run.shard.shard_id} --buckets {grown}`"
         )
         return run.shard.state()
     if done.changed:
