@@ -265,10 +265,20 @@ def stop_warm_process(directory: Path) -> None:
         socket_file.unlink()  # the warm process exits within its tick
 
 
+def warm_up_spark(cli: list[str], env: dict[str, str], work: Path, sample: Path) -> None:
+    """Start the local Spark server and its Python workers (untimed): an ingest of the
+    first 1,000 rows of ``sample`` into a shard of its own."""
+    landing = work / "landing"
+    landing.mkdir(parents=True)
+    pq.write_table(pq.read_table(sample).slice(0, 1000), landing / "warm-up.parquet")
+    run([*cli, "ingest", "--shard", "warm-up", "--engine", "spark", "--no-progress",
+         str(landing)], env)
+
+
 def measure(n_keys: int, rows: int, batches: int, root: Path,
-            modes: tuple[str, ...] = ("warm", "cold")) -> dict[str, Any]:
+            modes: tuple[str, ...] = ("warm", "cold"), engine: str = "local") -> dict[str, Any]:
     figures: dict[str, Any] = {"keys": n_keys, "batch_rows": rows, "batches": batches,
-                               "modes": list(modes)}
+                               "modes": list(modes), "engine": engine}
     log(f"workload: {n_keys} keys, {batches} batches of {rows} rows")
     started = time.perf_counter()
     initial, batch_files = write_wide_workload(root / "files", n_keys, rows, batches)
@@ -293,13 +303,20 @@ def measure(n_keys: int, rows: int, batches: int, root: Path,
         blob_url = f"file://{ours_dir / 'blob'}"
         our_env = {**env, "UPSERT_CONSENSUS_URL": consensus_url, "UPSERT_BLOB_URL": blob_url,
                    "UPSERT_LOCAL_SERVER": "auto" if mode == "warm" else "off",
-                   "UPSERT_LOCAL_SERVER_DIR": str(root / "warm-upsertctl")}
+                   "UPSERT_LOCAL_SERVER_DIR": str(root / "warm-upsertctl"),
+                   # The Spark engine: the warm local Spark Connect server of this home.
+                   "UPSERT_HOME": str(root / "upsert-home"), "UPSERT_SPARK_SERVER": "auto"}
+        for name in ("SPARK_REMOTE", "SPARK_MASTER"):
+            our_env.pop(name, None)
         log(f"ours ({mode}) warm-up (untimed): upsertctl --help")
         run([*cli, "--help"], our_env)
         if mode == "warm":
             wait_for_warm_process(root / "warm-upsertctl")
-        log(f"ours ({mode}): upsertctl ingest --engine local per file")
-        ingest = [*cli, "ingest", "--shard", SHARD, "--engine", "local", "--no-progress",
+        if engine == "spark":
+            log(f"ours ({mode}) warm-up (untimed): a Spark ingest of a small file")
+            warm_up_spark(cli, our_env, root / f"warm-up-{mode}", batch_files[0])
+        log(f"ours ({mode}): upsertctl ingest --engine {engine} per file")
+        ingest = [*cli, "ingest", "--shard", SHARD, "--engine", engine, "--no-progress",
                   str(landing)]
         our_runs: list[Proc] = []
         for i, path in enumerate([initial, *batch_files]):
@@ -389,6 +406,8 @@ def measure(n_keys: int, rows: int, batches: int, root: Path,
     figures["snapshots_equal"] = ours_final.equals(delta_final)
     figures["ours_export_equal"] = wide_canonical(pq.read_table(ours_export)).equals(ours_final)
     stop_warm_process(root / "warm-upsertctl")
+    if engine == "spark":
+        run([*cli, "spark", "stop"], our_env, check=False)
     return figures
 
 
@@ -455,7 +474,9 @@ def report(f: dict[str, Any]) -> list[str]:
         f"Batches, s: ours {fmt(f['ours_batch_s_list'])}"
         + (f" (cold: {fmt(f['ours_cold_batch_s_list'])})" if "ours_cold_batch_s_list" in f
            else "") + f"; delta-rs {fmt(f['delta_batch_s_list'])}.",
-        "Ours: a fresh `upsertctl ingest --engine local` command per file, launch to exit; "
+        f"Ours: a fresh `upsertctl ingest --engine {f.get('engine', 'local')}` command per"
+        " file, launch to exit (spark: the warm local Spark Connect server, started by an"
+        " untimed ingest); "
         "warm: run by a fork of the warm upsertctl process (the default), cold: "
         "`UPSERT_LOCAL_SERVER=off`, every command imports everything (peak RSS figures "
         "are the cold commands': a warm command's memory is its fork's). "
@@ -490,6 +511,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-rows", type=int, default=100_000, help="rows per batch")
     parser.add_argument("--batches", type=int, default=5, help="change batches (5)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="markdown output")
+    parser.add_argument("--engine", choices=("local", "spark"), default="local",
+                        help="our engine: local (in-process, default) or spark (the warm"
+                             " local Spark Connect server, local[*])")
     parser.add_argument("--modes", default="warm,cold",
                         help="our runs, the first one's shard read after: warm (the warm"
                              " upsertctl process), cold (UPSERT_LOCAL_SERVER=off); default"
@@ -501,7 +525,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.batches < 1:
         parser.error("--batches must be at least 1")
     with tempfile.TemporaryDirectory(prefix="bench-wide-") as tmp:
-        figures = measure(args.keys, args.batch_rows, args.batches, Path(tmp), modes)
+        figures = measure(args.keys, args.batch_rows, args.batches, Path(tmp), modes,
+                          args.engine)
     lines = report(figures)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
