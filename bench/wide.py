@@ -173,6 +173,47 @@ def delta_ingest_worker(
     return out
 
 
+def ours_ingest_worker(
+    launched: float, work: str, initial: str, batches: list[str]
+) -> dict[str, Any]:
+    """Ours in one process (the issue's "in-process warm"): the initial load and each
+    batch ingested in turn by one ``InProcessEngine``, with ``upsertctl``'s memory
+    settings, every step timed here as delta-rs's are."""
+    from upsert_core.arrow_startup import defer_pandas, keep_freed_memory, prefer_jemalloc
+
+    keep_freed_memory()
+    prefer_jemalloc()
+    defer_pandas()
+    from upsert_core.ingest import IngestRequest, InProcessEngine, ingest
+    from upsert_core.persist.location.urls import open_blob, open_consensus
+    from upsert_core.persist.shard import Shard
+
+    out: dict[str, Any] = {"startup_s": time.time() - launched, "batch_s": []}
+    root = Path(work)
+    landing = root / "landing"
+    landing.mkdir(parents=True)
+    shard = Shard.open(open_consensus(f"sqlite:///{root / 'consensus.db'}"),
+                       open_blob(f"file://{root / 'blob'}"), SHARD)
+    engine, request = InProcessEngine(), IngestRequest()
+    me = [os.getpid()]
+    reset_peak(me)
+    for i, path in enumerate([initial, *batches]):
+        os.link(path, landing / Path(path).name)
+        started = time.perf_counter()
+        report = ingest(shard, f"file://{landing}", request, engine=engine)
+        seconds = time.perf_counter() - started
+        if len(report.files) != 1:
+            raise RuntimeError(f"expected one file ingested, got {report.files}")
+        if i == 0:
+            out["initial_s"] = seconds
+            out["peak_initial_mb"] = peak_mb(me)
+            reset_peak(me)
+        else:
+            out["batch_s"].append(seconds)
+    out["peak_batches_mb"] = peak_mb(me)
+    return out
+
+
 def read_worker(kind: str, location: str, as_of: int | None) -> dict[str, Any]:
     """:data:`READS` reads in this process: ours (``location`` is ``consensus|blob``) or
     delta-rs (``location`` is the table path), at ``as_of`` (a ts or a version)."""
@@ -202,6 +243,8 @@ def worker_main(argv: list[str]) -> int:
     kind = argv[0]
     if kind == "delta-ingest":
         result = delta_ingest_worker(float(argv[1]), argv[2], argv[3], argv[4:])
+    elif kind == "ours-ingest":
+        result = ours_ingest_worker(float(argv[1]), argv[2], argv[3], argv[4:])
     elif kind in ("ours-read", "delta-read"):
         as_of = None if argv[2] == "latest" else int(argv[2])
         result = read_worker(kind.split("-")[0], argv[1], as_of)
@@ -276,7 +319,8 @@ def warm_up_spark(cli: list[str], env: dict[str, str], work: Path, sample: Path)
 
 
 def measure(n_keys: int, rows: int, batches: int, root: Path,
-            modes: tuple[str, ...] = ("warm", "cold"), engine: str = "local") -> dict[str, Any]:
+            modes: tuple[str, ...] = ("warm", "cold"), engine: str = "local",
+            inproc: bool = True) -> dict[str, Any]:
     figures: dict[str, Any] = {"keys": n_keys, "batch_rows": rows, "batches": batches,
                                "modes": list(modes), "engine": engine}
     log(f"workload: {n_keys} keys, {batches} batches of {rows} rows")
@@ -365,6 +409,19 @@ def measure(n_keys: int, rows: int, batches: int, root: Path,
     figures["delta_peak_initial_mb"] = delta["peak_initial_mb"] or proc.peak_mb
     figures["delta_peak_batches_mb"] = delta["peak_batches_mb"] or proc.peak_mb
 
+    if inproc and engine == "local":
+        log("ours in one process (in-process warm): InProcessEngine per file, timed inside")
+        proc = run(worker("ours-ingest", repr(time.time()), str(root / "ours-inproc"),
+                          str(initial), *map(str, batch_files)), env)
+        inproc_figures = proc.json()
+        for i, seconds in enumerate(inproc_figures["batch_s"], 1):
+            log(f"  batch {i}: {seconds:.3f}s")
+        figures["ours_inproc_initial_s"] = inproc_figures["initial_s"]
+        figures["ours_inproc_batch_s_list"] = inproc_figures["batch_s"]
+        figures["ours_inproc_batch_s"] = median(inproc_figures["batch_s"])
+        figures["ours_inproc_peak_initial_mb"] = inproc_figures["peak_initial_mb"]
+        figures["ours_inproc_peak_batches_mb"] = inproc_figures["peak_batches_mb"]
+
     # (3a, 3c) warm reads
     ours_location = f"{consensus_url}|{blob_url}"
     for label, as_of in (("snapshot", "latest"), ("as_of", "1")):
@@ -438,6 +495,10 @@ def table_lines(f: dict[str, Any]) -> list[str]:
                 f["ours_cold_initial_s"]),
             row("batch, median s (cold upsertctl)", f["delta_batch_s"],
                 f["ours_cold_batch_s"])] if "ours_cold_batch_s" in f else []),
+        *([row("initial load, s (in one process, as delta-rs's)", f["delta_initial_s"],
+                f["ours_inproc_initial_s"]),
+            row("batch, median s (in one process, as delta-rs's)", f["delta_batch_s"],
+                f["ours_inproc_batch_s"])] if "ours_inproc_batch_s" in f else []),
         row("snapshot read, warm process, s", f.get("delta_snapshot_s"),
             f.get("ours_snapshot_s")),
         row("as-of read (ts / version 1), warm process, s", f.get("delta_as_of_s"),
@@ -473,7 +534,10 @@ def report(f: dict[str, Any]) -> list[str]:
     lines += [
         f"Batches, s: ours {fmt(f['ours_batch_s_list'])}"
         + (f" (cold: {fmt(f['ours_cold_batch_s_list'])})" if "ours_cold_batch_s_list" in f
-           else "") + f"; delta-rs {fmt(f['delta_batch_s_list'])}.",
+           else "")
+        + (f" (in one process: {fmt(f['ours_inproc_batch_s_list'])})"
+           if "ours_inproc_batch_s_list" in f else "")
+        + f"; delta-rs {fmt(f['delta_batch_s_list'])}.",
         f"Ours: a fresh `upsertctl ingest --engine {f.get('engine', 'local')}` command per"
         " file, launch to exit (spark: the warm local Spark Connect server, started by an"
         " untimed ingest); "
@@ -514,6 +578,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", choices=("local", "spark"), default="local",
                         help="our engine: local (in-process, default) or spark (the warm"
                              " local Spark Connect server, local[*])")
+    parser.add_argument("--skip-inproc", action="store_true",
+                        help="no in-process run (ours in one process, timed inside)")
     parser.add_argument("--modes", default="warm,cold",
                         help="our runs, the first one's shard read after: warm (the warm"
                              " upsertctl process), cold (UPSERT_LOCAL_SERVER=off); default"
@@ -526,7 +592,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--batches must be at least 1")
     with tempfile.TemporaryDirectory(prefix="bench-wide-") as tmp:
         figures = measure(args.keys, args.batch_rows, args.batches, Path(tmp), modes,
-                          args.engine)
+                          args.engine, not args.skip_inproc)
     lines = report(figures)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
