@@ -7,7 +7,7 @@ order column), ``__deleted``, ``v_int`` int64, ``v_str`` (random, 50-70 ASCII
 characters), ``v_float`` float64. Measured in one run:
 
 (1) ours, the user path: one fresh ``upsertctl ingest --engine local`` command per file
-    (``python -m orchestration.upsertctl``, SQLite consensus and a local blob directory),
+    (``python -m orchestration.cli``, SQLite consensus and a local blob directory),
     wall clock from launch to exit; the initial load and the median batch; ``--modes``:
     warm (the default: forks of the warm upsertctl process) and/or cold
     (``UPSERT_LOCAL_SERVER=off``), each into a shard of its own;
@@ -334,7 +334,7 @@ def measure(n_keys: int, rows: int, batches: int, root: Path,
     env = {**os.environ}
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # a user's Python caches bytecode
     run([sys.executable, "-c", "import deltalake, pyarrow.parquet"], env)
-    cli = [sys.executable, "-m", "orchestration.upsertctl"]  # what the console script runs
+    cli = [sys.executable, "-m", "orchestration.cli"]  # what the console script runs
 
     # (1) ours: one upsertctl per file; warm (the default: forks of the warm upsertctl
     # process) and cold (UPSERT_LOCAL_SERVER=off: every command imports everything)

@@ -53,7 +53,7 @@ def current_rss() -> int:
 def _lifetime_peak() -> int:
     """The process's peak resident set in bytes by ``getrusage`` (0 where there is none)."""
     try:
-        import resource  # POSIX only: imported here so the module loads everywhere
+        import resource  # heavy: no; POSIX only, imported here so the module loads everywhere
     except ImportError:
         return 0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

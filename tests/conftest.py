@@ -49,7 +49,7 @@ if not os.environ.get("UPSERT_CACHE_DIR"):
 # The suite's processes run Spark as before unless a test asks for the warm server.
 os.environ["UPSERT_SPARK_SERVER"] = "off"
 # Each upsertctl runs in its own process unless a test asks for a warm one
-# (orchestration.warm); a warm process a test starts anyway lives in a directory of
+# (orchestration.cli.warm); a warm process a test starts anyway lives in a directory of
 # the session's, removed at exit, which makes it exit (its socket is gone).
 os.environ["UPSERT_LOCAL_SERVER"] = "off"
 if not os.environ.get("UPSERT_LOCAL_SERVER_DIR"):

@@ -1,5 +1,5 @@
 """``python -m orchestration.cli``: the same as the ``upsertctl`` console script."""
 
-from orchestration.upsertctl import entry
+from orchestration.cli import entry
 
 entry()

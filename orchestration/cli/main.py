@@ -387,7 +387,7 @@ def run_command(argv: Sequence[str]) -> int:
 
 
 def entry() -> NoReturn:
-    """Run the command in this process (the console script, ``orchestration.upsertctl``,
+    """Run the command in this process (the console script, ``orchestration.cli.entry``,
     comes here where no warm process runs it), flush, and leave without interpreter
     teardown.
 

@@ -67,7 +67,7 @@ def test_upsertctl_ingest_and_reads_never_import_pandas(tmp_path: Path) -> None:
         f"""
         import os, sys
         os.environ["UPSERT_HOME"] = {str(tmp_path / "home")!r}
-        from orchestration.cli import main
+        from orchestration.cli.main import main
         assert main(["ingest", {str(landing)!r}, "--shard", "s", "--key", "id",
                      "--order", "ts", "--engine", "local", "--no-progress"],
                     defer_pandas=True) == 0
@@ -84,7 +84,7 @@ def test_upsertctl_allocates_with_jemalloc_unless_the_user_chose_a_pool(tmp_path
     code = """
         import os
         os.environ["UPSERT_HOME"] = {home!r}
-        from orchestration.cli import main
+        from orchestration.cli.main import main
         assert main(["shards"], defer_pandas=True) == 0
         import pyarrow as pa
         print("pool=" + pa.default_memory_pool().backend_name)

@@ -19,7 +19,7 @@ HEAVY = ("sqlalchemy", "boto3", "botocore", "pandas", "importlib.metadata")
 
 _PROBE = """
 import json, sys
-from orchestration.cli import main
+from orchestration.cli.main import main
 try:
     status = main(sys.argv[1:])
 except SystemExit as e:  # --help

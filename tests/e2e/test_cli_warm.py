@@ -1,4 +1,4 @@
-"""``upsertctl`` in a warm process (``orchestration.warm``): the same outputs, exit
+"""``upsertctl`` in a warm process (``orchestration.cli.warm``): the same outputs, exit
 statuses and signals as a process of its own, never a command run twice, only code and
 settings identical to the command's, and the warm process goes away when idle.
 
@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from orchestration.warm import client as warm
-from orchestration.warm.server import PRELOAD
+from orchestration.cli.warm import client as warm
+from orchestration.cli.warm.server import PRELOAD
 from tests.e2e.helpers import Cli
 
 OPTIONS = ("--key", "k", "--order", "o", "--engine", "local", "--no-progress")

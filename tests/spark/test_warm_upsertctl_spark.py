@@ -1,6 +1,6 @@
 """The default path of a new user: ``upsertctl ingest`` on the Spark engine through the
 warm local Spark server, run by a fork of the warm ``upsertctl`` process
-(``orchestration.warm``), whose imports include pyspark's Connect client: a child makes
+(``orchestration.cli.warm``), whose imports include pyspark's Connect client: a child makes
 its own gRPC channel after the fork, and its files are applied as by a process of its
 own."""
 

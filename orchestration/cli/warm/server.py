@@ -1,7 +1,7 @@
-"""The warm process behind :mod:`orchestration.warm.client`: it imports what commands need
-once, then forks a child per command (``python -m orchestration.warm.server DIR KEY``).
+"""The warm process behind :mod:`orchestration.cli.warm.client`: it imports what commands need
+once, then forks a child per command (``python -m orchestration.cli.warm.server DIR KEY``).
 
-Invariants (beside those of :mod:`orchestration.warm.client`):
+Invariants (beside those of :mod:`orchestration.cli.warm.client`):
 
 - One warm process per socket: it binds ``DIR/KEY.sock`` only while it holds an
   exclusive lock of ``DIR/KEY.lock`` (a second one exits at once), and exits when the
@@ -40,7 +40,7 @@ import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
-from orchestration.warm.client import _LENGTH, fingerprint, idle_seconds, send_message
+from orchestration.cli.warm.client import _LENGTH, fingerprint, idle_seconds, send_message
 
 PRELOAD = (
     "numpy", "pyarrow", "pyarrow.compute", "pyarrow.csv", "pyarrow.json", "pyarrow.ipc",
@@ -71,7 +71,11 @@ TICK_S = 5.0
 def preload() -> None:
     """Import :data:`PRELOAD` with the settings ``upsertctl`` runs with
     (``upsert_core.arrow_startup``)."""
-    from upsert_core.arrow_startup import defer_pandas, keep_freed_memory, prefer_jemalloc
+    from upsert_core.arrow_startup import (  # heavy: pyarrow, once per warm process
+        defer_pandas,
+        keep_freed_memory,
+        prefer_jemalloc,
+    )
 
     keep_freed_memory()
     prefer_jemalloc()
@@ -252,7 +256,7 @@ def _child(server: _Server, conn: socket.socket, fds: list[int],
         sys.argv = list(request["argv"])
         _standard_streams()
         send_message(conn, {"pid": os.getpid()})
-        from orchestration.cli.main import run_command
+        from orchestration.cli.main import run_command  # heavy: preloaded; after the fork
 
         status = run_command(sys.argv[1:])
     except SystemExit as exc:  # ``--help``: as the interpreter ends a process for it

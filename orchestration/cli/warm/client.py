@@ -4,7 +4,7 @@ pyarrow, numpy and the platform, instead of importing them again.
 A fresh ``upsertctl`` spends about 0.3-0.4 s of CPU importing before it does anything
 (pyarrow and numpy 0.2-0.3 s, the platform 0.1 s), as much as a 100k-row batch at 1M
 keys costs otherwise. The first command that finds no warm process starts one in the
-background (:mod:`orchestration.warm.server`) and runs itself as before; every later
+background (:mod:`orchestration.cli.warm.server`) and runs itself as before; every later
 command connects to it over a Unix socket, hands over its arguments, environment, working
 directory, umask and its stdin/stdout/stderr, and the warm process forks a child that runs
 the command exactly as ``upsertctl`` would (``orchestration.cli.main``), writing to the
@@ -285,12 +285,12 @@ def start_server(directory: Path, key: str) -> None:
     except OSError:
         pass
     try:
-        import subprocess
+        import subprocess  # heavy: only to start a warm process (a few ms)
 
         marker.touch()
         with open(directory / f"{key}.log", "ab") as log:
             subprocess.Popen(
-                [sys.executable, "-m", "orchestration.warm.server", str(directory), key],
+                [sys.executable, "-m", "orchestration.cli.warm.server", str(directory), key],
                 cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                 start_new_session=True, close_fds=True)
     except OSError:

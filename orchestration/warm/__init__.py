@@ -1,3 +1,0 @@
-"""A warm ``upsertctl``: commands run in forks of a process that imported pyarrow, numpy
-and the platform once (:mod:`~orchestration.warm.client`, the command's side, imports
-nothing heavy; :mod:`~orchestration.warm.server`, the warm process)."""
