@@ -69,3 +69,26 @@ def test_a_tally_that_cannot_be_right_is_scanned_again(tmp_path: Path, tally: st
         os.utime(path, (future, future))
     cache.put(1, "base", _table(99))
     assert _entries_bytes(tmp_path / "bases") <= limit
+
+
+def test_temporaries_a_killed_writer_left_are_removed_by_a_scan(tmp_path: Path) -> None:
+    """A process killed between writing a temporary and renaming it leaves it behind:
+    an entry's (two levels down) or the tally's (beside it); a scan removes both once
+    they are older than any live writer's could be."""
+    from upsert_core.ingest.base_cache import STALE_TEMPORARY_S
+
+    cache, _ = _overfilled(tmp_path)
+    bases = tmp_path / "bases"
+    entry_tmp = bases / "shard" / "0" / ".base.arrow.1234.tmp"
+    tally_tmp = bases / ".size.5678.tmp"
+    fresh_tmp = bases / ".size.9999.tmp"
+    for path in (entry_tmp, tally_tmp, fresh_tmp):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("partial")
+    old = time.time() - STALE_TEMPORARY_S - 60
+    for path in (entry_tmp, tally_tmp):
+        os.utime(path, (old, old))
+    (bases / ".size").unlink()  # no tally: the next put scans the cache
+    cache.put(1, "base", _table(99))
+    assert not entry_tmp.exists() and not tally_tmp.exists()
+    assert fresh_tmp.exists()  # a writer may still be writing it

@@ -242,7 +242,9 @@ class BaseCache:
             return
         with contextlib.suppress(OSError):  # a writer killed mid-put leaves its temporary
             stale = time.time() - STALE_TEMPORARY_S
-            for leftover in self.root.parent.glob("*/*/.*.tmp"):
+            leftovers = [*self.root.parent.glob("*/*/.*.tmp"),  # entries'
+                         *self.root.parent.glob(f"{TALLY}.*.tmp")]  # the tally's
+            for leftover in leftovers:
                 if leftover.stat().st_mtime < stale:
                     leftover.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
