@@ -41,7 +41,7 @@ def _rows(*values: str) -> list[dict[str, Any]]:
     return [{"key": i, "offset": i, "v": v} for i, v in enumerate(values)]
 
 
-def _blocks_digest(data: bytes, block: int = 1 << 16) -> str:
+def _blocks_digest(data: bytes, block: int = 1 << 12) -> str:
     """The block digest, computed here from its definition (``landing.digest``)."""
     digests = b"".join(xxhash.xxh3_128_digest(data[at:at + block])
                        for at in range(0, len(data), block))
@@ -67,7 +67,7 @@ def test_each_file_is_recorded_with_its_name(tmp_path: Path) -> None:
     [listed, _] = list_landing(str(tmp_path))
     assert record.version == listed.version
     stored = json.loads(state.config[file_record_name("a.jsonl")])
-    assert stored == {"size": len(data), "kind": "xxh3_128_blocks", "block": 1 << 16,
+    assert stored == {"size": len(data), "kind": "xxh3_128_blocks", "block": 1 << 12,
                       "hash": record.digest.rpartition(":")[2], "version": listed.version}
     # No "digest": a version that knows only whole-file digests reads no record here
     # (no false alarm after a downgrade) rather than a digest it would compare wrongly.

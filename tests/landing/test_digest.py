@@ -95,9 +95,9 @@ def test_an_empty_file_and_the_whole_file_kind() -> None:
 
 
 def test_the_block_size_follows_the_size_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert block_bytes_for(0) == block_bytes_for(1 << 30) == 1 << 16  # 1 GiB: 16384 blocks
-    assert block_bytes_for((1 << 30) + 1) == 1 << 17
-    assert block_bytes_for(1 << 40) == 1 << 26
+    assert block_bytes_for(0) == block_bytes_for(1 << 30) == 1 << 12  # 1 GiB: 2^18 blocks
+    assert block_bytes_for((1 << 30) + 1) == 1 << 13
+    assert block_bytes_for(1 << 40) == 1 << 22
     monkeypatch.setattr(digest, "MIN_BLOCK_BYTES", 4)
     assert block_bytes_for(10) == 4
 

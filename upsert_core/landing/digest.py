@@ -36,11 +36,13 @@ from upsert_core.errors import IngestError
 
 WHOLE = "xxh3_128"
 BLOCKS = "xxh3_128_blocks"
-MIN_BLOCK_BYTES = 1 << 16
-"""The smallest block: a reader that owns whole blocks reads at most this much more
-than it needs around its range (a Parquet row group's start is not aligned)."""
-MAX_BLOCKS = 1 << 14
-"""Blocks double in size past this many per file (16 bytes of digest each)."""
+MIN_BLOCK_BYTES = 1 << 12
+"""The smallest block: a reader that owns whole blocks reads less than a block more
+than it needs at each end of its range (a Parquet row group's start is not aligned),
+so blocks are small against a read task's range (32 MiB by default)."""
+MAX_BLOCKS = 1 << 18
+"""Blocks double in size past this many per file (up to 1 GiB in 4 KiB blocks): 16
+bytes of digest per block reach the step that combines them (4 MiB at most)."""
 _DIGEST = 16
 
 
