@@ -201,7 +201,7 @@ def test_plan_covers_the_file_with_contiguous_ranges(tmp_path: Path) -> None:
             assert splits[0].start == 0 and splits[-1].end == 3000
             assert all(a.end == b.start for a, b in zip(splits, splits[1:], strict=False))
             assert all(s.start % 256 == 0 for s in splits)
-            assert len(splits) > 1 and all(s.end - s.start <= split_bytes + 255 for s in splits)
+            assert len(splits) > 1 and all(s.end - s.start <= split_bytes + 128 for s in splits)
     assert len(plan_splits(_listed(tmp_path, "b.csv"), 10)) == 1  # CSV does not split
     with pytest.raises(IngestError, match="not read in splits"):
         read_split(_listed(tmp_path, "b.csv"), plan_splits(_listed(tmp_path, "b.csv"), 10)[0])

@@ -114,8 +114,8 @@ def plan_splits(file: LandingFile, split_bytes: int) -> list[Split]:
     count = max(1, -(-size // split_bytes)) if splittable(file) else 1
     step = -(-size // count) if size else 0
     block = block_bytes_for(size)
-    if count > 1 and split_bytes >= block:
-        step = -(-step // block) * block
+    if count > 1 and split_bytes >= block:  # the nearest multiple of a block
+        step = max(block, (step + block // 2) // block * block)
         count = -(-size // step)
     return [
         Split(i, count, min(size, i * step), size if i == count - 1 else min(size, (i + 1) * step))
