@@ -196,12 +196,14 @@ def test_plan_covers_the_file_with_contiguous_ranges(tmp_path: Path) -> None:
         assert all(a.end == b.start for a, b in zip(splits, splits[1:], strict=False))
         assert len(splits) == -(-3000 // split_bytes)
     with _blocks_of(256):  # a split of at least a block starts at a block boundary
-        for split_bytes in (256, 300, 700, 1000, 2999):
+        for split_bytes in (300, 700, 1000, 2999):  # at least a block per split
             splits = plan_splits(_listed(tmp_path, "a.jsonl"), split_bytes)
             assert splits[0].start == 0 and splits[-1].end == 3000
             assert all(a.end == b.start for a, b in zip(splits, splits[1:], strict=False))
             assert all(s.start % 256 == 0 for s in splits)
-            assert len(splits) > 1 and all(s.end - s.start <= split_bytes + 128 for s in splits)
+            assert len(splits) == -(-3000 // split_bytes)  # as many as without blocks
+            assert all(s.end - s.start <= -(-3000 // len(splits)) + 256 for s in splits)
+            assert all(s.end - s.start >= 256 for s in splits[:-1])
     assert len(plan_splits(_listed(tmp_path, "b.csv"), 10)) == 1  # CSV does not split
     with pytest.raises(IngestError, match="not read in splits"):
         read_split(_listed(tmp_path, "b.csv"), plan_splits(_listed(tmp_path, "b.csv"), 10)[0])

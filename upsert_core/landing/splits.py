@@ -20,8 +20,8 @@ Every split also digests the blocks of the file it owns (``landing.digest``), fr
 bytes it reads anyway, so the splits' block runs make the file's content digest with no
 second read (``SplitRows.blocks``):
 
-- The nominal ranges start at multiples of the file's block size whenever a split holds
-  at least one block (:func:`plan_splits`).
+- The nominal ranges start at multiples of the file's block size whenever the file
+  holds at least a block per split (:func:`plan_splits`).
 - **JSON Lines**: split ``i`` owns the blocks that *start* in its nominal range. With
   aligned ranges those are exactly the bytes of its range, all of which it reads; a
   range that is not aligned (a split smaller than a block) reads the rest of its last
@@ -106,17 +106,20 @@ def splittable(file: LandingFile) -> bool:
 
 def plan_splits(file: LandingFile, split_bytes: int) -> list[Split]:
     """``file``'s splits of about ``split_bytes`` bytes each (one for a file that does
-    not split or fits in one), starting at multiples of the file's digest block when a
-    split holds at least one (module docstring)."""
+    not split or fits in one), starting at multiples of the file's digest block when the
+    file holds at least one per split (module docstring)."""
     if split_bytes < 1:
         raise ValueError(f"split_bytes must be at least 1, got {split_bytes}")
     size = max(0, file.size)
     count = max(1, -(-size // split_bytes)) if splittable(file) else 1
     step = -(-size // count) if size else 0
     block = block_bytes_for(size)
-    if count > 1 and split_bytes >= block:  # the nearest multiple of a block
-        step = max(block, (step + block // 2) // block * block)
-        count = -(-size // step)
+    if count > 1 and size >= count * block:
+        # Each boundary at the block boundary nearest to where it would be: as many
+        # splits, each within a block of the others (and at least a block long).
+        bounds = [0, *((i * size // count + block // 2) // block * block
+                       for i in range(1, count)), size]
+        return [Split(i, count, bounds[i], bounds[i + 1]) for i in range(count)]
     return [
         Split(i, count, min(size, i * step), size if i == count - 1 else min(size, (i + 1) * step))
         for i in range(count)
