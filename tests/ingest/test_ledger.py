@@ -367,3 +367,29 @@ def test_records_of_whole_file_digests_keep_working(
     state = shard.state()
     assert recorded(state, "a.jsonl").kind == WHOLE_FILE  # type: ignore[union-attr]
     assert recorded(state, "c.jsonl").kind.name == "xxh3_128_blocks"  # type: ignore[union-attr]
+
+
+def test_a_record_written_before_block_digests_is_read_as_it_was_written(
+    tmp_path: Path,
+) -> None:
+    """The record text is what main at d5ed5d2 (before block digests) committed for this
+    file's bytes (copied from a shard it wrote): the file is compared with it as such."""
+    path = tmp_path / "0001.jsonl"
+    path.write_bytes(b'{"key":1,"offset":1,"v":"a"}\n')
+    shard = memory_shard()
+    ingest(shard, str(tmp_path), REQUEST)
+    version = recorded(shard.state(), "0001.jsonl").version  # type: ignore[union-attr]
+    old = (f'{{"size":29,"digest":"xxh3_128:46027b7df2e46089d26973984dc2bd1f",'
+           f'"version":"{version}"}}')
+
+    def as_written(state: ShardState) -> ShardState:
+        return state.evolve(config={**state.config, file_record_name("0001.jsonl"): old})
+
+    shard.machine.apply(as_written)
+    assert recorded(shard.state(), "0001.jsonl") == FileRecord(
+        29, "xxh3_128:46027b7df2e46089d26973984dc2bd1f", version)
+    _bump_mtime(path)
+    assert ingest(shard, str(tmp_path), REQUEST).warnings == []  # same bytes: silent
+    path.write_bytes(b'{"key":1,"offset":1,"v":"b"}\n')
+    assert ingest(shard, str(tmp_path), REQUEST).rewritten == ["0001.jsonl"]
+    assert shard.state().config[file_record_name("0001.jsonl")] == old  # left as it was
