@@ -115,8 +115,8 @@ def plan_splits(file: LandingFile, split_bytes: int) -> list[Split]:
     step = -(-size // count) if size else 0
     block = block_bytes_for(size)
     if count > 1 and size >= count * block:
-        # Each boundary at the block boundary nearest to where it would be: as many
-        # splits, each within a block of the others (and at least a block long).
+        # Each boundary moves to the nearest block boundary: as many splits, each
+        # within a block of the size it would have had.
         bounds = [0, *((i * size // count + block // 2) // block * block
                        for i in range(1, count)), size]
         return [Split(i, count, bounds[i], bounds[i + 1]) for i in range(count)]
@@ -161,6 +161,7 @@ def _jsonl_bytes(file: LandingFile, split: Split) -> tuple[bytes, BlockRun]:
     if split.start > 0:
         # A line starts at p in [start, end) iff byte p-1 is a newline.
         begin = head.find(b"\n", 0, max(0, split.end - split.start)) + 1
+    # begin 0 past the first split: no line starts here (one spans the whole range).
     data = bytearray(head[begin:]) if begin or split.start == 0 else bytearray()
     # Finish the last line: up to the first newline at or after byte end - 1.
     at, step = split.end, TAIL_READ
