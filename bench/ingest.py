@@ -26,7 +26,8 @@ fresh shard of ``--read-buckets`` buckets (default 8) on ``local[2]``: the one-s
 path (every slice reads the whole file; with the default 2 slices and with one per
 bucket, as on that many executor cores) against the split path (one read task per row
 group, a shuffle, a task per bucket), alternating ``--repeats`` times (default 3), with
-the landing bytes each read (the ledger's digest apart) and the tasks Spark ran; both
+the landing bytes each read (the engine's reads, the ledger's digest's own reads, and
+the two together) and the tasks Spark ran; both
 must give the in-process engine's snapshot (whose load is timed too, for scale). Written
 to ``bench/out/read_once.md``.
 
@@ -514,14 +515,15 @@ def read_once(n_rows: int, row_groups: int, repeats: int, buckets: int = 8) -> i
 
     lines = [f"### Read once: {n_rows:,} rows, {size / 1e6:.1f} MB Parquet, {groups} row"
              f" groups, {buckets} buckets, local[2]", "",
-             "| path | s (each run) | landing bytes read / file size | digest | read tasks"
-             " | drain tasks |", "| --- | --- | --- | --- | --- | --- |"]
+             "| path | s (each run) | landing bytes read / file size | digest | in all"
+             " | read tasks | drain tasks |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for path_name in ("in-process", "one-stage", f"one-stage, {buckets} slices", "split"):
         mine = [r for r in rows if r["path"] == path_name]
         lines.append(
             f"| {path_name} | {', '.join(format(r['seconds'], '.2f') for r in mine)}"
             f" | {mean(path_name, 'engine_bytes') / size:.3f}"
             f" | {mean(path_name, 'digest_bytes') / size:.3f}"
+            f" | {(mean(path_name, 'engine_bytes') + mean(path_name, 'digest_bytes')) / size:.3f}"
             f" | {mine[0]['read_tasks']} | {mine[0]['drain_tasks']} |")
     lines.extend(f"MISMATCH: {p}" for p in problems)
     OUT_DIR.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,9 @@ run the same plan):
    (``landing.splits``: Parquet row groups, JSON Lines byte ranges) and emits ``N + 1``
    rows ``(bucket, split, meta, payload)``: for every bucket ``b`` of ``N`` the split's
    rows of ``b`` as an Arrow IPC stream (empty when it has none), and for bucket ``-1``
-   its error rows. Every row carries the split's meta (line count, schema, counts).
+   its error rows. Every row carries the split's meta (line count, schema, counts); the
+   row of bucket ``-1`` also the digests of the file's blocks the split read, of which
+   ``gather_read`` makes the file's content digest for the ledger (no second read).
 2. ``.repartition(N + 1, "slot").groupBy("slot", "bucket").applyInArrow(drain)``: the
    group of bucket ``-1`` runs :func:`~upsert_core.ingest.split_steps.gather_read` (the file's
    read: counts, error rows renumbered and written once, the buckets that must run); the
@@ -177,10 +179,11 @@ def read_stage(
                                          file_error=f"{type(exc).__name__}: {exc}")
                         errors, groups = ERRORS_ARROW_SCHEMA.empty_table(), {}
                 meta.where = task_info("read", split.index, memory)
-                text = meta.to_json()
+                # Only the file's read (bucket -1) combines the block digests.
+                text = meta.without_blocks().to_json()
                 yield pa.RecordBatch.from_pydict(
                     {"slot": [slots[META_BUCKET]], "bucket": [META_BUCKET],
-                     "split": [split.index], "meta": [text],
+                     "split": [split.index], "meta": [meta.to_json()],
                      "payload": [to_ipc(errors)]},
                     schema=_READ_SCHEMA,
                 )

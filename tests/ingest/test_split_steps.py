@@ -2,11 +2,14 @@
 engine's split path runs them in tasks: the shard, its error rows (file row numbers
 included) and the counts equal the in-process engine's whole-file read, on random JSON
 Lines and Parquet files cut anywhere; splits that disagree on the schema, or a split
-with a file-level problem, fall back to the whole file instead of guessing."""
+with a file-level problem, fall back to the whole file instead of guessing. The splits'
+block digests make the file's ledger record, the one the whole-file read records, with
+no second read, and the record catches a file rewritten under its name."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -20,6 +23,7 @@ from tests.ingest.helpers import contents, memory_shard, write_jsonl
 from upsert_core.errors import IngestError
 from upsert_core.ingest import FileOutcome, FileTask, IngestReport, IngestRequest, ingest
 from upsert_core.ingest.engine import InProcessEngine
+from upsert_core.ingest.ledger import recorded
 from upsert_core.ingest.shard_api import IngestShard
 from upsert_core.ingest.split_steps import (
     Fallback,
@@ -29,7 +33,7 @@ from upsert_core.ingest.split_steps import (
     read_split_step,
 )
 from upsert_core.ingest.tasks import ROWS_SCHEMA, run_bucket
-from upsert_core.landing import LandingFile, list_landing
+from upsert_core.landing import LandingFile, digest, list_landing
 from upsert_core.landing.splits import plan_splits
 
 
@@ -188,3 +192,51 @@ def test_a_missing_or_repeated_split_is_refused(tmp_path: Path) -> None:
 def _file_of(tmp_path: Path) -> LandingFile:
     write_jsonl(tmp_path, "f.jsonl", [{"key": 1, "offset": 1}])
     return _file(tmp_path)
+
+
+def _landing_file(landing: Path, fmt: str) -> Path:
+    """A file of about 200 KB (8 row groups for Parquet)."""
+    rng = random.Random(3)
+    n = 6000
+    table = pa.table({"key": pa.array(range(n), pa.int64()),
+                      "offset": pa.array([rng.randrange(20) for _ in range(n)], pa.int64()),
+                      "v": [f"value {rng.randrange(10 ** 6):06d}" for _ in range(n)]})
+    if fmt == "parquet":
+        pq.write_table(table, landing / "00.parquet", row_group_size=n // 8,
+                       compression="none")
+    else:
+        write_jsonl(landing, "00.jsonl", table.to_pylist())
+    return landing / f"00.{fmt}"
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_the_splits_digest_the_file_as_they_read_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str
+) -> None:
+    monkeypatch.setattr(digest, "MIN_BLOCK_BYTES", 1024)  # many blocks, several per split
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    path = _landing_file(landing, fmt)
+    size = path.stat().st_size
+    engine = SplitInProcess(split_bytes=size // 4)
+    split, whole = memory_shard("split"), memory_shard("whole")
+    [read] = ingest(split, str(landing), IngestRequest(buckets=4), engine=engine).files
+    assert engine.split_files == 1 and not engine.fallbacks
+    ingest(whole, str(landing), IngestRequest(buckets=4))
+    record = recorded(split.state(), path.name)
+    assert record is not None and record == recorded(whole.state(), path.name)
+    assert record.kind.block == 1024
+    assert read.digest_bytes_read == 0  # nothing read again for the record
+    assert size <= read.landing_bytes_read <= 1.1 * size
+
+    # The record catches a rewrite of the same size; touching the file is silent.
+    data = bytearray(path.read_bytes())
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 5_000_000_000))
+    assert ingest(split, str(landing), IngestRequest(), engine=engine).warnings == []
+    at = data.index(b"value ") + 6
+    data[at:at + 1] = b"X"  # one byte of one value: JSON and uncompressed Parquet alike
+    path.write_bytes(bytes(data))
+    write_jsonl(landing, "01.jsonl", [{"key": 1, "offset": 99, "v": "later"}])
+    report = ingest(split, str(landing), IngestRequest(), engine=engine)
+    assert report.rewritten == [path.name]
+    assert [f.name for f in report.files] == ["01.jsonl"]

@@ -3,11 +3,16 @@ session: a file read once by several read tasks, its rows exchanged by bucket th
 shuffle and drained in bucket tasks, gives exactly the shard, error rows and row numbers
 of the in-process engine; Parquet with several row groups, JSON Lines with bad rows in
 several splits and lines across split boundaries; CSV stays on the one-stage path; the
-tasks are counted from Spark's task contexts, the landing bytes from the reads."""
+tasks are counted from Spark's task contexts, the landing bytes from the reads. The
+ledger's content digest comes from the tasks' reads (each byte read once, digest
+included), records what the in-process engine records, and catches a file rewritten
+under an ingested name, on local and S3 landings, with records of today's block
+digests and of the whole-file digests earlier versions wrote."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,10 +27,14 @@ from resources.spark_split import slot_keys, spark_hash_int
 from tests.ingest.helpers import contents, memory_shard, snapshot_rows, write_jsonl
 from upsert_core.errors import ConfigError
 from upsert_core.ingest import IngestReport, IngestRequest, ingest
+from upsert_core.ingest.ledger import recorded
+from upsert_core.ingest.shard_config import file_record_name
 from upsert_core.landing import list_landing
+from upsert_core.landing.digest import WHOLE_FILE, blocks_kind, digest_of
 from upsert_core.landing.splits import plan_splits
 from upsert_core.persist.location.urls import open_blob, open_consensus
 from upsert_core.persist.shard import Shard
+from upsert_core.persist.state.state import ShardState
 from upsert_core.persist.testing import unreferenced_blobs
 
 pytestmark = pytest.mark.spark
@@ -147,11 +156,14 @@ def test_a_parquet_file_of_row_groups_runs_several_read_and_bucket_tasks(
         {t["stage"] for t in run.bucket_tasks.values()})
     (file,) = report.files
     assert (file.read_tasks, file.drain_tasks) == (len(read_attempts), len(bucket_attempts))
-    # Each byte read about once: the row groups, plus each task's footer; the ledger's
-    # digest reads the file once more (counted apart).
-    engine_bytes = file.landing_bytes_read - file.digest_bytes_read
-    assert file.size <= engine_bytes <= 1.1 * file.size
-    assert file.digest_bytes_read == file.size
+    # Each byte read about once: the row groups and the blocks around them, plus each
+    # task's footer; the tasks digested what they read, so the ledger reads nothing.
+    assert file.digest_bytes_read == 0
+    assert file.size <= file.landing_bytes_read <= 1.1 * file.size
+    data = (landing / "00.parquet").read_bytes()
+    assert blocks_kind(len(data)).block * 8 < len(data)  # several blocks per task
+    record = recorded(_shard(tmp_path).state(), "00.parquet")
+    assert record is not None and record.digest == digest_of(data, blocks_kind(len(data)))
 
 
 def test_the_one_stage_path_reads_the_file_in_every_slice(
@@ -165,7 +177,7 @@ def test_the_one_stage_path_reads_the_file_in_every_slice(
     report = ingest(_shard(tmp_path), str(landing), IngestRequest(buckets=4), engine=engine)
     (file,) = report.files
     assert engine.last_split is None and file.read_tasks == 2
-    assert file.landing_bytes_read - file.digest_bytes_read == 2 * file.size
+    assert (file.landing_bytes_read, file.digest_bytes_read) == (2 * file.size, 0)
     local = memory_shard("local")
     (local_file,) = ingest(local, str(landing), IngestRequest(buckets=4)).files
     assert (local_file.landing_bytes_read, local_file.digest_bytes_read) == (file.size, 0)
@@ -182,7 +194,9 @@ def test_auto_splits_only_files_larger_than_a_split(
     monkeypatch.setenv("UPSERT_SPARK_SPLIT_BYTES", str(size // 3))
     engine = SparkEngine(spark, slices=2)
     report = ingest(_shard(tmp_path), str(landing), IngestRequest(buckets=4), engine=engine)
-    assert [f.read_tasks for f in report.files] == [3, 2]  # split, then one-stage (2 slices)
+    splits = len(plan_splits(list_landing(str(landing))[0], size // 3))
+    assert splits >= 3  # about a third each, in whole blocks
+    assert [f.read_tasks for f in report.files] == [splits, 2]  # split, then one-stage
     monkeypatch.setenv("UPSERT_SPARK_SPLIT", "sometimes")
     with pytest.raises(ConfigError, match="UPSERT_SPARK_SPLIT must be auto, on or off"):
         ingest(_shard(tmp_path / "b"), str(landing), IngestRequest(buckets=4), engine=engine)
@@ -261,7 +275,8 @@ def test_ingest_json_reports_the_landing_bytes(
     size = (landing / "00.jsonl").stat().st_size
     assert entry["size"] == size
     assert entry["read_tasks"] == -(-size // 20000)
-    assert size <= entry["landing_bytes_read"] - entry["digest_bytes_read"] <= 1.1 * size
+    assert entry["digest_bytes_read"] == 0  # the read tasks digested the file
+    assert size <= entry["landing_bytes_read"] <= 1.1 * size
     assert report.to_dict()["landing_bytes_read"] == entry["landing_bytes_read"]
 
 
@@ -338,6 +353,105 @@ def test_the_split_path_reads_an_s3_landing_by_ranges(
     assert contents(shard) == contents(local)
     assert list(shard.errors()) == list(local.errors())
     for file in report.files:
-        assert file.read_tasks >= 2
-        assert file.size <= file.landing_bytes_read - file.digest_bytes_read <= 1.2 * file.size
+        # Each byte about once: less than a block more at each boundary (Parquet: the
+        # block holding a row group's start), and each task's footer or line tails.
+        assert file.read_tasks >= 2 and file.digest_bytes_read == 0
+        assert file.size <= file.landing_bytes_read <= (
+            1.2 * file.size + (file.read_tasks - 1) * blocks_kind(file.size).block)
     assert unreferenced_blobs(shard) == set()
+    for path in sorted(local_landing.iterdir()):  # the in-process engine's records
+        ours, theirs = recorded(shard.state(), path.name), recorded(local.state(), path.name)
+        assert ours is not None and theirs is not None
+        assert (ours.size, ours.digest) == (theirs.size, theirs.digest)
+
+    # Uploaded again with the same bytes (same ETag): silent; with other bytes of the
+    # same size: named, not ingested.
+    body = (local_landing / "01.jsonl").read_bytes()
+    client.put_object(Bucket=s3_bucket, Key="split/01.jsonl", Body=body)
+    assert ingest(shard, f"s3://{s3_bucket}/split", IngestRequest(),
+                  engine=SparkEngine(spark)).warnings == []
+    client.put_object(Bucket=s3_bucket, Key="split/01.jsonl", Body=body.replace(b"a", b"b"))
+    client.put_object(Bucket=s3_bucket, Key="split/04.jsonl",
+                      Body=b'{"key": 1, "offset": 99, "v": "later"}\n')
+    again = ingest(shard, f"s3://{s3_bucket}/split", IngestRequest(), engine=SparkEngine(spark))
+    assert again.rewritten == ["01.jsonl"]
+    assert [f.name for f in again.files] == ["04.jsonl"]
+
+
+def _as_before_block_digests(shard: Shard, ingested: dict[str, bytes]) -> None:
+    """Rewrite the records of the files ``ingested`` (name: bytes) as versions before
+    block digests wrote them: the xxh3-128 of the whole file, no ``kind``."""
+    import xxhash
+
+    def older(state: ShardState) -> ShardState:
+        config = dict(state.config)
+        for name, data in ingested.items():
+            record = recorded(state, name)
+            assert record is not None
+            config[file_record_name(name)] = json.dumps(
+                {"size": record.size, "digest": f"xxh3_128:{xxhash.xxh3_128_hexdigest(data)}",
+                 "version": record.version}, separators=(",", ":"))
+        return state.evolve(config=config)
+
+    shard.machine.apply(older)
+
+
+def test_rewritten_files_are_caught_on_both_spark_paths_and_old_records(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Parquet file on the split path and a CSV file on the one-stage path: each
+    recorded as the in-process engine records it, without a second read; touched
+    files are silent, rewritten ones (same size) named and never applied, whether the
+    record is a block digest or the whole-file digest of an earlier version."""
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    _parquet(landing / "00.parquet", random.Random(5), 40_000, 5_000, wide=True)
+    lines = ["key,offset,v"] + [f"{i},1,v{i % 10}" for i in range(300)]
+    (landing / "01.csv").write_text("\n".join(lines) + "\n")
+    size = (landing / "00.parquet").stat().st_size
+    monkeypatch.setenv("UPSERT_SPARK_SPLIT_BYTES", str(size // 4))
+    shard = _shard(tmp_path)
+    engine = SparkEngine(spark, slices=2)
+    report = ingest(shard, str(landing), IngestRequest(buckets=4), engine=engine)
+    splits = len(plan_splits(list_landing(str(landing))[0], size // 4))
+    assert [f.read_tasks for f in report.files] == [splits, 2]  # split, then one stage
+    assert [f.digest_bytes_read for f in report.files] == [0, 0]
+    local = memory_shard("local")
+    ingest(local, str(landing), IngestRequest(buckets=4))
+    for name in ("00.parquet", "01.csv"):
+        ours, theirs = recorded(shard.state(), name), recorded(local.state(), name)
+        assert ours is not None and theirs is not None and ours.digest == theirs.digest
+
+    def touch(name: str) -> None:
+        st = (landing / name).stat()
+        os.utime(landing / name, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+
+    def rewrite(name: str) -> None:  # one byte of a value: same size, other content
+        data = bytearray((landing / name).read_bytes())
+        at = data.rindex(b"v1")
+        data[at + 1:at + 2] = b"2"
+        (landing / name).write_bytes(bytes(data))
+
+    before = contents(shard)
+    for name in ("00.parquet", "01.csv"):
+        touch(name)
+    assert ingest(shard, str(landing), IngestRequest(), engine=engine).warnings == []
+    rewrite("01.csv")
+    found = ingest(shard, str(landing), IngestRequest(), engine=engine)
+    assert found.rewritten == ["01.csv"] and found.files == []
+    assert contents(shard) == before
+
+    # The same shard as an earlier version left it: whole-file digests.
+    _as_before_block_digests(shard, {"00.parquet": (landing / "00.parquet").read_bytes()})
+    assert recorded(shard.state(), "00.parquet").kind == WHOLE_FILE  # type: ignore[union-attr]
+    touch("00.parquet")
+    assert ingest(shard, str(landing), IngestRequest(), engine=engine).rewritten == ["01.csv"]
+    data = bytearray((landing / "00.parquet").read_bytes())
+    at = len(data) // 2  # inside a row group's values: the file stays readable
+    data[at] ^= 0x01
+    (landing / "00.parquet").write_bytes(bytes(data))
+    write_jsonl(landing, "02.jsonl", [{"key": 1, "offset": 99, "v": "later"}])
+    last = ingest(shard, str(landing), IngestRequest(), engine=engine)
+    assert last.rewritten == ["00.parquet", "01.csv"]
+    assert [f.name for f in last.files] == ["02.jsonl"]
+    assert contents(shard)[:2] == before

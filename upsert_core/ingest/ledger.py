@@ -4,10 +4,13 @@ rewritten under an ingested name").
 
 Storage, in the shard's config (entry names in :mod:`~upsert_core.ingest.shard_config`):
 
-- ``ledger.file.<name>``: :class:`FileRecord` as JSON, ``{"size": N, "digest":
-  "xxh3_128:<hex>", "version": V}`` (``version``: what the listing saw, the local inode
-  and modification time or the S3 ETag). Written by the compare-and-append that commits
+- ``ledger.file.<name>``: :class:`FileRecord` as JSON, ``{"size": N, "kind":
+  "xxh3_128_blocks", "block": B, "hash": "<hex>", "version": V}``: the block digest of
+  ``landing.digest`` (``version``: what the listing saw, the local inode and
+  modification time or the S3 ETag). Written by the compare-and-append that commits
   the file's name (:func:`with_ledger`): a name and its record are one state transition.
+  Records written before block digests are ``{"size": N, "digest": "xxh3_128:<hex>",
+  "version": V}`` (the whole file's xxh3-128; no ``kind``) and stay as they are.
 - ``ledger.rewritten_files``: a JSON list of the names the last ingest that listed the
   landing found rewritten, in name order; absent when it found none
   (:func:`record_rewritten`, a compare-and-set of that one entry, only when it changes).
@@ -15,7 +18,15 @@ Storage, in the shard's config (entry names in :mod:`~upsert_core.ingest.shard_c
 Invariants:
 
 - A file ingested before records were kept (no entry, or one that does not parse) is
-  never reported: older shards give no false alarms.
+  never reported: older shards give no false alarms. A record of a kind this version
+  does not know reads as none. A version that knows only whole-file records reads a
+  block record as none too (it has no ``digest``): no false alarm after a downgrade.
+- A file is always compared with its record in the record's kind: an old record's
+  whole-file digest is computed for it (:func:`find_rewritten`), so the upgrade neither
+  hides a rewritten file nor reports an unchanged one.
+- The record of a file an engine read whole or in block-aligned pieces carries the
+  digest the engine computed from those bytes (``FileRead.digest``): nothing reads the
+  file again to record it. Only without one is the file read at commit.
 - :func:`find_rewritten`: a listed file whose name was ingested is rewritten iff its
   record exists and its content differs. A different size says so without reading; the
   same size and the same version as recorded say it is unchanged without reading;
@@ -34,25 +45,37 @@ from dataclasses import dataclass, replace
 from upsert_core.errors import IngestError
 from upsert_core.ingest.shard_config import CONFIG_REWRITTEN, file_record_name
 from upsert_core.landing import LandingFile
+from upsert_core.landing.digest import BLOCKS, WHOLE, DigestKind, digest_text, kind_of
 from upsert_core.persist.state.state import ShardState
 from upsert_core.persist.write.append import AppendRequest
 
 
 @dataclass(frozen=True)
 class FileRecord:
-    """One ingested file as it was: size in bytes, content digest, listed version."""
+    """One ingested file as it was: size in bytes, content digest (``<kind>:<hex>``,
+    ``landing.digest``), listed version."""
 
     size: int
     digest: str
     version: str = ""
 
+    @property
+    def kind(self) -> DigestKind:
+        return kind_of(self.digest)
+
     def encode(self) -> str:
-        return json.dumps({"size": self.size, "digest": self.digest, "version": self.version},
-                          separators=(",", ":"))
+        kind = self.kind
+        if kind.name == WHOLE:  # as versions before block digests wrote it
+            body: dict[str, object] = {"size": self.size, "digest": self.digest}
+        else:
+            body = {"size": self.size, "kind": kind.name, "block": kind.block,
+                    "hash": self.digest.rpartition(":")[2]}
+        return json.dumps({**body, "version": self.version}, separators=(",", ":"))
 
     @classmethod
     def decode(cls, text: str | None) -> FileRecord | None:
-        """The record ``text`` encodes; None for no text or a malformed one."""
+        """The record ``text`` encodes; None for no text, a malformed one or one of a
+        kind this version does not know."""
         if not text:
             return None
         try:
@@ -61,23 +84,55 @@ class FileRecord:
             return None
         if not isinstance(raw, dict):
             return None
-        size, digest, version = raw.get("size"), raw.get("digest"), raw.get("version", "")
-        if type(size) is not int or size < 0 or not isinstance(digest, str) or not digest:
+        size, version = raw.get("size"), raw.get("version", "")
+        if type(size) is not int or size < 0:
+            return None
+        digest = _digest(raw)
+        if digest is None:
             return None
         return cls(size, digest, version if isinstance(version, str) else "")
 
 
-def record_of(file: LandingFile) -> FileRecord:
-    """``file``'s record, of its bytes as listed (raises as ``LandingFile.read_bytes``)."""
-    size, digest = file.fingerprint()
+def _digest(raw: dict[str, object]) -> str | None:
+    """The digest text of a decoded record (both formats: module docstring)."""
+    if "kind" not in raw:
+        digest = raw.get("digest")
+        if not isinstance(digest, str) or not digest:
+            return None
+    else:
+        block, hexdigest = raw.get("block"), raw.get("hash")
+        if raw["kind"] != BLOCKS or type(block) is not int or block < 1:
+            return None
+        if not isinstance(hexdigest, str):
+            return None
+        digest = digest_text(DigestKind(BLOCKS, block), hexdigest)
+    try:
+        kind_of(digest)
+    except IngestError:
+        return None
+    return digest
+
+
+def record_of(file: LandingFile, kind: DigestKind | None = None) -> FileRecord:
+    """``file``'s record, of its bytes as listed, with a digest of ``kind`` (default:
+    the kind recorded now); raises as ``LandingFile.read_bytes``."""
+    size, digest = file.fingerprint(kind)
     return FileRecord(size, digest, file.version)
 
 
-def with_ledger(request: AppendRequest, file: LandingFile) -> AppendRequest:
+def with_ledger(
+    request: AppendRequest, file: LandingFile, digest: str | None = None
+) -> AppendRequest:
     """``request`` (which commits ``file``'s name) with ``file``'s record in the same
-    transition. Raises ``LandingFileChanged`` when the file is no longer the version
-    listed (and read), ``IngestError`` when it cannot be read."""
-    entry = {file_record_name(file.name): record_of(file).encode()}
+    transition: of ``digest``, the digest the engine computed from the bytes it read of
+    the version listed, when it has one; else the file is read now. Raises
+    ``LandingFileChanged`` when the file is no longer the version listed (and read),
+    ``IngestError`` when it cannot be read."""
+    if digest is not None and file.size >= 0:
+        record = FileRecord(file.size, digest, file.version)
+    else:
+        record = record_of(file)
+    entry = {file_record_name(file.name): record.encode()}
     return replace(request, config_updates={**request.config_updates, **entry})
 
 
@@ -122,7 +177,7 @@ def find_rewritten(
         if file.version and file.version == was.version:
             continue
         try:
-            now = record_of(file)
+            now = record_of(file, was.kind)
         except IngestError as exc:
             warnings.append(f"{file.name}: could not be read to compare it with the file"
                             f" ingested at ts {ts}: {exc}")

@@ -122,6 +122,7 @@ class FileRead:
     changed: str | None = None  # the file changed while being read: "<file>: <how>"
     skipped: int = 0  # Debezium events that change nothing (op t/m; landing.debezium)
     landing_bytes: int = 0  # bytes of the landing file the engine's reads took
+    digest: str | None = None  # the content digest of the bytes read (landing.digest)
     read_tasks: int = 0  # tasks that read the file (0: not run as tasks)
     drain_tasks: int = 0  # distinct tasks that drained its buckets (0: not run as tasks)
     task_peak_memory: int = 0  # bytes: the largest peak RSS of a task's worker (0: no tasks)
@@ -144,6 +145,7 @@ class FileRead:
                 "changed": self.changed,
                 "skipped": self.skipped,
                 "landing_bytes": self.landing_bytes,
+                "digest": self.digest,
                 "read_tasks": self.read_tasks,
                 "drain_tasks": self.drain_tasks,
                 "task_peak_memory": self.task_peak_memory,
@@ -169,6 +171,7 @@ class FileRead:
             changed=obj.get("changed"),
             skipped=int(obj.get("skipped", 0)),
             landing_bytes=int(obj.get("landing_bytes", 0)),
+            digest=obj.get("digest"),
             read_tasks=int(obj.get("read_tasks", 0)),
             drain_tasks=int(obj.get("drain_tasks", 0)),
             task_peak_memory=int(obj.get("task_peak_memory", 0)),

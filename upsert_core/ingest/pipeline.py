@@ -309,11 +309,12 @@ def _commit(
     file = task.file
     before = read_counter.bytes_read(file.url)
     try:  # the file's ledger record commits with its name (ingest.ledger)
-        commit = with_ledger(_commit_request(task, options, outcome), file)
+        commit = with_ledger(_commit_request(task, options, outcome), file,
+                             outcome.read.digest)
     except IngestError:  # changed since it was read (LandingFileChanged) or unreadable
         _delete_new_blobs(shard.blob, outcome)
         raise
-    finally:  # the digest reads the file again unless it was just read whole here
+    finally:  # the digest reads the file again unless the engine's read digested it
         read_again = read_counter.bytes_read(file.url) - before
     # SUBTLE: if the append fails indeterminately (an exception, e.g. a timeout), it
     # may have committed: the blobs are left alone (GC's leak sweep removes them if

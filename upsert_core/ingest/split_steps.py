@@ -33,13 +33,17 @@ Invariants:
   step 2 exactly once per attempt (a retried Spark task may write the part again:
   the copy nobody commits is the writer's leaked blob, which GC removes).
 - Rows reach a bucket step in file order (splits in order; positions ascending).
+- The file's content digest (``FileRead.digest``, what the ledger records) is combined
+  by step 2 from the block runs the splits digested as they read
+  (``landing.splits``); when they do not tile the file (they always should) the read
+  has no digest and the ledger reads the file at commit instead of trusting them.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
@@ -55,6 +59,7 @@ from upsert_core.ingest.tasks import (
     record_errors,
 )
 from upsert_core.landing import SourceSchema, read_counter, validate_batch
+from upsert_core.landing.digest import BlockRun, combine
 from upsert_core.landing.splits import Split, line_offsets, read_split
 from upsert_core.landing.validate import ERRORS_ARROW_SCHEMA
 from upsert_core.persist.keys import writing_as
@@ -78,6 +83,16 @@ class SplitMeta:
     landing_bytes: int = 0
     buckets: list[int] = field(default_factory=list)
     where: str = ""  # which task read it (set by the engine, for its metrics)
+    blocks_first: int = 0  # the first block the split digested (landing.splits)
+    blocks: str = ""  # the digests of its blocks, hex (only step 2 needs them)
+    blocks_covered: int = 0  # the file's bytes those blocks hold
+
+    def block_run(self) -> BlockRun:
+        return BlockRun(self.blocks_first, bytes.fromhex(self.blocks), self.blocks_covered)
+
+    def without_blocks(self) -> SplitMeta:
+        """This meta for the steps that do not combine the digest (smaller)."""
+        return replace(self, blocks="")
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -119,6 +134,8 @@ def read_split_step(
             meta.rows_read, meta.good_rows = batch.total_rows, len(batch)
             meta.lines, meta.absolute = got.lines, got.absolute
             meta.schema_json = batch.schema.to_json()
+            meta.blocks_first, meta.blocks = got.blocks.first, got.blocks.to_hex()
+            meta.blocks_covered = got.blocks.covered
             errors = pa.Table.from_batches([batch.errors_to_arrow()])
             rows = bucketed(batch, task.buckets, task.keeps)
             groups = split_rows(rows, np.asarray(rows.column("bucket").to_numpy(), np.int64))
@@ -188,6 +205,8 @@ def gather_read(
         rows_read=sum(m.rows_read for m in ordered),
         good_rows=sum(m.good_rows for m in ordered),
         landing_bytes=sum(m.landing_bytes for m in ordered),
+        digest=combine([m.block_run() for m in ordered], task.file.size,
+                       task.file.digest_kind()),
     )
     numbered = [
         _renumbered(by_index[m.index], "row", off)

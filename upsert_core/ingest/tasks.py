@@ -308,6 +308,7 @@ def read_file(
         before = read_counter.bytes_read(task.file.url)
         read, rows = _read_file(task, blob, write_errors=write_errors)
         read.landing_bytes = read_counter.bytes_read(task.file.url) - before
+        read.digest = task.file.known_digest()  # the reader digested what it read
         return read, rows
 
 
@@ -437,6 +438,7 @@ def read_file_streamed(
         before = read_counter.bytes_read(task.file.url)
         read = _read_file_streamed(task, blob, sink, write_errors=write_errors)
         read.landing_bytes = read_counter.bytes_read(task.file.url) - before
+        read.digest = task.file.known_digest()  # None for a local Parquet file
         return read
 
 

@@ -31,11 +31,14 @@ Invariants:
   (``size`` -1, no version) is read as it is.
 - :class:`LandingFile` holds only strings and an int, so it pickles cheaply into a
   Spark task; it opens its bytes on demand, one file at a time.
-- :meth:`LandingFile.fingerprint` is the size and ``xxh3_128:<hex>`` of the bytes of
-  the version listed (the same pinning as :meth:`LandingFile.read_bytes`; read in pieces, so memory
-  stays small). A process remembers the digest of the last few versions it read whole,
-  keyed by location, size and version, so the ingest that just read a file does not
-  read it again to fingerprint it; a file listed without a version is always read.
+- :meth:`LandingFile.fingerprint` is the size and content digest (``landing.digest``;
+  by default the block digest every engine records, or the kind asked for, such as an
+  old record's whole-file ``xxh3_128``) of the bytes of the version listed (the same
+  pinning as :meth:`LandingFile.read_bytes`; read in pieces, so memory stays small). A
+  process remembers the digests of the last few versions it read whole, keyed by
+  location, size, version and kind, so the ingest that just read a file does not read it
+  again to fingerprint it (:meth:`LandingFile.known_digest`); a file listed without a
+  version is always read.
 """
 
 from __future__ import annotations
@@ -52,40 +55,36 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-import xxhash
-
 from upsert_core.errors import ConfigError, IngestError, LandingFileChanged
 from upsert_core.landing import read_counter
+from upsert_core.landing.digest import Digester, DigestKind, blocks_kind, digest_of, kind_of
 from upsert_core.redact import redact_url
 
 SUFFIXES: tuple[str, ...] = (".parquet", ".jsonl", ".csv")
-DIGEST_ALGORITHM = "xxh3_128"
 _DIGEST_PIECE = 8 << 20
 _DIGESTS_KEPT = 16
-_digests: OrderedDict[tuple[str, int, str], tuple[int, str]] = OrderedDict()
+_digests: OrderedDict[tuple[str, int, str, str], tuple[int, str]] = OrderedDict()
 _digests_lock = threading.Lock()
 
 
-def digest_bytes(data: bytes) -> str:
-    """The content digest of ``data``: ``xxh3_128:<32 hex digits>``."""
-    return f"{DIGEST_ALGORITHM}:{xxhash.xxh3_128_hexdigest(data)}"
-
-
-def _remember(file: LandingFile, size: int, digest: str) -> None:
+def remember_digest(file: LandingFile, size: int, digest: str) -> None:
+    """Remember that the listed version of ``file`` (``size`` bytes) has ``digest``:
+    for a reader that read the whole file in order (module docstring)."""
     if not file.version:
         return
+    key = (file.url, file.size, file.version, kind_of(digest).text)
     with _digests_lock:
-        _digests[(file.url, file.size, file.version)] = (size, digest)
-        _digests.move_to_end((file.url, file.size, file.version))
+        _digests[key] = (size, digest)
+        _digests.move_to_end(key)
         while len(_digests) > _DIGESTS_KEPT:
             _digests.popitem(last=False)
 
 
-def _remembered(file: LandingFile) -> tuple[int, str] | None:
+def _remembered(file: LandingFile, kind: DigestKind) -> tuple[int, str] | None:
     if not file.version:
         return None
     with _digests_lock:
-        return _digests.get((file.url, file.size, file.version))
+        return _digests.get((file.url, file.size, file.version, kind.text))
 
 
 @dataclass(frozen=True, order=True)
@@ -122,7 +121,7 @@ class LandingFile:
         read_counter.add(self.url, len(data))
         if self.size >= 0 and len(data) != self.size:
             raise self._changed(f"listed with {self.size} bytes, read {len(data)}")
-        _remember(self, len(data), digest_bytes(data))
+        remember_digest(self, len(data), digest_of(data, blocks_kind(len(data))))
         return data
 
     def read_range(self, start: int, end: int) -> bytes:
@@ -160,48 +159,56 @@ class LandingFile:
         data: bytes = self._get_s3(f"bytes={start}-{end - 1}")["Body"].read()
         return data
 
-    def fingerprint(self) -> tuple[int, str]:
-        """The size and ``xxh3_128:<hex>`` digest of the file's bytes, exactly as listed
-        (module docstring); raises as :meth:`read_bytes` does."""
+    def digest_kind(self) -> DigestKind:
+        """The kind of digest recorded for this file now (``landing.digest``; a file
+        listed without a size is digested in the smallest blocks)."""
+        return blocks_kind(max(0, self.size))
+
+    def known_digest(self) -> str | None:
+        """The digest of :meth:`digest_kind` of the listed version, if this process
+        read the whole file and remembered it (nothing is read here)."""
+        known = _remembered(self, self.digest_kind())
+        return known[1] if known is not None and known[0] == self.size else None
+
+    def fingerprint(self, kind: DigestKind | None = None) -> tuple[int, str]:
+        """The size and digest of ``kind`` (default :meth:`digest_kind`) of the file's
+        bytes, exactly as listed (module docstring); raises as :meth:`read_bytes` does."""
         if self.problem:
             raise IngestError(self.problem)
-        known = _remembered(self)
+        kind = kind or self.digest_kind()
+        known = _remembered(self, kind)
         if known is not None:
             return known
-        hasher = xxhash.xxh3_128()
+        digester = Digester(kind)
         try:
-            size = self._digest_s3(hasher) if self.root.startswith("s3://") else (
-                self._digest_local(hasher))
+            size = self._digest_s3(digester) if self.root.startswith("s3://") else (
+                self._digest_local(digester))
         except IngestError:
             raise
         except Exception as exc:  # noqa: BLE001 - every I/O failure becomes one clear line
             raise IngestError(f"{self.name}: cannot read file: {exc}") from exc
         if self.size >= 0 and size != self.size:
             raise self._changed(f"listed with {self.size} bytes, read {size}")
-        digest = f"{DIGEST_ALGORITHM}:{hasher.hexdigest()}"
-        _remember(self, size, digest)
+        digest = digester.text()
+        remember_digest(self, size, digest)
         return size, digest
 
-    def _digest_local(self, hasher: Any) -> int:
-        size = 0
+    def _digest_local(self, digester: Digester) -> int:
         with _local_path(self.root, self.name).open("rb") as fh:
             while piece := fh.read(_DIGEST_PIECE):
-                hasher.update(piece)
-                size += len(piece)
+                digester.update(piece)
                 read_counter.add(self.url, len(piece))
             after = os.fstat(fh.fileno())
         if self.version and _local_version(after) != self.version:
             raise self._changed("replaced or modified since it was listed")
-        return size
+        return digester.size
 
-    def _digest_s3(self, hasher: Any) -> int:
+    def _digest_s3(self, digester: Digester) -> int:
         body = self._get_s3()["Body"]
-        size = 0
         while piece := body.read(_DIGEST_PIECE):
-            hasher.update(piece)
-            size += len(piece)
+            digester.update(piece)
             read_counter.add(self.url, len(piece))
-        return size
+        return digester.size
 
     def local_path(self) -> Path | None:
         """The local path of the file (None on S3); :class:`IngestError` for a bad name."""

@@ -20,7 +20,9 @@ Invariants:
   file shorter than listed, raises :class:`~upsert_core.errors.LandingFileChanged`
   (possibly after earlier chunks were yielded: the caller discards what it made of
   them). Bytes read are counted once each (``landing.read_counter``, by
-  ``read_range``).
+  ``read_range``), and digested as they are read: once the last block is read, the
+  file's content digest is remembered (``LandingFile.known_digest``), so the ledger
+  does not read the file again.
 - A line longer than a block is read whole (the block grows to its end).
 - CSV is not cut here: a quoted value may hold a newline (the CSV reader allows it),
   so a line end is not known to end a row without parsing from the start; CSV files
@@ -38,7 +40,8 @@ from collections.abc import Iterator
 from upsert_core.errors import LandingFileChanged
 from upsert_core.landing.batch import RawBatch
 from upsert_core.landing.chunks import _env_int
-from upsert_core.landing.listing import LandingFile
+from upsert_core.landing.digest import Digester
+from upsert_core.landing.listing import LandingFile, remember_digest
 from upsert_core.landing.readers import read_jsonl
 
 BLOCK_BYTES_ENV = "UPSERT_STREAM_BLOCK_BYTES"
@@ -58,6 +61,7 @@ def line_blocks(file: LandingFile, size: int | None = None) -> Iterator[tuple[in
     size = size or block_bytes()
     at, lines, carry = 0, 0, b""
     end = file.size
+    digester = Digester(file.digest_kind())
     while at < end:
         piece = file.read_range(at, min(end, at + size))
         if not piece:
@@ -66,6 +70,9 @@ def line_blocks(file: LandingFile, size: int | None = None) -> Iterator[tuple[in
                 " listed); still being written?"
             )
         at += len(piece)
+        digester.update(piece)
+        if at >= end:  # every byte read, each once: the file's digest is known
+            remember_digest(file, at, digester.text())
         data = carry + piece if carry else piece
         cut = data.rfind(b"\n") + 1
         if cut == 0:
