@@ -78,11 +78,14 @@ class Row:
 
 
 def user_env(work: Path) -> dict[str, str]:
-    """The environment of a user's shell: embedded stores under ``work``, bytecode cached."""
+    """The environment of a user's shell: embedded stores under ``work``, bytecode cached,
+    and the warm upsertctl (the default) with its sockets under ``work`` (a benchmark's
+    own warm process; removing ``work`` stops it)."""
     env = {
         **os.environ,
         "UPSERT_CONSENSUS_URL": f"sqlite:///{work / 'consensus.db'}",
         "UPSERT_BLOB_URL": f"file://{work / 'blob'}",
+        "UPSERT_LOCAL_SERVER_DIR": str(work / "warm-upsertctl"),
         "SPARK_LOCAL_IP": "127.0.0.1",
         "PYSPARK_PYTHON": sys.executable,
     }

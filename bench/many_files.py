@@ -61,6 +61,21 @@ def _cpu_of(pid: int) -> float | None:
         return None
 
 
+def _warm_cpu(env: dict[str, str]) -> float:
+    """User + system seconds of the warm upsertctl process and the children it reaped
+    (the commands it ran: their CPU is not the command's process tree's)."""
+    import re
+
+    for log_file in Path(env["UPSERT_LOCAL_SERVER_DIR"]).glob("*.log"):
+        for pid in re.findall(r"\(pid (\d+)\): serving", log_file.read_text())[-1:]:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+            except (OSError, ValueError, IndexError):
+                return 0.0
+    return 0.0
+
+
 def _tree_cpu(pid: int) -> float:
     """User + system seconds of ``pid`` and its descendants so far."""
     return sum(c for p in descendants(pid) if (c := _cpu_of(p)) is not None)
@@ -108,6 +123,7 @@ def _ingest(landing: Path, shard: str, env: dict[str, str], engine: str) -> dict
     server_before = _tree_cpu(server) if server else 0.0
     load_before = os.getloadavg()[0]
     reaped = _children_cpu()
+    warm_before = _warm_cpu(env)
     started = time.perf_counter()
     done, stdout, stderr, cpu = _run_sampled(
         upsertctl("ingest", str(landing), "--shard", shard, "--key", "key", "--order",
@@ -115,6 +131,7 @@ def _ingest(landing: Path, shard: str, env: dict[str, str], engine: str) -> dict
     wall = time.perf_counter() - started
     cpu = max(cpu, _children_cpu() - reaped)  # exact for a process tree that reaps its own
     cpu += _tree_cpu(server) - server_before if server else 0.0
+    cpu += _warm_cpu(env) - warm_before  # the command ran in a fork of the warm upsertctl
     if done.returncode != 0:
         raise RuntimeError(f"upsertctl ingest failed: {stderr.strip()[-2000:]}")
     report = json.loads(stdout)
@@ -178,7 +195,9 @@ def main(argv: list[str] | None = None) -> None:
         for name in args.only:
             home = work / name
             env = {**user_env(home), "UPSERT_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1",
-                   "PYSPARK_DRIVER_PYTHON": sys.executable}
+                   "PYSPARK_DRIVER_PYTHON": sys.executable, "UPSERT_LOCAL_SERVER": "auto",
+                   "UPSERT_LOCAL_SERVER_DIR": str(work / "warm-upsertctl")}
+            _start_warm_upsertctl(env)  # as after a user's first command: untimed
             if name == "spark-jvm":
                 env.update(UPSERT_SPARK_SERVER="off", SPARK_MASTER="local[2]")
                 figures[name] = _ingest(landing, "bench", env, "spark")
@@ -198,8 +217,20 @@ def main(argv: list[str] | None = None) -> None:
         if server_home is not None:
             subprocess.run(upsertctl("spark", "stop"), cwd=REPO, capture_output=True,
                            env={**os.environ, "UPSERT_HOME": str(server_home)})
-        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)  # the warm upsertctl exits: no socket
     print(json.dumps(rounded(figures)))
+
+
+def _start_warm_upsertctl(env: dict[str, str]) -> None:
+    """The warm upsertctl process every later command runs in (started by a first
+    command, as a user's; the bench then waits until it serves)."""
+    sockets = Path(env["UPSERT_LOCAL_SERVER_DIR"])
+    if list(sockets.glob("*.sock")):
+        return
+    subprocess.run(upsertctl("--help"), cwd=REPO, env=env, capture_output=True, check=True)
+    deadline = time.monotonic() + 60
+    while not list(sockets.glob("*.sock")) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 if __name__ == "__main__":
