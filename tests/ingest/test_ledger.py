@@ -393,3 +393,70 @@ def test_a_record_written_before_block_digests_is_read_as_it_was_written(
     path.write_bytes(b'{"key":1,"offset":1,"v":"b"}\n')
     assert ingest(shard, str(tmp_path), REQUEST).rewritten == ["0001.jsonl"]
     assert shard.state().config[file_record_name("0001.jsonl")] == old  # left as it was
+
+
+def test_a_streamed_csv_file_is_digested_as_it_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CSV file streamed in ranged reads (``landing.csv_chunks``) is recorded from the
+    bytes those reads returned: the commit does not read it again."""
+    monkeypatch.setenv(STREAM_BYTES_ENV, "0")
+    monkeypatch.setenv(BLOCK_BYTES_ENV, "100")  # read in many pieces
+    path = tmp_path / "a.csv"
+    path.write_text("key,offset,v\n" + "".join(f"{i},{i},value {i}\n" for i in range(200)))
+    shard = memory_shard()
+    [file] = ingest(shard, str(tmp_path), REQUEST).files
+    assert (file.landing_bytes_read, file.digest_bytes_read) == (file.size, 0)
+    record = recorded(shard.state(), "a.csv")
+    assert record is not None and record.digest == _blocks_digest(path.read_bytes())
+    # A same-size rewrite of one byte in its last block is still caught.
+    data = bytearray(path.read_bytes())
+    data[-3] = ord("X")
+    path.write_bytes(bytes(data))
+    assert ingest(shard, str(tmp_path), REQUEST).rewritten == ["a.csv"]
+
+
+def _replace_record(shard: Any, name: str, text: str) -> None:
+    def store(state: ShardState) -> ShardState:
+        return state.evolve(config={**state.config, file_record_name(name): text})
+
+    shard.machine.apply(store)
+
+
+def test_a_record_of_an_unknown_kind_still_tells_a_size_change(tmp_path: Path) -> None:
+    """A record a later version wrote in a kind this one does not know cannot compare
+    content, but its size can: a file of another size is rewritten (never a false
+    alarm), one of the same size is not reported."""
+    path = write_jsonl(tmp_path, "a.jsonl", _rows("x"))
+    same = write_jsonl(tmp_path, "b.jsonl", _rows("y"))
+    shard = memory_shard()
+    ingest(shard, str(tmp_path), REQUEST)
+    for name in ("a.jsonl", "b.jsonl"):
+        was = json.loads(shard.state().config[file_record_name(name)])
+        _replace_record(shard, name, json.dumps(
+            {"size": was["size"], "kind": "sha256_tree", "block": 8, "hash": "ab" * 32,
+             "version": was["version"]}))
+    assert recorded(shard.state(), "a.jsonl") is None  # its content cannot be compared
+    write_jsonl(tmp_path, "a.jsonl", _rows("a much longer value than before"))
+    write_jsonl(tmp_path, "b.jsonl", _rows("z"))  # same size, other content: unknown
+    report = ingest(shard, str(tmp_path), REQUEST)
+    assert report.rewritten == ["a.jsonl"]
+    assert [w.split(" (")[0] for w in report.warnings] == [
+        "a.jsonl: rewritten since it was ingested at ts 0"]
+    assert same.exists() and path.exists()
+
+
+def test_a_record_whose_hash_is_not_hex_reads_as_none(tmp_path: Path) -> None:
+    """A record whose digest is not 32 lowercase hex digits can never equal a computed
+    one: it is malformed (read as none), not a rewrite of every touched file."""
+    path = write_jsonl(tmp_path, "a.jsonl", _rows("x"))
+    shard = memory_shard()
+    ingest(shard, str(tmp_path), REQUEST)
+    was = json.loads(shard.state().config[file_record_name("a.jsonl")])
+    for bad in ("zz" * 16, was["hash"].upper(), " " + was["hash"][1:]):
+        _replace_record(shard, "a.jsonl", json.dumps({**was, "hash": bad}))
+        assert recorded(shard.state(), "a.jsonl") is None, bad
+        _bump_mtime(path)  # touched: read and compared, were the record readable
+        assert ingest(shard, str(tmp_path), REQUEST).rewritten == [], bad
+    old = {"size": was["size"], "digest": "xxh3_128:" + "Q" * 32, "version": was["version"]}
+    assert FileRecord.decode(json.dumps(old)) is None

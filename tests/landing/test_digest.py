@@ -107,6 +107,7 @@ def test_kinds_are_named_in_the_digest_text() -> None:
     assert kind_of("xxh3_128_blocks/65536:" + "0" * 32) == DigestKind(BLOCKS, 65536)
     for bad in ("xxh3_128", "xxh3_128:00", "md5:" + "0" * 32,
                 "xxh3_128_blocks:" + "0" * 32, "xxh3_128_blocks/0:" + "0" * 32,
-                "xxh3_128_blocks/x:" + "0" * 32):
+                "xxh3_128_blocks/x:" + "0" * 32, "xxh3_128:" + "A" * 32,
+                "xxh3_128:" + "g" * 32, "xxh3_128:" + " " * 32):
         with pytest.raises(IngestError):
             kind_of(bad)

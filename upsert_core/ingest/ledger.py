@@ -19,8 +19,11 @@ Invariants:
 
 - A file ingested before records were kept (no entry, or one that does not parse) is
   never reported: older shards give no false alarms. A record of a kind this version
-  does not know reads as none. A version that knows only whole-file records reads a
-  block record as none too (it has no ``digest``): no false alarm after a downgrade.
+  does not know reads as none (:func:`recorded`), but its size still tells: a listed
+  file of another size than such a record's is rewritten (:func:`recorded_size`; a
+  size never gives a false alarm), one of the same size is not reported. A version
+  that knows only whole-file records reads a block record as none (it has no
+  ``digest``): no false alarm after a downgrade.
 - A file is always compared with its record in the record's kind: an old record's
   whole-file digest is computed for it (:func:`find_rewritten`), so the upgrade neither
   hides a rewritten file nor reports an unchanged one.
@@ -141,17 +144,43 @@ def recorded(state: ShardState, name: str) -> FileRecord | None:
     return FileRecord.decode(state.config.get(file_record_name(name)))
 
 
+def recorded_size(state: ShardState, name: str) -> int | None:
+    """The size in a record of ``name`` of a kind this version does not know (a later
+    version's: a JSON object with a ``size`` and a ``kind`` or ``digest`` it cannot
+    parse); None for no such record. Only for a file :func:`recorded` gives none for."""
+    try:
+        raw = json.loads(state.config.get(file_record_name(name)) or "null")
+    except ValueError:
+        return None
+    if not isinstance(raw, dict):
+        return None
+    size, kind, digest = raw.get("size"), raw.get("kind"), raw.get("digest")
+    if type(size) is not int or size < 0:
+        return None
+    if isinstance(kind, str) and kind not in (BLOCKS, WHOLE):
+        return size
+    if kind is None and isinstance(digest, str):
+        try:
+            kind_of(digest)
+        except IngestError:  # a kind not known here, or malformed: only the former counts
+            name_part, sep, hexdigest = digest.rpartition(":")
+            known = name_part == WHOLE or name_part.partition("/")[0] == BLOCKS
+            if sep and name_part and hexdigest and not known:
+                return size
+    return None
+
+
 @dataclass(frozen=True)
 class Rewritten:
     """A listed file whose content is not what was ingested under its name."""
 
     name: str
     ts: int
-    was: FileRecord
+    was_size: int  # the size recorded when it was ingested
     size: int
 
     def warning(self) -> str:
-        sizes = (f"{self.was.size} bytes then, {self.size} now" if self.size != self.was.size
+        sizes = (f"{self.was_size} bytes then, {self.size} now" if self.size != self.was_size
                  else f"same size, {self.size} bytes, other content")
         return (f"{self.name}: rewritten since it was ingested at ts {self.ts} ({sizes});"
                 " it is not ingested again: land the new content under a new name")
@@ -170,9 +199,13 @@ def find_rewritten(
             continue
         was = recorded(state, file.name)
         if was is None:
+            # A later version's record: its content cannot be compared here, its size can.
+            size = recorded_size(state, file.name)
+            if size is not None and 0 <= file.size != size:
+                found.append(Rewritten(file.name, ts, size, file.size))
             continue
         if file.size >= 0 and file.size != was.size:
-            found.append(Rewritten(file.name, ts, was, file.size))
+            found.append(Rewritten(file.name, ts, was.size, file.size))
             continue
         if file.version and file.version == was.version:
             continue
@@ -183,7 +216,7 @@ def find_rewritten(
                             f" ingested at ts {ts}: {exc}")
             continue
         if now.digest != was.digest or now.size != was.size:
-            found.append(Rewritten(file.name, ts, was, now.size))
+            found.append(Rewritten(file.name, ts, was.size, now.size))
     return found, warnings
 
 
@@ -227,6 +260,7 @@ __all__ = [
     "find_rewritten",
     "record_of",
     "recorded",
+    "recorded_size",
     "rewritten_files",
     "rewritten_transition",
     "with_ledger",

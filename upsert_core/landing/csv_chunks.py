@@ -37,6 +37,9 @@ Invariants:
 - Every read is of the version listed (``LandingFile.read_range``): a change, also a
   file shorter than listed, raises :class:`~upsert_core.errors.LandingFileChanged`.
   Each byte is read once (``landing.read_counter``): the prefix is the stream's start.
+  The reads are in file order, so they are digested as they are read: once the last
+  byte is read, the file's content digest is remembered (``LandingFile.known_digest``)
+  and the ledger does not read the file again.
 - Memory: one ranged read (``UPSERT_STREAM_BLOCK_BYTES``) plus the chunk being built
   (about as many bytes of rows), and Arrow's 1 MiB block; not the file.
 - A malformed row whose text is not UTF-8 makes Arrow report an "unraisable" decoding
@@ -60,7 +63,8 @@ import pyarrow.csv as pacsv
 
 from upsert_core.errors import IngestError, LandingFileChanged
 from upsert_core.landing.batch import Column, RawBatch, RowError, SourceKind
-from upsert_core.landing.listing import LandingFile
+from upsert_core.landing.digest import Digester
+from upsert_core.landing.listing import LandingFile, remember_digest
 from upsert_core.landing.readers import (
     ArrowTextSource,
     check_csv_names,
@@ -82,7 +86,8 @@ def csv_chunks(
     with ``read_csv``'s ``block_size`` the same; default ``readers.CSV_BLOCK_BYTES``)."""
     size = size or block_bytes()
     name = file.name
-    head, whole = _head(file, size)
+    reads = _InOrder(file)
+    head, whole = _head(reads, size)
     if whole:
         yield read_csv(name, head, block_size=arrow_block)
         return
@@ -95,7 +100,7 @@ def csv_chunks(
 
         def more() -> bytes:  # the next ranged read
             nonlocal at
-            piece = _read(file, at, size) if at < file.size else b""
+            piece = reads.read(at, size) if at < file.size else b""
             at += len(piece)
             return piece
 
@@ -130,18 +135,37 @@ def csv_chunks(
             yield rows.chunk(batches, final=True)
 
 
-def _head(file: LandingFile, size: int) -> tuple[bytes, bool]:
+def _head(reads: _InOrder, size: int) -> tuple[bytes, bool]:
     """The file's first bytes, ``size`` at a time, until they settle the header (module
     docstring), and whether they are the whole file."""
+    file = reads.file
     data = b""
     while True:
-        piece = _read(file, len(data), size)
+        piece = reads.read(len(data), size)
         data += piece
         if len(data) >= file.size:
             return data, True
         start = len(_BOM) if data.startswith(_BOM) else 0
         if len(data) > start and _prefix_header(file.name, data[start:]) is not None:
             return data, False
+
+
+class _InOrder:
+    """The ranged reads of one file, each starting where the one before ended, digested
+    as they are read (module docstring)."""
+
+    def __init__(self, file: LandingFile) -> None:
+        self.file = file
+        self._digester = Digester(file.digest_kind())
+
+    def read(self, at: int, size: int) -> bytes:
+        """Bytes ``[at, at + size)`` of the listed version (as :func:`_read`)."""
+        piece = _read(self.file, at, size)
+        if at == self._digester.size:  # always, reading in order: else not digested
+            self._digester.update(piece)
+            if piece and self._digester.size == self.file.size:
+                remember_digest(self.file, self._digester.size, self._digester.text())
+        return piece
 
 
 def _read(file: LandingFile, at: int, size: int) -> bytes:

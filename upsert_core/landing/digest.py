@@ -1,6 +1,6 @@
 """Content digests of landing files, as the ingest's ledger records them.
 
-Two kinds, named in the digest's text ``<kind>:<32 hex digits>``:
+Two kinds, named in the digest's text ``<kind>:<32 lowercase hex digits>``:
 
 - ``xxh3_128`` (every record written before block digests): the xxh3-128 of the whole
   file. Only a sequential read of the whole file computes it.
@@ -44,6 +44,7 @@ MAX_BLOCKS = 1 << 18
 """Blocks double in size past this many per file (up to 1 GiB in 4 KiB blocks): 16
 bytes of digest per block reach the step that combines them (4 MiB at most)."""
 _DIGEST = 16
+_HEX = "0123456789abcdef"
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,9 @@ def digest_text(kind: DigestKind, hexdigest: str) -> str:
 def kind_of(text: str) -> DigestKind:
     """The kind of digest ``text`` (``<kind>:<hex>``); :class:`IngestError` if unknown."""
     kind, sep, hexdigest = text.rpartition(":")
-    if not sep or len(hexdigest) != 2 * _DIGEST:
+    # Only lowercase hex digits: what xxhash's hexdigest gives, so a digest that could
+    # never equal a computed one is refused here rather than compared (a false alarm).
+    if not sep or len(hexdigest) != 2 * _DIGEST or hexdigest.strip(_HEX):
         raise IngestError(f"malformed content digest {text!r}")
     return DigestKind.parse(kind)
 
