@@ -12,11 +12,14 @@ Invariants (beside those of :mod:`orchestration.cli.warm.client`):
   native threads the imports start (OpenBLAS's pool, jemalloc's background purging)
   handle a fork themselves (``pthread_atfork``), as with ``multiprocessing``'s fork.
 - A child closes everything of the warm process (listening socket, lock, other
-  commands' connections, the wake-up pipe), takes the command's standard streams,
-  directory, umask and environment, restores the default signal handling, reports its
-  pid, runs ``upsertctl`` and reports its exit status before it exits. The warm process
-  reaps every child and reports a child that died of a signal; it kills a child whose
-  command's connection closed before the child ended (the command was killed).
+  commands' connections, both ends of the wake-up pipe), takes the command's directory,
+  umask and environment (failing that it reports ``refused``, having written nothing
+  to the command's streams: the command runs itself), then its standard streams,
+  restores the default signal handling, reports its pid, runs ``upsertctl`` and reports
+  its exit status before it exits. The warm process reaps every child and then reports
+  how it ended (``reaped``: the command returns only then); it kills a child whose
+  command's connection closed before the child ended (the command was killed). Bytes a
+  command sends after its request are read and ignored.
 - It exits after ``UPSERT_LOCAL_SERVER_IDLE_S`` without a command, on SIGTERM, or when its
   socket file was removed or replaced; children still running finish and report on
   their own.
@@ -86,12 +89,13 @@ def preload() -> None:
 
 class _Server:
     def __init__(self, directory: Path, key: str, listener: socket.socket,
-                 lock: Any, wake_read: int) -> None:
+                 lock: Any, wake_read: int, wake_write: int) -> None:
         self.directory = directory
         self.key = key
         self.listener = listener
         self.lock = lock
         self.wake_read = wake_read
+        self.wake_write = wake_write
         self.socket_inode = os.stat(directory / f"{key}.sock").st_ino
         self.children: dict[int, socket.socket] = {}
         self.killed: set[int] = set()
@@ -174,18 +178,23 @@ class _Server:
                 continue
             try:
                 if os.WIFSIGNALED(status):
-                    send_message(conn, {"signal": os.WTERMSIG(status)})
+                    send_message(conn, {"signal": os.WTERMSIG(status), "reaped": True})
                 else:
-                    send_message(conn, {"exit": os.waitstatus_to_exitcode(status)})
+                    send_message(conn, {"exit": os.waitstatus_to_exitcode(status),
+                                        "reaped": True})
             except OSError:
                 pass  # the command already has the child's own report, or is gone
             conn.close()
 
     def _check_command(self, conn: socket.socket) -> None:
-        """A command's connection is readable only once it closed: the command is gone
-        (killed), so its child goes too."""
+        """A command's connection is readable once it closed: the command is gone
+        (killed), so its child goes too. A command sends nothing after its request;
+        bytes that come anyway are read and dropped (left there, select() would return
+        at once, again and again)."""
         try:
-            data = conn.recv(1, socket.MSG_PEEK)
+            data = conn.recv(1 << 16, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
         except OSError:
             data = b""
         if data:
@@ -233,7 +242,6 @@ def _drain(fd: int) -> None:
 def _child(server: _Server, conn: socket.socket, fds: list[int],
            request: dict[str, Any]) -> NoReturn:
     """The command's process (module docstring); never returns."""
-    status = 1
     try:
         signal.set_wakeup_fd(-1)
         for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
@@ -242,18 +250,26 @@ def _child(server: _Server, conn: socket.socket, fds: list[int],
         server.listener.close()
         server.lock.close()
         os.close(server.wake_read)
+        os.close(server.wake_write)
         for other in server.children.values():
             other.close()
-        for target, fd in enumerate(fds):
-            os.dup2(fd, target)
-        for fd in fds:
-            if fd > 2:
-                os.close(fd)
         os.chdir(request["cwd"])
         os.umask(int(request["umask"]))
         os.environ.clear()
         os.environ.update(request["env"])
         sys.argv = list(request["argv"])
+    except BaseException as exc:  # noqa: BLE001 - nothing ran: the command runs itself
+        log(f"a child could not take a command: {type(exc).__name__}")  # still our log
+        with contextlib.suppress(OSError):
+            send_message(conn, {"refused": type(exc).__name__})
+        os._exit(1)
+    status = 1
+    try:
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
         _standard_streams()
         send_message(conn, {"pid": os.getpid()})
         from orchestration.cli.main import run_command  # heavy: preloaded; after the fork
@@ -332,7 +348,7 @@ def serve(directory: Path, key: str) -> int:
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-    server = _Server(directory, key, listener, lock, wake_read)
+    server = _Server(directory, key, listener, lock, wake_read, wake_write)
     log(f"serving {path}")
 
     def stop(signum: int, frame: object) -> None:

@@ -1,0 +1,265 @@
+"""The warm ``upsertctl`` (``orchestration.cli.warm``) against the ways a shell, a terminal or
+a scheduler starts a command: closed standard streams, a deleted working directory,
+Ctrl-Z.
+Each case must end as a process of its own would, never run the command twice, and
+never leave the warm process busy.
+
+One shard and one warm process serve the module (tests that need another warm process
+start it in a directory of their own)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from orchestration.cli.warm import client as warm
+from tests.e2e.helpers import CLI, REPO, Cli
+
+OPTIONS = ("--key", "k", "--order", "o", "--engine", "local", "--no-progress")
+ROWS = 200_000
+
+
+@dataclass
+class Warm:
+    cli: Cli
+    cold: Cli
+    sockets: Path
+
+    def log(self) -> str:
+        return "".join(p.read_text() for p in self.sockets.glob("*.log"))
+
+    def children(self) -> list[int]:
+        return [int(p) for p in re.findall(r"pid (\d+) runs a command", self.log())]
+
+    def server(self) -> int:
+        return int(re.findall(r"\(pid (\d+)\): serving", self.log())[-1])
+
+    def stop(self) -> None:
+        """SIGTERM to every warm process started here."""
+        for pid in {int(p) for p in re.findall(r"\(pid (\d+)\): serving", self.log())}:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+
+def _wait_for_socket(sockets: Path, count: int = 1, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if len(list(sockets.glob("*.sock"))) >= count:
+            return
+        time.sleep(0.05)
+    logs = "\n".join(p.read_text() for p in sockets.glob("*.log"))
+    raise AssertionError(f"no warm process started; logs:\n{logs}")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Warm]:
+    root = tmp_path_factory.mktemp("warm-fidelity")
+    sockets = root / "warm"
+    env = {"UPSERT_LOCAL_SERVER": "auto", "UPSERT_LOCAL_SERVER_DIR": str(sockets)}
+    cli = Cli(root / "home", env=env)
+    cold = Cli(root / "home", env={**env, "UPSERT_LOCAL_SERVER": "off"})
+    landing = root / "landing"
+    landing.mkdir()
+    with (landing / "a.jsonl").open("w") as out:
+        for k in range(ROWS):
+            out.write(json.dumps({"k": k, "o": 1, "v": "x" * 20}) + "\n")
+    cli.run("ingest", str(landing), "--shard", "s", *OPTIONS)  # starts the warm process
+    _wait_for_socket(sockets)
+    state = Warm(cli, cold, sockets)
+    yield state
+    state.stop()
+
+
+def _start(state: Warm, args: list[str], **popen: object) -> tuple[subprocess.Popen[bytes], int]:
+    """A command handed to the warm process, and its child's pid."""
+    before = len(state.children())
+    proc = subprocess.Popen([*CLI, *args], env=state.cli.env, cwd=REPO, **popen)  # type: ignore[call-overload]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        children = state.children()
+        if len(children) > before:
+            return proc, children[-1]
+        time.sleep(0.005)
+    proc.kill()
+    raise AssertionError("the command never reached the warm process")
+
+
+def _state(pid: int) -> str:
+    """The process's state letter (R, S, T, Z, ...)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("closed", [0, 1, 2])
+def test_a_closed_standard_stream_ends_as_in_a_process_of_its_own(served: Warm,
+                                                                   closed: int) -> None:
+    # SUBTLE: the socket a command opens takes the lowest free descriptor; with stdout
+    # closed that was 1, so the command handed its own socket over as the child's
+    # stdout, and the child's output went to the warm process, which spun on it.
+    results = {}
+    for name, cli in (("warm", served.cli), ("cold", served.cold)):
+        before = len(served.children())
+        proc = subprocess.run(
+            ["sh", "-c", f'exec "$@" {closed}>&-', "sh", *CLI, "snapshot", "--shard", "s",
+             "--format", "csv"],
+            env=cli.env, cwd=REPO, capture_output=True, timeout=30)
+        results[name] = (proc.returncode, proc.stdout, proc.stderr)
+        if name == "cold":
+            assert len(served.children()) == before
+    assert results["warm"] == results["cold"]
+
+
+def test_bytes_after_a_request_do_not_keep_the_warm_process_busy(served: Warm) -> None:
+    """A peer that writes after its request (nothing of ours does) is read and ignored,
+    not select()ed on in a loop."""
+    key = next(served.sockets.glob("*.sock"))
+    server = served.server()
+    out_read, out_write = os.pipe()
+    request = json.dumps({"argv": ["upsertctl", "snapshot", "--shard", "s"],
+                          "env": served.cli.env, "cwd": str(REPO), "umask": 0o022,
+                          "key": key.stem}).encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(str(key))
+        socket.send_fds(sock, [warm._LENGTH.pack(len(request))],
+                        [0, out_write, sys.stderr.fileno()])
+        os.close(out_write)
+        sock.sendall(request)
+        sock.recv(4096)  # the child's pid: it runs, blocked on its full stdout pipe
+        sock.sendall(b"stray bytes\n")
+        time.sleep(0.3)
+        before = _cpu_s(server)
+        time.sleep(1.5)
+        spent = _cpu_s(server) - before
+    os.close(out_read)
+    assert spent < 0.3, f"the warm process spent {spent:.2f} s of CPU in 1.5 s"
+
+
+def test_a_deleted_working_directory_ends_as_in_a_process_of_its_own(served: Warm,
+                                                                      tmp_path: Path) -> None:
+    results = {}
+    for name, cli in (("warm", served.cli), ("cold", served.cold)):
+        gone = tmp_path / f"gone-{name}"
+        gone.mkdir()
+        proc = subprocess.run(
+            ["sh", "-c", 'cd "$0" && rmdir "$0" && exec "$@"', str(gone), *CLI,
+             "inspect", "--shard", "s"],
+            env=cli.env, capture_output=True, timeout=60)
+        results[name] = (proc.returncode, proc.stderr.decode())
+    assert results["warm"] == results["cold"] == (0, "")
+
+
+def test_a_command_returns_only_after_its_child_ended(served: Warm) -> None:
+    """As with a process of its own, once the command returned its process is gone (a
+    writer's pid checked right after, e.g. by ``gc``, is not running)."""
+    for _ in range(5):
+        before = len(served.children())
+        served.cli.run("inspect", "--shard", "s")
+        children = served.children()
+        assert len(children) == before + 1
+        assert _gone(children[-1]), f"child {children[-1]} still there ({_state(children[-1])})"
+
+
+def test_a_child_that_cannot_take_the_command_runs_nothing(served: Warm) -> None:
+    """A child that fails before it reports its pid (here: the working directory is
+    gone) says so and writes nothing to the command's streams: the command runs
+    itself."""
+    key = next(served.sockets.glob("*.sock"))
+    err_read, err_write = os.pipe()
+    request = json.dumps({"argv": ["upsertctl", "inspect", "--shard", "s"],
+                          "env": served.cli.env, "cwd": "/nonexistent/dir", "umask": 0o022,
+                          "key": key.stem}).encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(str(key))
+        socket.send_fds(sock, [warm._LENGTH.pack(len(request))], [0, err_write, err_write])
+        os.close(err_write)
+        sock.sendall(request)
+        replies = b""
+        sock.settimeout(30)
+        while chunk := sock.recv(4096):
+            replies += chunk
+    with os.fdopen(err_read, "rb") as streams:
+        written = streams.read()
+    messages = [json.loads(line) for line in replies.splitlines()]
+    assert written == b""
+    assert not any("pid" in m for m in messages), messages
+    assert "refused" in messages[0], messages
+
+
+@pytest.mark.parametrize(("messages", "expected"), [
+    ([{"refused": "no such directory"}, {"exit": 1, "reaped": True}], None),
+    ([{"exit": 1, "reaped": True}], None),  # died before it reported its pid
+    ([{"pid": 1 << 30}, {"exit": 3}], 3),  # the warm process went away after the child
+    ([{"pid": 1 << 30}, {"exit": 0}, {"exit": 4, "reaped": True}], 4),
+])
+def test_what_a_command_makes_of_the_replies(messages: list[dict[str, object]],
+                                             expected: int | None) -> None:
+    ours, theirs = socket.socketpair()
+    with theirs:
+        theirs.sendall(b"".join(json.dumps(m).encode() + b"\n" for m in messages))
+    assert warm._wait(ours) == expected
+
+
+def test_no_descriptor_of_the_warm_process_reaches_a_child(served: Warm) -> None:
+    server = served.server()
+    proc, child = _start(served, ["snapshot", "--shard", "s"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE)
+    try:
+        time.sleep(0.5)  # the child is blocked writing its stdout (we do not read it)
+
+        def targets(pid: int) -> set[str]:
+            fds = Path(f"/proc/{pid}/fd")
+            return {os.readlink(fd) for fd in fds.iterdir()}
+
+        # Shared by design: the command's connection (one of the warm process's sockets
+        # other than the listening one, which the child must not hold).
+        path = str(next(served.sockets.glob("*.sock")))
+        listening = next(f"socket:[{fields[6]}]" for fields in (
+            line.split() for line in Path("/proc/net/unix").read_text().splitlines()[1:])
+            if fields[-1] == path and int(fields[3], 16) & 0x10000)  # __SO_ACCEPTCON
+        connections = {t for t in targets(server) if t.startswith("socket:")} - {listening}
+        assert targets(child) & (targets(server) - connections) == set()
+        assert len(targets(child) & connections) == 1
+    finally:
+        proc.kill()
+        proc.communicate(timeout=60)
+
+
+def test_ctrl_z_stops_the_child_and_fg_continues_it(served: Warm) -> None:
+    proc, child = _start(served, ["snapshot", "--shard", "s", "--format", "csv"],
+                         stdout=subprocess.PIPE)
+    try:
+        proc.send_signal(signal.SIGTSTP)
+        deadline = time.monotonic() + 10
+        while _state(child) != "T" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert (_state(proc.pid), _state(child)) == ("T", "T")
+        proc.send_signal(signal.SIGCONT)
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0
+        assert len(out.splitlines()) == ROWS + 1
+    finally:
+        proc.kill()
