@@ -1,6 +1,6 @@
 """The warm ``upsertctl`` (``orchestration.cli.warm``) against the ways a shell, a terminal or
 a scheduler starts a command: closed standard streams, a deleted working directory,
-Ctrl-Z.
+Ctrl-Z, ``nice``/``ulimit``/``taskset``, and settings read when a module is imported.
 Each case must end as a process of its own would, never run the command twice, and
 never leave the warm process busy.
 
@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -263,3 +264,86 @@ def test_ctrl_z_stops_the_child_and_fg_continues_it(served: Warm) -> None:
         assert len(out.splitlines()) == ROWS + 1
     finally:
         proc.kill()
+
+
+@pytest.mark.parametrize("prefix", [["nice", "-n", "7"], ["taskset", "-c", "0"],
+                                    ["prlimit", "--nofile=321"]])
+def test_a_nice_taskset_or_ulimit_command_is_not_run_by_a_plain_warm_process(
+        tmp_path: Path, prefix: list[str]) -> None:
+    """What a fork inherits and the command cannot hand over (its priority, CPUs and
+    resource limits) names another warm process, started with the command's own."""
+    sockets = tmp_path / "warm"
+    cli = Cli(tmp_path / "home", env={"UPSERT_LOCAL_SERVER": "auto",
+                                      "UPSERT_LOCAL_SERVER_DIR": str(sockets)})
+    state = Warm(cli, cli, sockets)
+    cli.run("inspect", "--shard", "s", rc=1)  # starts a plain warm process
+    _wait_for_socket(sockets)
+    plain = state.server()
+    try:
+        command = [*prefix, *CLI, "inspect", "--shard", "s"]
+        for _ in range(2):  # the first starts a warm process like it, the second uses it
+            proc = subprocess.run(command, env=cli.env, cwd=REPO, capture_output=True,
+                                  timeout=60)
+            assert proc.returncode == 1
+            _wait_for_socket(sockets, 2, timeout_s=20)
+        servers = {int(s) for s in re.findall(r"\(pid (\d+)\): pid \d+ runs a command",
+                                              state.log())}
+        assert plain not in servers, "the plain warm process ran the prefixed command"
+        assert len(servers) == 1
+        other = servers.pop()
+        if prefix[0] == "nice":
+            assert os.getpriority(os.PRIO_PROCESS, other) == 7
+        elif prefix[0] == "taskset":
+            assert os.sched_getaffinity(other) == {0}
+        else:
+            assert "321" in next(line for line in Path(f"/proc/{other}/limits").read_text()
+                                 .splitlines() if line.startswith("Max open files"))
+    finally:
+        state.stop()
+
+
+IMPORT_ENV_NOT_FINGERPRINTED = {
+    # task_env keeps a Spark worker's own AWS_* at import; a driver (our child) never
+    # applies it, and the child's S3 clients read the environment when made.
+    "AWS_ACCESS_KEY_ID", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
+    "AWS_REGION", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+    # sysconfig's user site directory: a different one is a different sys.path entry,
+    # which the fingerprint covers.
+    "HOME",
+    # pyspark.testing's own switches and the Spark checkout it looks for its test jars
+    # in (imported by pyspark's Connect modules); a Spark session finds SPARK_HOME when
+    # it starts, in the child.
+    "SPARK_ANSI_SQL_MODE", "SPARK_SKIP_CONNECT_COMPAT_TESTS", "SPARK_HOME",
+}
+
+
+def test_every_setting_read_at_import_names_the_warm_process() -> None:
+    """An environment variable a preloaded module reads when imported would keep the
+    warm process's value in every child: each one is in the fingerprint (or listed
+    above with why it does not matter)."""
+    script = textwrap.dedent("""
+        import json, os
+        seen = set()
+        kind = type(os.environ)
+        for name in ("__getitem__", "__contains__", "get"):
+            def spy(self, key, *rest, _real=getattr(kind, name)):
+                seen.add(key)
+                return _real(self, key, *rest)
+            setattr(kind, name, spy)
+        from orchestration.cli.warm import server
+        server.preload()
+        print(json.dumps(sorted(seen)))
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UPSERT_")}
+    env["PYTHONPATH"] = str(REPO)
+    read = json.loads(subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO,
+                                     capture_output=True, check=True, timeout=120).stdout)
+    base = {"PATH": "/usr/bin"}
+    key = warm.fingerprint(base)
+    missing = [name for name in read if name not in IMPORT_ENV_NOT_FINGERPRINTED
+               and warm.fingerprint({**base, name: "a value of the test's"}) == key]
+    assert missing == []
+    # Read by native libraries as they load (not through os.environ).
+    for name in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "MKL_NUM_THREADS",
+                 "MIMALLOC_ARENA_EAGER_COMMIT", "GRPC_VERBOSITY"):
+        assert warm.fingerprint({**base, name: "1"}) != key, name

@@ -21,11 +21,14 @@ Invariants:
   before); if the command itself is killed (SIGKILL), the warm process kills the child.
 - Only code and settings identical to the command's are used: the socket's name is a
   fingerprint (:func:`fingerprint`) of the interpreter, the checkout's source files (names,
-  sizes, mtimes), the installed packages' directories and every environment variable read
+  sizes, mtimes), the installed packages' directories, every environment variable read
   at interpreter start or at import (``PYTHON*``, ``LC_*``, ``LANG``, ``TZ``, ``LD_*``,
-  ``MALLOC_*``, ``GLIBC_TUNABLES``, ``ARROW_*``, ``OMP_*``, ``NPY_*``). A changed source
-  file or an upgraded package names another socket: a new warm process starts and the old
-  one exits when idle.
+  ``MALLOC_*``, ``GLIBC_TUNABLES``, ``ARROW_*``, ``OMP_*``, ``NPY_*``, ``OPENBLAS_*``,
+  ``GRPC_*``, ... :data:`_KEY_ENV_PREFIXES`), and what a fork inherits that a command
+  cannot hand over (its priority, CPU affinity, resource limits, groups, cgroup and
+  namespaces: ``nice``, ``taskset`` or ``ulimit`` before a command get a warm process
+  started with them). A changed source file or an upgraded package names another
+  socket: a new warm process starts and the old one exits when idle.
 - Only this user: the sockets live in a directory of this user's with mode 0700
   (``$UPSERT_LOCAL_SERVER_DIR``, else ``$XDG_RUNTIME_DIR/upsertctl``, else
   ``/tmp/upsertctl-<uid>``), and the warm process serves only peers of its own uid.
@@ -70,8 +73,20 @@ ROOT = Path(__file__).resolve().parents[2]
 """The directory holding the ``orchestration`` package this module was loaded from."""
 CODE_PACKAGES = ("upsert_core", "resources", "assets", "orchestration")
 
-_KEY_ENV_PREFIXES = ("PYTHON", "LC_", "LD_", "MALLOC_", "ARROW_", "OMP_", "NPY_", "JE_")
-_KEY_ENV_NAMES = ("LANG", "LANGUAGE", "TZ", "GLIBC_TUNABLES")
+_KEY_ENV_PREFIXES = (
+    "PYTHON", "_PYTHON", "LC_", "LD_", "MALLOC_", "ARROW_", "PYARROW_", "OMP_", "NPY_",
+    "NUMPY_", "JE_", "MIMALLOC_",
+    # Native libraries read these as they load: BLAS thread pools, gRPC's core.
+    "OPENBLAS_", "GOTO_", "MKL_", "GRPC_",
+    # Read at import by protobuf (its backend), pandas (pulled in by pyspark), Py4J and
+    # Python's ssl (pyarrow.fs asks it for the certificate paths).
+    "PROTOCOL_BUFFERS_", "PANDAS_", "PY4J_", "SSL_CERT_",
+)
+_KEY_ENV_NAMES = (
+    "LANG", "LANGUAGE", "TZ", "GLIBC_TUNABLES", "TEMPORARILY_DISABLE_PROTOBUF_VERSION_CHECK",
+    # pyspark's Connect modules, at import.
+    "SPARK_CONNECT_LOG_LEVEL", "PYSPARK_PIN_THREAD", "PYSPARK_ENABLE_NAMEDTUPLE_PATCH",
+)
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 _LENGTH = struct.Struct("!Q")
 
@@ -128,6 +143,7 @@ def fingerprint(env: Mapping[str, str] | None = None) -> str:
                 digest.update(f"{entry}\0{os.stat(entry).st_mtime_ns}\0".encode())
             except OSError:
                 continue
+    digest.update(_inherited().encode())
     for package in CODE_PACKAGES:
         top = ROOT / package
         for folder, dirs, files in os.walk(top):
@@ -138,6 +154,29 @@ def fingerprint(env: Mapping[str, str] | None = None) -> str:
                     st = os.stat(path)
                     digest.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
     return digest.hexdigest()
+
+
+def _inherited() -> str:
+    """What a child inherits from the warm process that a command cannot hand over:
+    priority, CPU affinity, resource limits, ids and groups, cgroup, namespaces."""
+    import resource
+
+    parts: list[object] = [os.getuid(), os.geteuid(), os.getgid(), os.getegid(),
+                           sorted(os.getgroups())]
+    with contextlib.suppress(OSError):
+        parts.append(os.getpriority(os.PRIO_PROCESS, 0))
+    with contextlib.suppress(OSError, AttributeError):
+        parts.append(sorted(os.sched_getaffinity(0)))
+    for name in sorted(n for n in dir(resource) if n.startswith("RLIMIT_")):
+        with contextlib.suppress(OSError, ValueError):
+            parts.append((name, resource.getrlimit(getattr(resource, name))))
+    for path in ("/proc/self/cgroup", "/proc/self/oom_score_adj"):
+        with contextlib.suppress(OSError):
+            parts.append(Path(path).read_text())
+    for space in ("mnt", "pid", "net", "ipc", "uts", "user", "cgroup"):
+        with contextlib.suppress(OSError):
+            parts.append(os.readlink(f"/proc/self/ns/{space}"))
+    return repr(parts)
 
 
 def send_message(sock: socket.socket, message: Mapping[str, object]) -> None:
