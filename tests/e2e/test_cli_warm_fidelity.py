@@ -159,6 +159,45 @@ def test_bytes_after_a_request_do_not_keep_the_warm_process_busy(served: Warm) -
     assert spent < 0.3, f"the warm process spent {spent:.2f} s of CPU in 1.5 s"
 
 
+def test_a_connection_that_sends_nothing_holds_up_no_other_command(served: Warm) -> None:
+    """A command stopped (Ctrl-Z) or descheduled between its connect and its request
+    must not make every other command wait for it."""
+    key = next(served.sockets.glob("*.sock"))
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as silent:
+        silent.connect(str(key))
+        time.sleep(0.2)  # accepted: the warm process waits for its request
+        before = len(served.children())
+        started = time.monotonic()
+        served.cli.run("inspect", "--shard", "s")
+        took = time.monotonic() - started
+        assert len(served.children()) == before + 1  # run warm, not by itself
+        assert took < 5.0, f"the command waited {took:.1f} s behind a silent connection"
+        # The silent one is refused once its time is up, and nothing runs for it.
+        silent.settimeout(30)
+        assert silent.recv(4096) == b""
+    assert len(served.children()) == before + 1
+
+
+def test_a_child_holds_no_stream_of_a_request_still_coming(served: Warm) -> None:
+    key = next(served.sockets.glob("*.sock"))
+    theirs_read, theirs_write = os.pipe()  # the streams of a request whose body is late
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as late:
+        late.connect(str(key))
+        socket.send_fds(late, [warm._LENGTH.pack(100)], [theirs_write] * 3)
+        time.sleep(0.2)
+        proc, child = _start(served, ["snapshot", "--shard", "s"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE)
+        try:
+            time.sleep(0.5)
+            held = {os.readlink(fd) for fd in Path(f"/proc/{child}/fd").iterdir()}
+            assert os.readlink(f"/proc/self/fd/{theirs_write}") not in held
+        finally:
+            proc.kill()
+            proc.communicate(timeout=60)
+    os.close(theirs_read)
+    os.close(theirs_write)
+
+
 def test_a_deleted_working_directory_ends_as_in_a_process_of_its_own(served: Warm,
                                                                       tmp_path: Path) -> None:
     results = {}

@@ -11,8 +11,12 @@ Invariants (beside those of :mod:`orchestration.cli.warm.client`):
   imported modules and nothing else, as a fresh process would after its imports. The
   native threads the imports start (OpenBLAS's pool, jemalloc's background purging)
   handle a fork themselves (``pthread_atfork``), as with ``multiprocessing``'s fork.
+- A request is read as it arrives, alongside everything else, and refused after
+  ``REQUEST_TIMEOUT_S`` unless whole: a connection that sends nothing holds up no
+  other command.
 - A child closes everything of the warm process (listening socket, lock, other
-  commands' connections, both ends of the wake-up pipe), takes the command's directory,
+  commands' connections and the streams of requests still coming, both ends of the
+  wake-up pipe), takes the command's directory,
   umask and environment (failing that it reports ``refused``, having written nothing
   to the command's streams: the command runs itself), then its standard streams,
   restores the default signal handling, reports its pid, runs ``upsertctl`` and reports
@@ -87,6 +91,45 @@ def preload() -> None:
         importlib.import_module(name)
 
 
+class _Request:
+    """A connection whose request is still coming: read as it arrives, never waited for
+    (a command stopped between its connect and its request holds up no other)."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.fds: list[int] = []
+        self.length: int | None = None
+        self.parts: list[bytes] = []
+        self.received = 0
+
+    def read(self, conn: socket.socket) -> bytes | None:
+        """What arrived so far on the non-blocking ``conn``: the request once whole, else
+        None; ValueError or OSError for a request refused."""
+        try:
+            if self.length is None:
+                head, fds, _, _ = socket.recv_fds(conn, _LENGTH.size, 3)
+                self.fds = list(fds)
+                if len(head) != _LENGTH.size or len(fds) != 3:
+                    raise ValueError("a request without its length and three streams")
+                (self.length,) = _LENGTH.unpack(head)
+                if self.length > MAX_REQUEST_BYTES:
+                    raise ValueError(f"a request of {self.length} bytes")
+            while self.received < self.length:
+                chunk = conn.recv(min(self.length - self.received, 1 << 20))
+                if not chunk:
+                    raise ValueError("a request cut short")
+                self.parts.append(chunk)
+                self.received += len(chunk)
+        except BlockingIOError:
+            return None
+        return b"".join(self.parts)
+
+    def close_fds(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+
 class _Server:
     def __init__(self, directory: Path, key: str, listener: socket.socket,
                  lock: Any, wake_read: int, wake_write: int) -> None:
@@ -98,6 +141,7 @@ class _Server:
         self.wake_write = wake_write
         self.socket_inode = os.stat(directory / f"{key}.sock").st_ino
         self.children: dict[int, socket.socket] = {}
+        self.requests: dict[socket.socket, _Request] = {}
         self.killed: set[int] = set()
         self.last_active = time.monotonic()
         self.idle_s = idle_seconds()
@@ -105,21 +149,31 @@ class _Server:
 
     def serve(self) -> None:
         while not self.stopping:
-            watched: list[Any] = [self.listener, self.wake_read, *(
+            self._expire_requests()
+            watched: list[Any] = [self.listener, self.wake_read, *self.requests, *(
                 conn for pid, conn in self.children.items() if pid not in self.killed)]
-            ready, _, _ = select.select(watched, [], [], min(TICK_S, self.idle_s))
+            ready, _, _ = select.select(watched, [], [], self._timeout())
             self._reap()
             for item in ready:
                 if item is self.listener:
                     self._accept()
                 elif item == self.wake_read:
                     _drain(self.wake_read)
+                elif item in self.requests:
+                    self._read_request(item)
                 elif isinstance(item, socket.socket):
                     self._check_command(item)
-            if self.children:
+            if self.children or self.requests:
                 self.last_active = time.monotonic()
             elif time.monotonic() - self.last_active > self.idle_s or not self._socket_ours():
                 break
+
+    def _timeout(self) -> float:
+        timeout = min(TICK_S, self.idle_s)
+        if self.requests:
+            first = min(request.deadline for request in self.requests.values())
+            timeout = min(timeout, max(0.0, first - time.monotonic()))
+        return timeout
 
     def _socket_ours(self) -> bool:
         try:
@@ -133,34 +187,47 @@ class _Server:
         except OSError:
             return
         self.last_active = time.monotonic()
-        fds: list[int] = []
         try:
             creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
             if int.from_bytes(creds[4:8], sys.byteorder) != os.getuid():
                 conn.close()
                 return
-            conn.settimeout(REQUEST_TIMEOUT_S)
-            head, fds, _, _ = socket.recv_fds(conn, _LENGTH.size, 3)
-            if len(head) != _LENGTH.size or len(fds) != 3:
-                raise ValueError("a request without its length and three streams")
-            (length,) = _LENGTH.unpack(head)
-            if length > MAX_REQUEST_BYTES:
-                raise ValueError(f"a request of {length} bytes")
-            request = json.loads(_receive(conn, length))
-            if request.get("key") != self.key:
-                raise ValueError("a request for another fingerprint")
-            conn.settimeout(None)
-        except (OSError, ValueError) as exc:
-            log(f"refused a request: {exc}")
-            for fd in fds:
-                os.close(fd)
+            conn.setblocking(False)
+        except OSError:
             conn.close()
             return
+        self.requests[conn] = _Request(time.monotonic() + REQUEST_TIMEOUT_S)
+        self._read_request(conn)  # usually all there already
+
+    def _refuse(self, conn: socket.socket, why: str) -> None:
+        log(f"refused a request: {why}")
+        self.requests.pop(conn).close_fds()
+        conn.close()
+
+    def _expire_requests(self) -> None:
+        now = time.monotonic()
+        for conn, request in list(self.requests.items()):
+            if now >= request.deadline:
+                self._refuse(conn, "timed out")
+
+    def _read_request(self, conn: socket.socket) -> None:
+        request = self.requests[conn]
+        try:
+            body = request.read(conn)
+            if body is None:
+                return
+            command = json.loads(body)
+            if command.get("key") != self.key:
+                raise ValueError("a request for another fingerprint")
+            conn.setblocking(True)
+        except (OSError, ValueError) as exc:
+            self._refuse(conn, str(exc))
+            return
+        del self.requests[conn]
         pid = os.fork()
         if pid == 0:
-            _child(self, conn, fds, request)
-        for fd in fds:
-            os.close(fd)
+            _child(self, conn, request.fds, command)
+        request.close_fds()
         self.children[pid] = conn
         log(f"pid {pid} runs a command")
 
@@ -219,18 +286,6 @@ def log(message: str) -> None:
         pass
 
 
-def _receive(conn: socket.socket, length: int) -> bytes:
-    parts: list[bytes] = []
-    remaining = length
-    while remaining:
-        chunk = conn.recv(min(remaining, 1 << 20))
-        if not chunk:
-            raise ValueError("a request cut short")
-        parts.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(parts)
-
-
 def _drain(fd: int) -> None:
     try:
         while os.read(fd, 4096):
@@ -253,6 +308,9 @@ def _child(server: _Server, conn: socket.socket, fds: list[int],
         os.close(server.wake_write)
         for other in server.children.values():
             other.close()
+        for other, pending in server.requests.items():  # other commands' streams too
+            other.close()
+            pending.close_fds()
         os.chdir(request["cwd"])
         os.umask(int(request["umask"]))
         os.environ.clear()
