@@ -305,6 +305,25 @@ def test_ctrl_z_stops_the_child_and_fg_continues_it(served: Warm) -> None:
         proc.kill()
 
 
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGINT])
+def test_a_signal_the_command_ignores_stays_ignored(served: Warm, signum: int) -> None:
+    """``nohup upsertctl ...`` (SIGHUP ignored) or a script's ``upsertctl ... &`` (SIGINT
+    ignored) outlives the hangup or Ctrl-C, as a process of its own does."""
+    def ignore() -> None:
+        signal.signal(signum, signal.SIG_IGN)
+
+    proc, child = _start(served, ["snapshot", "--shard", "s", "--format", "csv"],
+                         stdout=subprocess.PIPE, preexec_fn=ignore)
+    try:
+        time.sleep(0.3)
+        proc.send_signal(signum)
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0
+        assert len(out.splitlines()) == ROWS + 1
+    finally:
+        proc.kill()
+
+
 @pytest.mark.parametrize("prefix", [["nice", "-n", "7"], ["taskset", "-c", "0"],
                                     ["prlimit", "--nofile=321"]])
 def test_a_nice_taskset_or_ulimit_command_is_not_run_by_a_plain_warm_process(

@@ -42,7 +42,8 @@ Invariants:
   disappears without one, it fails with one line saying to run it again (every
   ``upsertctl`` command is safe to run again: ingests apply each file once).
 - Ctrl-Z (SIGTSTP) stops the child with the command and ``fg``/``bg`` (SIGCONT)
-  continue it. A SIGSTOP of the command itself cannot be caught: its child runs on.
+  continue it. A SIGSTOP of the command itself cannot be caught: its child runs on. A
+  signal the command ignores (``nohup``: SIGHUP) is not passed on.
 - Nothing here imports pyarrow: the client costs a few milliseconds.
 """
 
@@ -194,10 +195,14 @@ class _Forwarder:
         self.previous: dict[int, object] = {}
 
     def install(self) -> None:
-        for signum in FORWARDED_SIGNALS:
-            self.previous[signum] = signal.signal(signum, self._handle)
-        self.previous[signal.SIGTSTP] = signal.signal(signal.SIGTSTP, self._stop)
-        self.previous[signal.SIGCONT] = signal.signal(signal.SIGCONT, self._continue)
+        handlers = {**dict.fromkeys(FORWARDED_SIGNALS, self._handle),
+                    signal.SIGTSTP: self._stop, signal.SIGCONT: self._continue}
+        for signum, handler in handlers.items():
+            # SUBTLE: a signal ignored when the command started (``nohup`` ignores
+            # SIGHUP; a script's background job SIGINT) stays ignored, as in a process of
+            # its own: caught and passed on, it would kill the child.
+            if signal.getsignal(signum) != signal.SIG_IGN:
+                self.previous[signum] = signal.signal(signum, handler)
 
     def restore(self) -> None:
         for signum, handler in self.previous.items():
