@@ -10,9 +10,11 @@ start it in a directory of their own)."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -322,6 +324,26 @@ def test_a_signal_the_command_ignores_stays_ignored(served: Warm, signum: int) -
         assert len(out.splitlines()) == ROWS + 1
     finally:
         proc.kill()
+
+
+def test_a_second_warm_process_for_a_fingerprint_leaves_before_its_imports(
+        tmp_path: Path) -> None:
+    """Commands that start at once each start a warm process (11 for 20 commands here):
+    all but one must leave at once, not after a second or two of imports each."""
+    sockets = tmp_path / "warm"
+    warm.private_dir(sockets)
+    key = warm.fingerprint()
+    with (sockets / f"{key}.lock").open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as the first one does
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        proc = subprocess.run([sys.executable, "-m", "orchestration.cli.warm.server",
+                               str(sockets), key], cwd=REPO, capture_output=True,
+                              timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert proc.returncode == 0, proc.stderr
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert cpu_s < 0.4, f"the second warm process spent {cpu_s:.2f} s of CPU"
+    assert not (sockets / f"{key}.sock").exists()
 
 
 @pytest.mark.parametrize("prefix", [["nice", "-n", "7"], ["taskset", "-c", "0"],
