@@ -307,6 +307,37 @@ def test_ctrl_z_stops_the_child_and_fg_continues_it(served: Warm) -> None:
         proc.kill()
 
 
+def test_ctrl_c_as_soon_as_the_child_started_ends_as_in_a_process_of_its_own(
+        served: Warm) -> None:
+    """A SIGINT passed on the moment the child reported its pid lands before
+    ``upsertctl`` catches it (a process of its own has that moment too, in its
+    imports): the child dies of SIGINT as Python does for an uncaught
+    KeyboardInterrupt, or exits 130 from ``upsertctl``'s handler; never exit 1."""
+    key = next(served.sockets.glob("*.sock"))
+    endings = []
+    for _ in range(10):
+        request = json.dumps({"argv": ["upsertctl", "inspect", "--shard", "s"],
+                              "env": served.cli.env, "cwd": str(REPO), "umask": 0o022,
+                              "key": key.stem}).encode()
+        null = os.open(os.devnull, os.O_RDWR)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(str(key))
+            socket.send_fds(sock, [warm._LENGTH.pack(len(request))], [null] * 3)
+            os.close(null)
+            sock.sendall(request)
+            replies = b""
+            sock.settimeout(30)
+            while chunk := sock.recv(4096):
+                if not replies:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(json.loads(chunk.split(b"\n")[0])["pid"], signal.SIGINT)
+                replies += chunk
+        final = json.loads(replies.splitlines()[-1])
+        assert final.get("reaped"), replies
+        endings.append(final.get("signal") or final.get("exit"))
+    assert set(endings) <= {signal.SIGINT, 130, 0}, endings
+
+
 @pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGINT])
 def test_a_signal_the_command_ignores_stays_ignored(served: Warm, signum: int) -> None:
     """``nohup upsertctl ...`` (SIGHUP ignored) or a script's ``upsertctl ... &`` (SIGINT

@@ -336,6 +336,16 @@ def _child(server: _Server, conn: socket.socket, fds: list[int],
         status = run_command(sys.argv[1:])
     except SystemExit as exc:  # ``--help``: as the interpreter ends a process for it
         status = _exit_status(exc.code)
+    except KeyboardInterrupt:
+        # Ctrl-C before ``upsertctl`` catches it (right after the pid went out): as
+        # Python ends a process for an uncaught KeyboardInterrupt, a traceback, then
+        # death by SIGINT (a process of its own has that moment too, in its imports).
+        with contextlib.suppress(Exception):
+            traceback.print_exc()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
     except BaseException:  # noqa: BLE001 - a child reports every ending as a status
         try:
             traceback.print_exc()
