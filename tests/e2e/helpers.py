@@ -63,7 +63,8 @@ def base_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     for name in ("UPSERT_LOCAL_SERVER", "UPSERT_LOCAL_SERVER_DIR"):
         if name in os.environ:
             env[name] = os.environ[name]
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    # No empty entry (it would mean the working directory, which may be gone).
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     env.update(extra or {})
