@@ -53,6 +53,7 @@ import contextlib
 import hashlib
 import json
 import os
+import resource
 import signal
 import socket
 import struct
@@ -160,8 +161,6 @@ def fingerprint(env: Mapping[str, str] | None = None) -> str:
 def _inherited() -> str:
     """What a child inherits from the warm process that a command cannot hand over:
     priority, CPU affinity, resource limits, ids and groups, cgroup, namespaces."""
-    import resource
-
     parts: list[object] = [os.getuid(), os.geteuid(), os.getgid(), os.getegid(),
                            sorted(os.getgroups())]
     with contextlib.suppress(OSError):
