@@ -19,6 +19,7 @@ turns failures into exit statuses. Invariants:
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 import traceback
@@ -311,6 +312,41 @@ def _report(message: str) -> None:
     sys.stderr.flush()
 
 
+class StdoutClosed(UpsertPlatformError):
+    """A command that writes data was started with its standard output closed."""
+
+
+class _ClosedStdout(io.TextIOBase):
+    """``sys.stdout`` of a command started with it closed (Python leaves it None): a
+    command that writes nothing there (an ingest without ``--json``) runs as usual; one
+    that writes data fails with one line instead of a traceback."""
+
+    def write(self, text: str) -> int:
+        raise StdoutClosed("standard output is closed: nothing was written; give the"
+                           " command an open stdout, or --out PATH where it takes one")
+
+    def flush(self) -> None:
+        return None
+
+
+class _ClosedStderr(io.TextIOBase):
+    """``sys.stderr`` of a command started with it closed: progress, warnings and
+    errors go nowhere, as the user chose; the exit status still says how it ended."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        return None
+
+
+def _closed_streams() -> None:
+    if sys.stdout is None:
+        sys.stdout = _ClosedStdout()
+    if sys.stderr is None:
+        sys.stderr = _ClosedStderr()
+
+
 def _utf8_stdout() -> None:
     """Make stdout UTF-8, as ``--out`` files are.
 
@@ -334,6 +370,7 @@ def main(argv: Sequence[str] | None = None, *, defer_pandas: bool = False) -> in
     the arguments parsed, so ``--help`` and usage errors never import pyarrow.
     """
     args_list = list(sys.argv[1:] if argv is None else argv)
+    _closed_streams()
     debug = debug_enabled("--debug" in args_list)
     try:
         args = build_parser().parse_args(args_list)
