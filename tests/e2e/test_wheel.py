@@ -53,7 +53,19 @@ def test_upsertctl_and_the_code_location_run_from_the_wheel(
 ) -> None:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("UPSERT_", "SPARK_", "DAGSTER_"))}
-    env.update(PYTHONPATH=str(installed), UPSERT_HOME=str(tmp_path / "home"))
+    # A user's defaults, the warm upsertctl included, with its sockets here: removed at
+    # the end, which makes the warm process this test starts exit.
+    warm_dir = tmp_path / "warm-upsertctl"
+    env.update(PYTHONPATH=str(installed), UPSERT_HOME=str(tmp_path / "home"),
+               UPSERT_LOCAL_SERVER_DIR=str(warm_dir))
+    try:
+        _commands_from_the_wheel(installed, tmp_path, env)
+    finally:
+        for socket_file in warm_dir.glob("*.sock"):
+            socket_file.unlink()
+
+
+def _commands_from_the_wheel(installed: Path, tmp_path: Path, env: dict[str, str]) -> None:
     work = tmp_path / "work"
     (work / "landing").mkdir(parents=True)
     (work / "landing" / "b1.csv").write_text("id,v,ts\n1,a,1\n2,b,2\n")
